@@ -1,0 +1,29 @@
+// Opening a DEVICE as users name it (DESIGN.md "Names users see"): `emu:PATH` or a bare PATH
+// is the emulated controller over the image file PATH; `vfio:DDDD:BB:DD.F` is a PCI NVMe
+// controller bound to vfio-pci.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "warpfs/nvme/emulated.h"
+#include "warpfs/nvme/transport.h"
+
+namespace warpfs::nvme {
+
+struct DeviceSpec {
+  enum class Kind { kEmulated, kVfio };
+  Kind kind = Kind::kEmulated;
+  std::string path;  // image file (emulated)
+  std::string bdf;   // PCI address (vfio)
+};
+
+// Parses a DEVICE argument; false with a message naming the problem.
+bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error);
+
+// Opens the transport. For an emulated device, `create_bytes` > 0 creates a missing image of
+// that size; `config` shapes the emulated controller (its namespaces cover the image).
+std::unique_ptr<Transport> open_transport(const DeviceSpec& spec, const EmulatedConfig& config,
+                                          uint64_t create_bytes, std::string* error);
+
+}  // namespace warpfs::nvme

@@ -1,0 +1,125 @@
+// The emulated NVMe controller: an in-process device model behind the Transport interface.
+//
+// It is reached only as a real controller is: through its register file (BAR0) and through
+// DMA memory addressed by bus addresses (IOVAs). Worker threads fetch commands from
+// submission queues when doorbells ring, move data through PRP lists, and post completions
+// with phase tags, out of submission order when a latency model with jitter is configured.
+// Idle workers park on a futex, so an idle controller uses no CPU.
+//
+// Persistence: a BackingStore (an image file or RAM) sits behind a volatile write cache of
+// atomic-write-unit (4 KiB) chunks. Flush, FUA and a normal shutdown (CC.SHN) make data
+// durable; power_cut() discards whatever is still volatile, persisting a random subset of
+// cached chunks first so that writes can be torn at 4 KiB boundaries but never inside one.
+//
+// Thread-safety: every Transport method may be called from any thread. The test hooks
+// (pause, power_cut, counters) are also thread-safe unless noted.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "warpfs/nvme/transport.h"
+
+namespace warpfs::nvme {
+
+// Where the namespace data lives when the controller is powered off.
+class BackingStore {
+ public:
+  virtual ~BackingStore() = default;
+  virtual uint64_t bytes() const = 0;
+  virtual Status read(uint64_t offset, void* buf, size_t len) = 0;
+  virtual Status write(uint64_t offset, const void* buf, size_t len) = 0;
+  // Deallocate: the range reads back as zeroes afterwards.
+  virtual Status punch(uint64_t offset, size_t len) = 0;
+  virtual Status sync() = 0;
+
+  // An image file. With create_bytes > 0 a missing file is created with that size; an
+  // existing file keeps its size. `error` receives a message naming the path on failure.
+  static std::shared_ptr<BackingStore> open_file(const std::string& path, uint64_t create_bytes,
+                                                 std::string* error);
+  // Zero-filled memory; survives the controller as long as someone holds the pointer, which
+  // is how tests power a new controller up on the same "media" after a cut.
+  static std::shared_ptr<BackingStore> ram(uint64_t bytes);
+};
+
+struct NamespaceConfig {
+  uint32_t lba_bytes = 512;  // 512 or 4096
+  uint64_t lba_count = 0;    // 0: the rest of the backing store
+};
+
+struct EmulatedConfig {
+  std::vector<NamespaceConfig> namespaces{NamespaceConfig{}};
+  uint32_t max_queue_entries = 4096;  // CAP.MQES + 1
+  uint16_t max_io_queues = 64;        // granted by Number of Queues
+  uint16_t interrupt_vectors = 65;    // MSI-X vectors: admin + one per I/O CQ by default
+  uint8_t mdts = 8;                   // max transfer 2^MDTS pages: 1 MiB with 4 KiB pages
+  uint8_t doorbell_stride = 0;        // CAP.DSTRD
+  bool wrr = true;                    // CAP.AMS: weighted round robin with urgent class
+  uint32_t latency_ns = 0;            // completion posted this long after the fetch
+  uint32_t latency_jitter_ns = 0;     // plus uniform 0..jitter: completions reorder
+  bool shuffle_completions = false;   // post each batch of completions in random order
+  bool volatile_write_cache = true;   // Identify VWC; Flush and FUA honour it
+  uint64_t write_cache_bytes = 64ull << 20;
+  unsigned worker_threads = 1;
+  uint64_t idle_spin_ns = 50'000;     // poll this long after the last command, then park
+  uint64_t seed = 1;                  // latency jitter, shuffling, power-cut persistence
+  std::string serial = "WARPFS-EMU-0001";
+};
+
+struct EmulatedCounters {
+  uint64_t admin_commands = 0;
+  uint64_t io_commands = 0;
+  uint64_t reads = 0;
+  uint64_t writes = 0;
+  uint64_t flushes = 0;
+  uint64_t errors = 0;
+  uint64_t doorbell_kicks = 0;  // futex wake-ups of parked workers
+  uint32_t parked_workers = 0;  // workers asleep on their futex right now
+};
+
+class EmulatedController;
+
+class EmulatedTransport final : public Transport {
+ public:
+  // The store must hold every configured namespace. `error` receives a message on failure.
+  static std::unique_ptr<EmulatedTransport> create(const EmulatedConfig& config,
+                                                   std::shared_ptr<BackingStore> store,
+                                                   std::string* error);
+  ~EmulatedTransport() override;
+  EmulatedTransport(const EmulatedTransport&) = delete;
+  EmulatedTransport& operator=(const EmulatedTransport&) = delete;
+
+  std::string name() const override;
+  uint32_t read32(uint32_t offset) override;
+  void write32(uint32_t offset, uint32_t value) override;
+  uint64_t read64(uint32_t offset) override;
+  void write64(uint32_t offset, uint64_t value) override;
+  Doorbell doorbell(uint16_t qid, bool cq) override;
+  InterruptLine* interrupt(uint16_t vector) override;
+  uint16_t interrupt_vectors() const override;
+  Status dma_alloc(size_t bytes, DmaRegion* out) override;
+  void dma_free(const DmaRegion& region) override;
+
+  // --- test hooks -----------------------------------------------------------------------
+  // While paused, workers fetch nothing (doorbells still latch), so a test can queue work on
+  // several SQs and observe arbitration, or fill a queue.
+  void pause(bool paused);
+  EmulatedCounters counters() const;
+  // Records the SQ id of every fetched I/O command, in fetch order, while enabled.
+  void trace_fetches(bool enable);
+  std::vector<uint16_t> fetch_trace() const;
+  // Stops the device at once: in-flight commands never complete; each volatile cached chunk
+  // reaches the media with probability `persist_probability`, the rest is lost. Every later
+  // register read returns all ones, as a device that fell off the bus. Not thread-safe with
+  // respect to commands being submitted (it is the power going out).
+  void power_cut(double persist_probability);
+  const EmulatedConfig& config() const;
+
+ private:
+  explicit EmulatedTransport(std::unique_ptr<EmulatedController> c);
+  std::unique_ptr<EmulatedController> c_;
+};
+
+}  // namespace warpfs::nvme

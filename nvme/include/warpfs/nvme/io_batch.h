@@ -1,0 +1,101 @@
+// IoBatch: the CPU form of a warp's asynchronous I/O (BaM Ch. 7; DESIGN.md "A CPU warp").
+// One thread submits up to 32 commands, which may land on different virtual queues, and then
+// waits for all of them together, so a single thread keeps 32 commands in flight. While a
+// submission waits for a queue slot it polls the batch's earlier commands: their completions
+// are what frees the slots (a thread must never wait on itself).
+//
+// Thread-safety: an IoBatch belongs to one thread; different batches run concurrently.
+#pragma once
+
+#include <cstdint>
+
+#include "warpfs/nvme/queue_mapper.h"
+
+namespace warpfs::nvme {
+
+class IoBatch {
+ public:
+  static constexpr int kWidth = 32;
+
+  explicit IoBatch(QueueMapper& mapper) : m_(mapper) {}
+  IoBatch(const IoBatch&) = delete;
+  IoBatch& operator=(const IoBatch&) = delete;
+  ~IoBatch() { wait_all(); }  // a submitted command must be seen through
+
+  int size() const { return n_; }
+  bool full() const { return n_ == kWidth; }
+
+  // Submits `cmd` now. REQUIRES: !full(). Returns its index in the batch.
+  int submit(const SubmissionEntry& cmd, Priority p) {
+    Entry& e = e_[n_];
+    e.route = m_.route(p);
+    e.route.vq->submit(cmd, &e.ticket, [this] { poll_once(); });
+    return n_++;
+  }
+
+  // Waits until every submitted command has completed. Returns how many failed.
+  int wait_all() {
+    port::Backoff b;
+    while (done_count() < n_) {
+      if (poll_once()) {
+        b.reset();
+        continue;
+      }
+      InterruptLine* irq = nullptr;
+      for (int i = 0; i < n_ && irq == nullptr; ++i) {
+        if (!e_[i].ticket.done && e_[i].ticket.cq_pos == Ticket::kNotFound) {
+          irq = e_[i].route.vq->view().irq;
+        }
+      }
+      if (irq != nullptr && !b.spinning()) {
+        const uint32_t seen = irq->count.value.load(port::Order::kAcquire);
+        if (poll_once()) continue;
+        irq->wait(seen, 200'000);
+      } else {
+        b.pause();
+      }
+    }
+    int failed = 0;
+    for (int i = 0; i < n_; ++i) failed += status_ok(e_[i].ticket.status) ? 0 : 1;
+    return failed;
+  }
+
+  uint16_t status(int i) const { return e_[i].ticket.status; }
+  uint32_t dw0(int i) const { return e_[i].ticket.dw0; }
+  // Forgets completed commands so the batch can be reused. REQUIRES: wait_all() returned.
+  void clear() { n_ = 0; }
+
+ private:
+  struct Entry {
+    QueueMapper::Route route;
+    Ticket ticket;
+    bool accounted = false;
+  };
+
+  int done_count() const {
+    int d = 0;
+    for (int i = 0; i < n_; ++i) d += e_[i].accounted ? 1 : 0;
+    return d;
+  }
+
+  // Polls every unfinished command once; true if any finished.
+  bool poll_once() {
+    bool progress = false;
+    for (int i = 0; i < n_; ++i) {
+      Entry& e = e_[i];
+      if (e.accounted) continue;
+      if (e.route.vq->poll(&e.ticket)) {
+        e.accounted = true;
+        m_.complete(e.route);
+        progress = true;
+      }
+    }
+    return progress;
+  }
+
+  QueueMapper& m_;
+  Entry e_[kWidth];
+  int n_ = 0;
+};
+
+}  // namespace warpfs::nvme

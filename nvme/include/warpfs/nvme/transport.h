@@ -1,0 +1,92 @@
+// The boundary between the NVMe driver and a controller: register access plus DMA memory
+// with bus addresses. The driver above it does not know whether it talks to the emulated
+// controller in this process or to a real PCIe device through VFIO; the same tests run on
+// both.
+//
+// Thread-safety: register reads/writes and doorbell rings may come from any thread.
+// dma_alloc/dma_free are internally synchronised.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "warpfs/nvme/port.h"
+#include "warpfs/nvme/status.h"
+
+namespace warpfs::nvme {
+
+// Memory the controller can reach: `vaddr` for the CPU, `iova` for the device (PRP entries,
+// queue base addresses). The two differ: on VFIO the IOMMU maps iova to vaddr; the emulated
+// bus uses a distinct address space too, so a driver that leaks a virtual address into a
+// command is caught.
+struct DmaRegion {
+  void* vaddr = nullptr;
+  uint64_t iova = 0;
+  size_t bytes = 0;
+};
+
+// What it takes to wake a controller that sleeps until a doorbell rings. Real hardware
+// needs none of this (a doorbell write is an MMIO store the device sees); the emulated
+// controller parks its threads on a futex when idle, and a ring kicks it.
+struct DoorbellKick {
+  port::Padded<port::Atomic<uint32_t>> sleeping;  // non-zero while the device thread is parked
+  port::Padded<port::Atomic<uint32_t>> seq;       // futex word: bumped by each kick
+};
+
+// One doorbell register. ring() is the single write the virtual-queue protocol does per batch.
+struct Doorbell {
+  port::Atomic<uint32_t>* reg = nullptr;  // inside BAR0 (or the emulated register file)
+  DoorbellKick* kick = nullptr;           // null on real hardware
+
+  WARPFS_HD void ring(uint32_t value) const {
+    // Release: the SQ entries (or our consumption of CQ entries) written before this ring
+    // must be visible to the device before it sees the new tail (head).
+    reg->store(value, port::Order::kRelease);
+#if !defined(__CUDA_ARCH__)
+    if (kick != nullptr) wake(*kick);
+#endif
+  }
+  static void wake(DoorbellKick& k);  // Dekker-style handshake with the parked device thread
+};
+
+// Completion notification (an MSI-X vector). `count` increases each time the controller
+// posts completions to a CQ bound to this vector; a waiter reads it, re-checks its CQ, and
+// sleeps until the count changes. VFIO's eventfd is turned into the same counter by the
+// transport's interrupt thread.
+struct InterruptLine {
+  port::Padded<port::Atomic<uint32_t>> count;
+  port::Padded<port::Atomic<uint32_t>> waiters;
+
+  // Host only. Sleeps until count != seen, a timeout, or a spurious wake-up.
+  void wait(uint32_t seen, uint64_t timeout_ns);
+  // Host only: called by whoever posted completions.
+  void raise();
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;
+
+  // Controller registers (Base §3.1.4). Offsets and widths as the spec defines them.
+  virtual uint32_t read32(uint32_t offset) = 0;
+  virtual void write32(uint32_t offset, uint32_t value) = 0;
+  virtual uint64_t read64(uint32_t offset) = 0;
+  virtual void write64(uint32_t offset, uint64_t value) = 0;
+
+  // The doorbell for queue `qid` (CQ head if `cq`, else SQ tail). The pointer stays valid
+  // for the transport's lifetime.
+  virtual Doorbell doorbell(uint16_t qid, bool cq) = 0;
+
+  // The interrupt line for MSI-X vector `vector`, or null if the transport has none (the
+  // caller then polls with back-off).
+  virtual InterruptLine* interrupt(uint16_t vector) = 0;
+  virtual uint16_t interrupt_vectors() const = 0;
+
+  // Zero-filled, page-aligned memory the controller can DMA to and from.
+  virtual Status dma_alloc(size_t bytes, DmaRegion* out) = 0;
+  virtual void dma_free(const DmaRegion& region) = 0;
+};
+
+}  // namespace warpfs::nvme

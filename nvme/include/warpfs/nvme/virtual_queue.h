@@ -1,0 +1,331 @@
+// VirtualQueue: BaM's lock-light protocol for many threads sharing one NVMe queue pair
+// (BaM dissertation Ch. 5; GPU4FS thesis §4.1.1).
+//
+// The protocol, and why each step is ordered as it is:
+//
+//  Enqueue. A thread takes `ticket = fetch_add(ticket_)`; `pos = ticket % size` names its SQ
+//  slot and `turn = ticket / size` its place among the threads that will use that slot
+//  (BaM Fig 5.2). It waits (acquire) until turn_[pos] == turn, i.e. the device has consumed
+//  the slot's previous command, then waits for its command id (below), copies the command in,
+//  and publishes it by storing tail_mark_[pos] = ticket + 1 (release). Threads then race
+//  for tail_lock_ with try_lock; the winner walks forward from sq_tail_ over consecutive
+//  published slots (acquire), stopping at a gap or when the SQ would hold size - 1 entries,
+//  and rings the doorbell once for the whole run (BaM §5.2: doorbell coalescing). A thread
+//  leaves when sq_tail_ > its ticket, retrying the lock otherwise (BaM: "even if the thread
+//  had previously obtained the lock").
+//
+//  Completion. Without locks, a thread scans the CQ from cq_head_ for an entry whose phase
+//  tag is the one expected at that virtual position (phase 1 on even passes, Base §4.6) and
+//  whose CID is its own; an entry with the wrong phase is the device's tail (BaM §5.3). It
+//  records the status and publishes head_mark_[slot] = cq_position + 1 (release). The winner
+//  of head_lock_ walks cq_head_ over consecutive published entries, reads the SQ Head Pointer
+//  of the last one and moves sq_head_ there, incrementing turn_ for every SQ slot passed
+//  (BaM §5.4: SQ slots reclaimed from the CQE's SQ head), then rings the CQ head doorbell.
+//  The holder also releases the CIDs of the entries it consumed, after moving cq_head_, so
+//  the next owner of a CID scans from past the stale entry and cannot match it (BaM §5.3).
+//  A thread finishes when cq_head_ has passed its entry.
+//
+//  Command ids. cid = ticket % ncid with ncid = size - 1, handed out in ticket order through
+//  cid_turn_ (a FIFO per id, like turn_). Holding a CID from submission until the CQ head
+//  passes its completion bounds the commands in flight to size - 1, so the CQ (size entries)
+//  can never overflow, and no CAS retry loop over a CID lock array is needed (GPU4FS §4.1.1
+//  notes CIDs can be derived when the queue is small; this is that, made safe for any size).
+//
+//  Markers as tags, not bits. BaM stores one bit per slot and then needs two fixes for the
+//  races that bits allow: a second turn increment per command (§5.4) and a lock per CQ entry
+//  (§5.3; thesis §4.1.1 "The CQ locks prevent a potential race"). Both races come from a
+//  descheduled thread seeing a *later* pass's bit on its slot. Here each marker holds the
+//  virtual position + 1 of the entry it publishes and every wait compares monotonic 64-bit
+//  virtual positions (sq_tail_ > ticket, cq_head_ > cq_position), so a later pass can never
+//  be mistaken for one's own: one turn increment per pass and no per-entry CQ lock suffice.
+//
+// Every shared atomic sits on its own cache line (port::Padded), locks are FIFO ticket locks,
+// waits spin briefly and then back off (port::Backoff) or sleep on the queue's interrupt.
+// Sizes are powers of two (the thesis demonstrator's ticket-overflow bug, §4.1.1 / §5).
+//
+// Thread-safety: submit/poll/execute may be called concurrently from any number of threads.
+// A thread that has submitted must keep polling that Ticket until it completes (other
+// threads' progress depends on it); the `help` hook of submit() exists so that a thread with
+// several commands in flight (IoBatch) can poll them while it waits for a slot.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "warpfs/nvme/port.h"
+#include "warpfs/nvme/queue_pair.h"
+#include "warpfs/nvme/spec.h"
+
+namespace warpfs::nvme {
+
+// One command's progress through a VirtualQueue.
+struct Ticket {
+  static constexpr uint64_t kNotFound = ~0ull;
+  uint64_t ticket = 0;
+  uint64_t cq_pos = kNotFound;  // virtual CQ position of its completion, once found
+  uint16_t cid = 0;
+  uint16_t status = 0;  // NVMe status field once found
+  uint32_t dw0 = 0;
+  bool done = false;
+};
+
+class VirtualQueue {
+ public:
+  // Bytes needed for a queue of `entries` (a power of two), including per-slot arrays.
+  WARPFS_HD static size_t footprint(uint32_t entries) {
+    // turn_[n], tail_mark_[n], head_mark_[n], cid_turn_[n - 1], one cache line each.
+    return sizeof(VirtualQueue) + (4u * entries - 1u) * port::kCacheLine;
+  }
+  // Lays a queue out in `mem` (footprint() bytes, aligned to port::kCacheLine).
+  // REQUIRES: q.entries is a power of two >= 2 and <= 65536; nobody uses `mem` yet.
+  static VirtualQueue* init(void* mem, const QueueView& q) {
+    std::memset(mem, 0, footprint(q.entries));
+    auto* vq = new (mem) VirtualQueue();
+    vq->q_ = q;
+    vq->mask_ = q.entries - 1;
+    vq->shift_ = static_cast<uint32_t>(__builtin_ctz(q.entries));
+    vq->ncid_ = q.entries - 1;
+    return vq;
+  }
+
+  const QueueView& view() const { return q_; }
+  uint32_t entries() const { return q_.entries; }
+
+  // Commands taken but not yet completed: the outstanding-commands heuristic of the
+  // queue mapper (thesis §4.1.2).
+  WARPFS_HD uint64_t outstanding() const {
+    return ticket_.value.load(port::Order::kRelaxed) - completed_.value.load(port::Order::kRelaxed);
+  }
+  // The largest number of commands a thread found ahead of it since the last reset.
+  WARPFS_HD uint64_t pressure() const { return pressure_.value.load(port::Order::kRelaxed); }
+  WARPFS_HD uint64_t take_pressure() { return pressure_.value.exchange(0, port::Order::kRelaxed); }
+
+  // Enqueues `cmd` (its CID is overwritten). Returns once the doorbell covers it.
+  // `help()` is called while waiting; see the class comment.
+  template <typename Help>
+  WARPFS_HD void submit(SubmissionEntry cmd, Ticket* t, Help&& help) {
+    // Relaxed: the ticket only orders threads; slot ownership is handed over by turn_.
+    const uint64_t ticket = ticket_.value.fetch_add(1, port::Order::kRelaxed);
+    *t = Ticket{};
+    t->ticket = ticket;
+    const uint64_t ahead = ticket - sq_tail_.value.load(port::Order::kRelaxed);
+    if (ahead > pressure_.value.load(port::Order::kRelaxed)) {
+      pressure_.value.fetch_max(ahead, port::Order::kRelaxed);
+    }
+    const uint32_t pos = static_cast<uint32_t>(ticket & mask_);
+    // Acquire: the device has consumed the previous command in this slot (observed by the
+    // head-lock holder through the CQE's SQ head and published with release).
+    wait_until(turn(pos), static_cast<uint32_t>(ticket >> shift_), help);
+    const uint32_t cid = static_cast<uint32_t>(ticket % ncid_);
+    wait_until(cid_turn(cid), static_cast<uint32_t>(ticket / ncid_), help);
+    cmd.cid = static_cast<uint16_t>(cid);
+    t->cid = static_cast<uint16_t>(cid);
+    q_.sq[pos] = cmd;
+    // Release: the command's bytes are visible to whoever sees the mark.
+    tail_mark(pos).store(ticket + 1, port::Order::kRelease);
+    port::Backoff b;
+    while (sq_tail_.value.load(port::Order::kAcquire) <= ticket) {
+      if (tail_lock_.try_lock()) {
+        advance_tail();
+        tail_lock_.unlock();
+        if (sq_tail_.value.load(port::Order::kAcquire) > ticket) break;
+      }
+      // Still behind a gap (an earlier ticket's owner has not written yet) or a full SQ:
+      // make progress on our own earlier commands, whose completions free both.
+      help();
+      b.pause();
+    }
+  }
+
+  // Advances `t`; true once its completion has been consumed (status in t->status).
+  WARPFS_HD bool poll(Ticket* t) {
+    if (t->done) return true;
+    if (t->cq_pos == Ticket::kNotFound && !find_completion(t)) {
+      try_advance_head();  // our entry may be stuck behind others' published entries
+      return false;
+    }
+    if (cq_head_.value.load(port::Order::kAcquire) <= t->cq_pos) {
+      try_advance_head();
+      if (cq_head_.value.load(port::Order::kAcquire) <= t->cq_pos) return false;
+    }
+    // The CQ head has passed our entry; the head-lock holder released our CID.
+    t->done = true;
+    return true;
+  }
+
+  // Host only: polls `t` until done, sleeping on the queue's interrupt when the completion
+  // has not arrived yet. Returns the NVMe status field.
+  uint16_t wait(Ticket* t) {
+    port::Backoff b;
+    while (!poll(t)) {
+      if (q_.irq != nullptr && t->cq_pos == Ticket::kNotFound && !b.spinning()) {
+        const uint32_t seen = q_.irq->count.value.load(port::Order::kAcquire);
+        if (poll(t)) break;
+        // Bounded: a lost race with the head-lock holder costs at most this long.
+        q_.irq->wait(seen, 200'000);
+      } else {
+        b.pause();
+      }
+    }
+    return t->status;
+  }
+
+  // Host only: submit + wait, for one command.
+  uint16_t execute(const SubmissionEntry& cmd, uint32_t* dw0 = nullptr) {
+    Ticket t;
+    submit(cmd, &t, [] {});
+    const uint16_t s = wait(&t);
+    if (dw0 != nullptr) *dw0 = t.dw0;
+    return s;
+  }
+
+ private:
+  using Slot32 = port::Padded<port::Atomic<uint32_t>>;
+  using Slot64 = port::Padded<port::Atomic<uint64_t>>;
+
+  VirtualQueue() = default;
+
+  // Per-slot arrays follow the header in the same allocation: turn_[n], tail_mark_[n],
+  // head_mark_[n] (64-bit tags in 64-byte lines), cid_turn_[n - 1].
+  WARPFS_HD Slot32* turns() const {
+    return reinterpret_cast<Slot32*>(const_cast<VirtualQueue*>(this) + 1);
+  }
+  WARPFS_HD port::Atomic<uint32_t>& turn(uint32_t pos) const { return turns()[pos].value; }
+  WARPFS_HD port::Atomic<uint64_t>& tail_mark(uint32_t pos) const {
+    return reinterpret_cast<Slot64*>(turns() + q_.entries)[pos].value;
+  }
+  WARPFS_HD port::Atomic<uint64_t>& head_mark(uint32_t pos) const {
+    return reinterpret_cast<Slot64*>(turns() + 2 * q_.entries)[pos].value;
+  }
+  WARPFS_HD port::Atomic<uint32_t>& cid_turn(uint32_t cid) const {
+    return turns()[3 * q_.entries + cid].value;
+  }
+  static_assert(sizeof(Slot32) == port::kCacheLine && sizeof(Slot64) == port::kCacheLine,
+                "per-slot arrays share one stride: a cache line");
+
+  template <typename Help>
+  WARPFS_HD static void wait_until(port::Atomic<uint32_t>& a, uint32_t want, Help& help) {
+    port::Backoff b;
+    while (a.load(port::Order::kAcquire) != want) {
+      help();
+      b.pause();
+    }
+  }
+
+  // Tail-lock holder: publish every consecutive written slot with one doorbell write.
+  WARPFS_HD void advance_tail() {
+    const uint64_t tail = sq_tail_.value.load(port::Order::kRelaxed);
+    uint64_t head = sq_head_.value.load(port::Order::kAcquire);
+    uint64_t next = tail;
+    for (;;) {
+      if (next - head >= mask_) {  // size - 1 entries outstanding: the SQ is full
+        head = sq_head_.value.load(port::Order::kAcquire);
+        if (next - head >= mask_) break;
+      }
+      // Acquire pairs with the writer's release: its SQE bytes are visible to us, and our
+      // doorbell release below passes them on to the device.
+      if (tail_mark(static_cast<uint32_t>(next & mask_)).load(port::Order::kAcquire) != next + 1)
+        break;
+      ++next;
+    }
+    if (next == tail) return;
+    q_.sq_doorbell.ring(static_cast<uint32_t>(next & mask_));
+    sq_tail_.value.store(next, port::Order::kRelease);
+  }
+
+  // Lock-free scan of the CQ for t's completion (BaM §5.3).
+  WARPFS_HD bool find_completion(Ticket* t) {
+    const uint64_t head = cq_head_.value.load(port::Order::kAcquire);
+    for (uint64_t v = head; v < head + q_.entries; ++v) {
+      const uint32_t slot = static_cast<uint32_t>(v & mask_);
+      // Acquire: DW0..DW2 were written before DW3 (the device's release store).
+      const uint32_t dw3 = q_.cqe_dw3(slot, port::Order::kAcquire);
+      const bool expected_phase = ((v >> shift_) & 1) == 0;
+      if (dw3_phase(dw3) != expected_phase) return false;  // reached the device's tail
+      if (dw3_cid(dw3) != t->cid) continue;
+      t->status = dw3_status(dw3);
+      t->dw0 = q_.cq[slot].dw0;
+      t->cq_pos = v;
+      // Release: the head-lock holder that sees the mark sees that we are done reading.
+      head_mark(slot).store(v + 1, port::Order::kRelease);
+      return true;
+    }
+    return false;
+  }
+
+  WARPFS_HD void try_advance_head() {
+    if (!head_lock_.try_lock()) return;
+    advance_head();
+    head_lock_.unlock();
+  }
+
+  // Head-lock holder: consume consecutive finished CQ entries, reclaim SQ slots up to the
+  // SQ head the device reported in the last of them, ring the CQ head doorbell once.
+  WARPFS_HD void advance_head() {
+    const uint64_t head = cq_head_.value.load(port::Order::kRelaxed);
+    uint64_t next = head;
+    uint32_t sq_head_slot = 0;
+    // Each consumed entry's CID, read (like its SQ head) before the doorbell lets the
+    // device reuse the slot. A run is capped so the CIDs fit on the stack.
+    uint16_t cids[kMaxHeadRun];
+    uint32_t run = 0;
+    while (run < q_.entries && run < kMaxHeadRun &&
+           head_mark(static_cast<uint32_t>(next & mask_)).load(port::Order::kAcquire) == next + 1) {
+      sq_head_slot = q_.cq[next & mask_].sq_head;
+      cids[run++] = q_.cq[next & mask_].cid;
+      ++next;
+    }
+    if (run == 0) return;
+    // The SQ head only moves forward and never by a full lap (at most size - 1 entries
+    // are ever outstanding), so the slot delta is unambiguous.
+    const uint64_t old_sq = sq_head_.value.load(port::Order::kRelaxed);
+    const uint64_t new_sq = old_sq + ((sq_head_slot - old_sq) & mask_);
+    for (uint64_t v = old_sq; v < new_sq; ++v) {
+      // Release: the next thread of that slot may overwrite the SQ entry.
+      turn(static_cast<uint32_t>(v & mask_)).fetch_add(1, port::Order::kRelease);
+    }
+    sq_head_.value.store(new_sq, port::Order::kRelease);
+    // cq_head_ moves before the CIDs are released: a CID's next owner scans from the new
+    // head, so it can never match the entry its predecessor left behind (BaM §5.3).
+    cq_head_.value.store(next, port::Order::kRelease);
+    q_.cq_doorbell.ring(static_cast<uint32_t>(next & mask_));
+    // The holder, not each owner, releases the CIDs: an owner that is descheduled after
+    // marking its entry must not hold up the next user of its CID (on an oversubscribed
+    // machine that cost a scheduler tick, ~4 ms, once per lap of the queue).
+    // Marked entries were matched by their owners, so their CIDs are ours and < ncid_.
+    for (uint32_t i = 0; i < run; ++i) {
+      if (cids[i] < ncid_) cid_turn(cids[i]).fetch_add(1, port::Order::kRelease);
+    }
+    completed_.value.fetch_add(run, port::Order::kRelaxed);
+  }
+  static constexpr uint32_t kMaxHeadRun = 256;
+
+  QueueView q_;
+  uint32_t mask_ = 0;
+  uint32_t shift_ = 0;
+  uint32_t ncid_ = 0;
+  port::Padded<port::Atomic<uint64_t>> ticket_;
+  port::Padded<port::Atomic<uint64_t>> sq_tail_;  // virtual; written under tail_lock_
+  port::Padded<port::Atomic<uint64_t>> sq_head_;  // virtual; written under head_lock_
+  port::Padded<port::Atomic<uint64_t>> cq_head_;  // virtual; written under head_lock_
+  port::Padded<port::Atomic<uint64_t>> completed_;
+  port::Padded<port::Atomic<uint64_t>> pressure_;
+  port::TicketLock tail_lock_;  // Lock order: never held together with head_lock_.
+  port::TicketLock head_lock_;
+};
+
+// Host-side owner of a VirtualQueue's memory.
+struct VirtualQueueDeleter {
+  void operator()(VirtualQueue* q) const { ::operator delete(q, std::align_val_t{port::kCacheLine}); }
+};
+using VirtualQueuePtr = std::unique_ptr<VirtualQueue, VirtualQueueDeleter>;
+
+inline VirtualQueuePtr make_virtual_queue(const QueueView& q) {
+  void* mem = ::operator new(VirtualQueue::footprint(q.entries), std::align_val_t{port::kCacheLine});
+  return VirtualQueuePtr(VirtualQueue::init(mem, q));
+}
+
+}  // namespace warpfs::nvme

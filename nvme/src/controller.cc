@@ -1,0 +1,287 @@
+#include "warpfs/nvme/controller.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace warpfs::nvme {
+
+Controller::Controller(Transport& t, const ControllerOptions& o) : t_(t), o_(o) {}
+
+std::unique_ptr<Controller> Controller::open(Transport& t, const ControllerOptions& o,
+                                             std::string* error) {
+  std::unique_ptr<Controller> c(new Controller(t, o));
+  if (!c->bring_up(error)) return nullptr;
+  return c;
+}
+
+const NamespaceInfo* Controller::find_namespace(uint32_t nsid) const {
+  for (const NamespaceInfo& n : namespaces_) {
+    if (n.nsid == nsid) return &n;
+  }
+  return nullptr;
+}
+
+// Waits for CSTS.RDY to reach `ready`, at most CAP.TO (Base §3.1.4.1) or `timeout_ns`.
+Status Controller::wait_ready(bool ready, uint64_t timeout_ns) {
+  const uint64_t deadline = port::now_ns() + timeout_ns;
+  port::Backoff b;
+  for (;;) {
+    const uint32_t csts = t_.read32(reg::kCsts);
+    if (csts == 0xffffffffu) return Status::error(Code::kNotReady, "controller is not responding");
+    if (csts & csts::kCfs) return Status::error(Code::kNotReady, "controller fatal status (CSTS.CFS)");
+    if (((csts & csts::kRdy) != 0) == ready) return Status::ok();
+    if (port::now_ns() > deadline) {
+      return Status::error(Code::kTimeout, ready ? "timed out waiting for CSTS.RDY=1"
+                                                 : "timed out waiting for CSTS.RDY=0");
+    }
+    b.pause();
+  }
+}
+
+// Controller initialisation, Base §3.5.1 steps 1-9.
+bool Controller::bring_up(std::string* error) {
+  auto fail = [&](const std::string& what, const Status& s) {
+    *error = what + (s.is_ok() ? "" : ": " + s.to_string());
+    return false;
+  };
+  cap_.raw = t_.read64(reg::kCap);
+  if (cap_.raw == ~0ull) return fail("controller registers read all ones (device gone?)", {});
+  if (!cap_.css_nvm()) return fail("controller does not support the NVM command set", {});
+  if (cap_.mpsmin() > 0) return fail("controller needs pages larger than 4 KiB", {});
+  const uint64_t to_ns = std::max<uint64_t>(cap_.to_500ms(), 1) * 500'000'000ull;
+
+  // 1. Disable, wait for CSTS.RDY = 0.
+  if (t_.read32(reg::kCc) & cc::kEn) t_.write32(reg::kCc, 0);
+  if (Status s = wait_ready(false, to_ns); !s.is_ok()) return fail("controller reset failed", s);
+
+  // 2. Admin queues (Base §3.1.4.8-10).
+  const uint32_t entries = std::min(o_.admin_entries, cap_.mqes() + 1);
+  if (Status s = t_.dma_alloc(entries * sizeof(SubmissionEntry), &admin_sq_); !s.is_ok())
+    return fail("admin SQ allocation", s);
+  if (Status s = t_.dma_alloc(entries * sizeof(CompletionEntry), &admin_cq_); !s.is_ok())
+    return fail("admin CQ allocation", s);
+  if (Status s = t_.dma_alloc(4096, &scratch_); !s.is_ok()) return fail("scratch allocation", s);
+  t_.write32(reg::kAqa, (entries - 1) | ((entries - 1) << 16));
+  t_.write64(reg::kAsq, admin_sq_.iova);
+  t_.write64(reg::kAcq, admin_cq_.iova);
+  QueueView av;
+  av.qid = 0;
+  av.entries = entries;
+  av.sq = static_cast<SubmissionEntry*>(admin_sq_.vaddr);
+  av.cq = static_cast<CompletionEntry*>(admin_cq_.vaddr);
+  av.sq_doorbell = t_.doorbell(0, false);
+  av.cq_doorbell = t_.doorbell(0, true);
+  av.irq = t_.interrupt(0);
+  admin_ = std::make_unique<RawQueuePair>(av);
+
+  // 3. Enable with 4 KiB pages, 64 B SQEs, 16 B CQEs, and WRR if offered and wanted.
+  wrr_ = o_.wrr && cap_.ams_wrr();
+  const uint32_t cc = cc::kEn | (0u << cc::kCssShift) | (0u << cc::kMpsShift) |
+                      ((wrr_ ? cc::kAmsWrr : 0u) << cc::kAmsShift) | (6u << cc::kIosqesShift) |
+                      (4u << cc::kIocqesShift);
+  t_.write32(reg::kCc, cc);
+  if (Status s = wait_ready(true, to_ns); !s.is_ok()) return fail("controller enable failed", s);
+
+  // 4. Identify Controller (CNS 01h).
+  id_ = std::make_unique<IdentifyController>();
+  SubmissionEntry cmd{};
+  cmd.opcode = admin::kIdentify;
+  cmd.cdw10 = cns::kController;
+  if (Status s = admin(cmd, id_.get(), sizeof *id_, false, nullptr); !s.is_ok())
+    return fail("Identify Controller", s);
+  if ((id_->sqes & 0xf) > 6 || (id_->cqes & 0xf) > 4)
+    return fail("controller needs larger queue entries than 64/16 B", {});
+  max_transfer_ = id_->mdts ? std::min<uint32_t>(4096u << id_->mdts, 1u << 30) : (1u << 30);
+
+  // 5. Active namespaces (CNS 02h) and each namespace (CNS 00h).
+  std::vector<uint32_t> list(1024);
+  cmd = SubmissionEntry{};
+  cmd.opcode = admin::kIdentify;
+  cmd.cdw10 = cns::kActiveNamespaceList;
+  if (Status s = admin(cmd, list.data(), 4096, false, nullptr); !s.is_ok())
+    return fail("Identify Active Namespace List", s);
+  for (uint32_t nsid : list) {
+    if (nsid == 0) break;
+    IdentifyNamespace ns{};
+    cmd = SubmissionEntry{};
+    cmd.opcode = admin::kIdentify;
+    cmd.nsid = nsid;
+    cmd.cdw10 = cns::kNamespace;
+    if (Status s = admin(cmd, &ns, sizeof ns, false, nullptr); !s.is_ok())
+      return fail("Identify Namespace " + std::to_string(nsid), s);
+    const LbaFormat& f = ns.lbaf[ns.flbas & 0xf];
+    if (ns.nsze == 0 || f.lbads < 9 || f.lbads > 12 || f.ms != 0) continue;  // unusable
+    NamespaceInfo info;
+    info.nsid = nsid;
+    info.lba_count = ns.nsze;
+    info.lba_bytes = 1u << f.lbads;
+    info.atomic_write_blocks = (ns.nsfeat & 2) ? ns.nawupf + 1u : id_->awupf + 1u;
+    namespaces_.push_back(info);
+  }
+
+  // 6. Number of Queues (Base §5.27.1.5), then arbitration weights (Base §5.27.1.1).
+  uint32_t dw0 = 0;
+  cmd = SubmissionEntry{};
+  cmd.opcode = admin::kSetFeatures;
+  cmd.cdw10 = fid::kNumberOfQueues;
+  const uint32_t want = std::max<uint16_t>(o_.io_queues, 1) - 1u;
+  cmd.cdw11 = want | (want << 16);
+  if (Status s = admin(cmd, nullptr, 0, false, &dw0); !s.is_ok())
+    return fail("Set Features (Number of Queues)", s);
+  granted_ = static_cast<uint16_t>(std::min(dw0 & 0xffff, dw0 >> 16) + 1);
+  if (wrr_) {
+    cmd = SubmissionEntry{};
+    cmd.opcode = admin::kSetFeatures;
+    cmd.cdw10 = fid::kArbitration;
+    cmd.cdw11 = 3u /* burst of 8 */ | (uint32_t{o_.low_weight} << 8) |
+                (uint32_t{o_.medium_weight} << 16) | (uint32_t{o_.high_weight} << 24);
+    if (Status s = admin(cmd, nullptr, 0, false, nullptr); !s.is_ok())
+      return fail("Set Features (Arbitration)", s);
+  }
+  return true;
+}
+
+Controller::~Controller() {
+  (void)shutdown();
+  for (const IoQueueMemory& q : io_queues_) {
+    t_.dma_free(q.sq);
+    t_.dma_free(q.cq);
+  }
+  t_.dma_free(scratch_);
+  t_.dma_free(admin_sq_);
+  t_.dma_free(admin_cq_);
+}
+
+Status Controller::admin(SubmissionEntry cmd, void* data, size_t len, bool to_device,
+                         uint32_t* dw0) {
+  if (len > scratch_.bytes) return Status::error(Code::kInvalidArgument, "admin data over 4 KiB");
+  std::lock_guard<std::mutex> g(admin_mu_);
+  if (shut_down_) return Status::error(Code::kNotReady, "controller is shut down");
+  cmd.cid = next_cid_++;
+  if (len > 0) {
+    cmd.prp1 = scratch_.iova;
+    if (to_device) {
+      std::memcpy(scratch_.vaddr, data, len);
+    } else {
+      std::memset(scratch_.vaddr, 0, len);
+    }
+  }
+  if (Status s = admin_->push(cmd); !s.is_ok()) return s;
+  admin_->ring_sq();
+  const uint64_t deadline = port::now_ns() + o_.admin_timeout_ns;
+  port::Backoff b;
+  CompletionEntry cqe{};
+  for (;;) {
+    InterruptLine* irq = admin_->view().irq;
+    const uint32_t seen = irq ? irq->count.value.load(port::Order::kAcquire) : 0;
+    if (admin_->pop(&cqe)) break;
+    if (port::now_ns() > deadline) {
+      return Status::error(Code::kTimeout, "admin command timed out");
+    }
+    if (irq != nullptr && !b.spinning()) {
+      irq->wait(seen, 1'000'000);
+    } else {
+      b.pause();
+    }
+  }
+  admin_->ring_cq();
+  if (cqe.cid != cmd.cid) return Status::error(Code::kIoError, "admin completion for another command");
+  const uint16_t sf = static_cast<uint16_t>(cqe.status >> 1);  // drop the phase tag
+  if (dw0 != nullptr) *dw0 = cqe.dw0;
+  if (!status_ok(sf)) return Status::nvme(sf);
+  if (len > 0 && !to_device) std::memcpy(data, scratch_.vaddr, len);
+  return Status::ok();
+}
+
+Status Controller::create_queue_pair(uint16_t qid, uint32_t entries, QueuePriority prio,
+                                     QueueView* out) {
+  if (qid == 0 || qid > granted_) return Status::error(Code::kInvalidArgument, "queue id not granted");
+  if (entries < 2 || entries > max_queue_entries())
+    return Status::error(Code::kInvalidArgument, "queue size beyond CAP.MQES");
+  IoQueueMemory mem;
+  mem.qid = qid;
+  if (Status s = t_.dma_alloc(entries * sizeof(SubmissionEntry), &mem.sq); !s.is_ok()) return s;
+  if (Status s = t_.dma_alloc(entries * sizeof(CompletionEntry), &mem.cq); !s.is_ok()) {
+    t_.dma_free(mem.sq);
+    return s;
+  }
+  const uint16_t vectors = t_.interrupt_vectors();
+  const uint16_t vector = vectors > 1 ? static_cast<uint16_t>(1 + (qid - 1) % (vectors - 1)) : 0;
+  SubmissionEntry cmd{};
+  cmd.opcode = admin::kCreateIoCq;  // Base §5.4: the CQ first
+  cmd.prp1 = mem.cq.iova;
+  cmd.cdw10 = qid | ((entries - 1) << 16);
+  cmd.cdw11 = 1u /* PC */ | (vectors ? 2u /* IEN */ : 0u) | (uint32_t{vector} << 16);
+  Status s = admin(cmd, nullptr, 0, false, nullptr);
+  if (s.is_ok()) {
+    cmd = SubmissionEntry{};
+    cmd.opcode = admin::kCreateIoSq;  // Base §5.5
+    cmd.prp1 = mem.sq.iova;
+    cmd.cdw10 = qid | ((entries - 1) << 16);
+    cmd.cdw11 = 1u | (uint32_t{static_cast<uint8_t>(prio)} << 1) | (uint32_t{qid} << 16);
+    s = admin(cmd, nullptr, 0, false, nullptr);
+    if (!s.is_ok()) {
+      SubmissionEntry del{};
+      del.opcode = admin::kDeleteIoCq;
+      del.cdw10 = qid;
+      (void)admin(del, nullptr, 0, false, nullptr);
+    }
+  }
+  if (!s.is_ok()) {
+    t_.dma_free(mem.sq);
+    t_.dma_free(mem.cq);
+    return s;
+  }
+  {
+    std::lock_guard<std::mutex> g(admin_mu_);
+    io_queues_.push_back(mem);
+  }
+  out->qid = qid;
+  out->entries = entries;
+  out->sq = static_cast<SubmissionEntry*>(mem.sq.vaddr);
+  out->cq = static_cast<CompletionEntry*>(mem.cq.vaddr);
+  out->sq_doorbell = t_.doorbell(qid, false);
+  out->cq_doorbell = t_.doorbell(qid, true);
+  out->irq = vectors ? t_.interrupt(vector) : nullptr;
+  return Status::ok();
+}
+
+Status Controller::delete_queue_pair(uint16_t qid) {
+  SubmissionEntry cmd{};
+  cmd.opcode = admin::kDeleteIoSq;  // Base §5.7: the SQ before its CQ
+  cmd.cdw10 = qid;
+  if (Status s = admin(cmd, nullptr, 0, false, nullptr); !s.is_ok()) return s;
+  cmd.opcode = admin::kDeleteIoCq;
+  if (Status s = admin(cmd, nullptr, 0, false, nullptr); !s.is_ok()) return s;
+  std::lock_guard<std::mutex> g(admin_mu_);
+  for (auto it = io_queues_.begin(); it != io_queues_.end(); ++it) {
+    if (it->qid == qid) {
+      t_.dma_free(it->sq);
+      t_.dma_free(it->cq);
+      io_queues_.erase(it);
+      break;
+    }
+  }
+  return Status::ok();
+}
+
+// Normal shutdown (Base §3.6.1): CC.SHN = 01b, then wait for CSTS.SHST = 10b.
+Status Controller::shutdown() {
+  {
+    std::lock_guard<std::mutex> g(admin_mu_);
+    if (shut_down_) return Status::ok();
+    shut_down_ = true;
+  }
+  const uint32_t cc = t_.read32(reg::kCc);
+  if (cc == 0xffffffffu) return Status::error(Code::kNotReady, "controller is not responding");
+  t_.write32(reg::kCc, (cc & ~cc::kShnMask) | (1u << cc::kShnShift));
+  const uint64_t deadline = port::now_ns() + std::max<uint64_t>(cap_.to_500ms(), 1) * 500'000'000ull;
+  port::Backoff b;
+  while ((t_.read32(reg::kCsts) & csts::kShstMask) != csts::kShstComplete) {
+    if (port::now_ns() > deadline) return Status::error(Code::kTimeout, "shutdown timed out");
+    b.pause();
+  }
+  return Status::ok();
+}
+
+}  // namespace warpfs::nvme

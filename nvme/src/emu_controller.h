@@ -1,0 +1,163 @@
+// Internal: the emulated controller's device model. See warpfs/nvme/emulated.h for the
+// contract. Lock order: Worker::mu of worker 0, then of workers 1..n-1 in index order, then
+// a CqState::mu, then error_mu_/trace_mu_. Admin commands run on worker 0 and take every
+// worker's mu before changing the queue tables, so a worker reads them under its own mu.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <queue>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "emu_store.h"
+#include "warpfs/nvme/emulated.h"
+#include "warpfs/nvme/spec.h"
+
+namespace warpfs::nvme {
+
+class EmulatedController {
+ public:
+  EmulatedController(const EmulatedConfig& config, std::shared_ptr<BackingStore> store);
+  ~EmulatedController();
+  bool start(std::string* error);
+
+  // Transport surface.
+  uint32_t read32(uint32_t offset);
+  void write32(uint32_t offset, uint32_t value);
+  uint64_t read64(uint32_t offset);
+  void write64(uint32_t offset, uint64_t value);
+  Doorbell doorbell(uint16_t qid, bool cq);
+  InterruptLine* interrupt(uint16_t vector);
+  uint16_t vectors() const { return config_.interrupt_vectors; }
+  emu::DmaSpace& dma() { return dma_; }
+
+  void pause(bool paused);
+  EmulatedCounters counters() const;
+  void trace_fetches(bool enable);
+  std::vector<uint16_t> fetch_trace() const;
+  void power_cut(double persist_probability);
+  const EmulatedConfig& config() const { return config_; }
+
+ private:
+  struct Namespace {
+    uint64_t base;       // byte offset in the backing store
+    uint64_t lba_count;
+    uint32_t lba_shift;  // log2 of the LBA size
+  };
+  struct SqState {
+    bool live = false;
+    SubmissionEntry* ring = nullptr;
+    uint32_t size = 0;
+    uint32_t head = 0;  // owned by the SQ's worker
+    uint16_t cqid = 0;
+    QueuePriority prio = QueuePriority::kMedium;
+  };
+  struct CqState {
+    std::mutex mu;  // serialises posting: several SQs (workers) may share a CQ
+    bool live = false;
+    CompletionEntry* ring = nullptr;
+    uint32_t size = 0;
+    uint32_t tail = 0;
+    bool phase = true;  // Base §4.6: the first pass through a CQ posts phase tag 1
+    bool ien = false;
+    uint16_t vector = 0;
+    uint32_t sq_refs = 0;
+  };
+  struct Completion {
+    uint64_t due_ns;
+    uint16_t sqid;
+    uint16_t cid;
+    uint16_t status;
+    uint32_t dw0;
+    bool operator>(const Completion& o) const { return due_ns > o.due_ns; }
+  };
+  struct Worker {
+    std::thread thread;
+    std::mutex mu;
+    DoorbellKick kick;
+    std::priority_queue<Completion, std::vector<Completion>, std::greater<>> timed;
+    std::vector<Completion> ready;    // due, in posting order
+    std::vector<Completion> blocked;  // their CQ was full
+    std::vector<emu::Segment> segs;
+    std::mt19937_64 rng;
+    uint64_t last_work_ns = 0;
+  };
+  struct Result {
+    uint16_t status;
+    uint32_t dw0;
+  };
+
+  void run(unsigned idx);
+  bool pass(unsigned idx);
+  bool has_work(unsigned idx);
+  void park(unsigned idx);
+  bool handle_cc();
+  void reset_locked();
+  uint32_t fetch(Worker& w, uint16_t qid, uint32_t budget);
+  bool post_ready(Worker& w);
+  bool post(const Completion& c, std::vector<uint16_t>* raised);
+  void lock_others();
+  void unlock_others();
+
+  Result execute_admin(Worker& w, const SubmissionEntry& cmd);
+  Result execute_io(Worker& w, const SubmissionEntry& cmd);
+  Result identify(Worker& w, const SubmissionEntry& cmd);
+  Result get_log_page(Worker& w, const SubmissionEntry& cmd);
+  Result features(const SubmissionEntry& cmd, bool set);
+  Result create_cq(const SubmissionEntry& cmd);
+  Result create_sq(const SubmissionEntry& cmd);
+  Result delete_queue(const SubmissionEntry& cmd, bool cq);
+  Result read_write(Worker& w, const SubmissionEntry& cmd, const Namespace& ns, bool write);
+  Result dataset_management(Worker& w, const SubmissionEntry& cmd, const Namespace& ns);
+  // Builds the segment list for a transfer of `len` bytes described by PRP1/PRP2 (Base §4.3).
+  uint16_t map_prps(const SubmissionEntry& cmd, uint64_t len, std::vector<emu::Segment>* out);
+  Result copy_out(Worker& w, const SubmissionEntry& cmd, const void* data, size_t len);
+  void log_error(uint16_t sqid, const SubmissionEntry& cmd, uint16_t status, uint64_t lba);
+  void log_error_raw(uint16_t sqid, uint16_t cid, uint16_t status);
+
+  uint32_t reg_load(uint32_t offset) const;
+  void reg_store(uint32_t offset, uint32_t value);
+  unsigned worker_of(uint16_t qid) const { return qid % workers_.size(); }
+  uint64_t page_bytes() const { return 4096; }  // CC.MPS = 0 is all this device supports
+  uint64_t max_transfer() const { return config_.mdts ? page_bytes() << config_.mdts : ~0ull; }
+
+  EmulatedConfig config_;
+  emu::Media media_;
+  emu::DmaSpace dma_;
+  std::vector<Namespace> namespaces_;
+  uint32_t dstrd_;
+  std::unique_ptr<port::Atomic<uint32_t>[]> regs_;  // the register file (BAR0)
+  uint32_t reg_words_;
+  std::unique_ptr<InterruptLine[]> irqs_;
+  std::vector<SqState> sqs_;
+  std::unique_ptr<CqState[]> cqs_;
+  std::deque<Worker> workers_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> paused_{false};
+  std::atomic<bool> dead_{false};
+
+  // Worker 0's controller state (under worker 0's mu).
+  uint32_t cc_seen_ = 0;
+  bool enabled_ = false;
+  uint16_t granted_sq_ = 0;  // 0's based count granted by Number of Queues
+  uint16_t granted_cq_ = 0;
+  uint32_t arbitration_ = 0;  // Set Features FID 01h CDW11
+  bool wrr_active_ = false;
+  uint32_t io_queues_live_ = 0;
+
+  mutable std::mutex error_mu_;
+  std::deque<ErrorLogEntry> error_log_;  // newest first, at most 64
+  uint64_t error_count_ = 0;
+
+  mutable std::mutex trace_mu_;
+  std::atomic<bool> tracing_{false};
+  std::vector<uint16_t> trace_;
+
+  std::atomic<uint64_t> n_admin_{0}, n_io_{0}, n_reads_{0}, n_writes_{0}, n_flushes_{0},
+      n_errors_{0}, n_kicks_{0}, bytes_read_{0}, bytes_written_{0};
+};
+
+}  // namespace warpfs::nvme

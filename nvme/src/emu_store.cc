@@ -1,0 +1,368 @@
+#include "emu_store.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace warpfs::nvme {
+namespace {
+
+class RamStore final : public BackingStore {
+ public:
+  explicit RamStore(uint64_t bytes) : bytes_(bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS |
+                   MAP_NORESERVE, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+  }
+  ~RamStore() override {
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  bool ok() const { return data_ != nullptr; }
+  uint64_t bytes() const override { return bytes_; }
+  Status read(uint64_t off, void* buf, size_t len) override {
+    if (off + len > bytes_) return Status::error(Code::kIoError, "read past end of RAM store");
+    std::memcpy(buf, data_ + off, len);
+    return Status::ok();
+  }
+  Status write(uint64_t off, const void* buf, size_t len) override {
+    if (off + len > bytes_) return Status::error(Code::kIoError, "write past end of RAM store");
+    std::memcpy(data_ + off, buf, len);
+    return Status::ok();
+  }
+  Status punch(uint64_t off, size_t len) override {
+    if (off + len > bytes_) return Status::error(Code::kIoError, "punch past end of RAM store");
+    std::memset(data_ + off, 0, len);
+    return Status::ok();
+  }
+  Status sync() override { return Status::ok(); }
+
+ private:
+  uint64_t bytes_;
+  uint8_t* data_;
+};
+
+class FileStore final : public BackingStore {
+ public:
+  FileStore(int fd, uint64_t bytes) : fd_(fd), bytes_(bytes) {}
+  ~FileStore() override { close(fd_); }
+  uint64_t bytes() const override { return bytes_; }
+  Status read(uint64_t off, void* buf, size_t len) override {
+    auto* p = static_cast<uint8_t*>(buf);
+    while (len > 0) {
+      ssize_t n = pread(fd_, p, len, static_cast<off_t>(off));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status::error(Code::kIoError, "pread of the image file failed");
+      if (n == 0) {  // a hole at the end of a short file reads as zeroes
+        std::memset(p, 0, len);
+        break;
+      }
+      p += n, off += static_cast<uint64_t>(n), len -= static_cast<size_t>(n);
+    }
+    return Status::ok();
+  }
+  Status write(uint64_t off, const void* buf, size_t len) override {
+    const auto* p = static_cast<const uint8_t*>(buf);
+    while (len > 0) {
+      ssize_t n = pwrite(fd_, p, len, static_cast<off_t>(off));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Status::error(Code::kIoError, "pwrite of the image file failed");
+      p += n, off += static_cast<uint64_t>(n), len -= static_cast<size_t>(n);
+    }
+    return Status::ok();
+  }
+  Status punch(uint64_t off, size_t len) override {
+    if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off),
+                  static_cast<off_t>(len)) == 0) {
+      return Status::ok();
+    }
+    // Filesystems without hole punching: write zeroes instead.
+    static const std::vector<uint8_t> zero(1 << 20, 0);
+    while (len > 0) {
+      size_t n = std::min(len, zero.size());
+      Status s = write(off, zero.data(), n);
+      if (!s.is_ok()) return s;
+      off += n, len -= n;
+    }
+    return Status::ok();
+  }
+  Status sync() override {
+    return fdatasync(fd_) == 0 ? Status::ok()
+                               : Status::error(Code::kIoError, "fdatasync of the image failed");
+  }
+
+ private:
+  int fd_;
+  uint64_t bytes_;
+};
+
+}  // namespace
+
+std::shared_ptr<BackingStore> BackingStore::open_file(const std::string& path,
+                                                      uint64_t create_bytes, std::string* error) {
+  int flags = O_RDWR | O_CLOEXEC | (create_bytes > 0 ? O_CREAT : 0);
+  int fd = open(path.c_str(), flags, 0644);
+  if (fd < 0) {
+    *error = path + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    *error = path + ": not a regular file";
+    close(fd);
+    return nullptr;
+  }
+  uint64_t bytes = static_cast<uint64_t>(st.st_size);
+  if (bytes == 0 && create_bytes > 0) {
+    if (ftruncate(fd, static_cast<off_t>(create_bytes)) != 0) {
+      *error = path + ": cannot size the image: " + std::strerror(errno);
+      close(fd);
+      return nullptr;
+    }
+    bytes = create_bytes;
+  }
+  if (bytes == 0) {
+    *error = path + ": the image file is empty";
+    close(fd);
+    return nullptr;
+  }
+  return std::make_shared<FileStore>(fd, bytes);
+}
+
+std::shared_ptr<BackingStore> BackingStore::ram(uint64_t bytes) {
+  auto s = std::make_shared<RamStore>(bytes);
+  return s->ok() ? s : nullptr;
+}
+
+namespace emu {
+
+Media::Media(std::shared_ptr<BackingStore> store, bool cache_enabled, uint64_t cache_bytes)
+    : store_(std::move(store)),
+      cache_enabled_(cache_enabled),
+      cache_limit_units_(std::max<uint64_t>(cache_bytes / kUnit, 1)) {}
+
+void Media::set_cache_enabled(bool on) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!on) (void)destage_locked();
+  cache_enabled_ = on;
+}
+
+bool Media::cache_enabled() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return cache_enabled_;
+}
+
+Status Media::destage_locked() {
+  for (auto& [unit, data] : cache_) {
+    Status s = store_->write(unit * kUnit, data.get(), kUnit);
+    if (!s.is_ok()) return s;
+  }
+  cache_.clear();
+  return Status::ok();
+}
+
+// The cached copy of `unit`, created on first write. A partial write needs the old contents.
+Status Media::unit_for_write_locked(uint64_t unit, bool whole, uint8_t** out) {
+  auto it = cache_.find(unit);
+  if (it != cache_.end()) {
+    *out = it->second.get();
+    return Status::ok();
+  }
+  if (cache_.size() >= cache_limit_units_) {
+    Status s = destage_locked();
+    if (!s.is_ok()) return s;
+  }
+  auto buf = std::make_unique<uint8_t[]>(kUnit);
+  if (!whole) {
+    Status s = store_->read(unit * kUnit, buf.get(), kUnit);
+    if (!s.is_ok()) return s;
+  }
+  *out = buf.get();
+  cache_.emplace(unit, std::move(buf));
+  return Status::ok();
+}
+
+// Walks [offset, offset+len) unit by unit together with the segment list.
+template <typename Fn>
+static Status for_each_piece(uint64_t offset, const std::vector<Segment>& segs, Fn&& fn) {
+  size_t si = 0, so = 0;
+  while (si < segs.size()) {
+    const uint64_t unit = offset / Media::kUnit;
+    const uint64_t in_unit = offset % Media::kUnit;
+    size_t n = std::min<uint64_t>(Media::kUnit - in_unit, segs[si].len - so);
+    Status s = fn(unit, in_unit, segs[si].ptr + so, n);
+    if (!s.is_ok()) return s;
+    offset += n, so += n;
+    if (so == segs[si].len) ++si, so = 0;
+  }
+  return Status::ok();
+}
+
+Status Media::write(uint64_t offset, const std::vector<Segment>& segs, bool fua) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!cache_enabled_) {
+    for (const Segment& sg : segs) {
+      Status s = store_->write(offset, sg.ptr, sg.len);
+      if (!s.is_ok()) return s;
+      offset += sg.len;
+    }
+    return Status::ok();
+  }
+  return for_each_piece(offset, segs, [&](uint64_t unit, uint64_t at, uint8_t* p, size_t n) {
+    uint8_t* data = nullptr;
+    Status s = unit_for_write_locked(unit, n == kUnit, &data);
+    if (!s.is_ok()) return s;
+    std::memcpy(data + at, p, n);
+    if (fua) {  // Force Unit Access: this unit reaches the media before completion
+      s = store_->write(unit * kUnit, data, kUnit);
+      cache_.erase(unit);
+    }
+    return s;
+  });
+}
+
+Status Media::read(uint64_t offset, const std::vector<Segment>& segs) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (cache_.empty()) {
+    for (const Segment& sg : segs) {
+      Status s = store_->read(offset, sg.ptr, sg.len);
+      if (!s.is_ok()) return s;
+      offset += sg.len;
+    }
+    return Status::ok();
+  }
+  return for_each_piece(offset, segs, [&](uint64_t unit, uint64_t at, uint8_t* p, size_t n) {
+    auto it = cache_.find(unit);
+    if (it != cache_.end()) {
+      std::memcpy(p, it->second.get() + at, n);
+      return Status::ok();
+    }
+    return store_->read(unit * kUnit + at, p, n);
+  });
+}
+
+Status Media::write_zeroes(uint64_t offset, uint64_t len, bool fua) {
+  static std::vector<uint8_t> zero(kUnit, 0);
+  std::vector<Segment> segs;
+  while (len > 0) {
+    size_t n = std::min<uint64_t>(len, kUnit);
+    segs.assign(1, Segment{zero.data(), n});
+    Status s = write(offset, segs, fua);
+    if (!s.is_ok()) return s;
+    offset += n, len -= n;
+  }
+  return Status::ok();
+}
+
+Status Media::deallocate(uint64_t offset, uint64_t len) {
+  std::lock_guard<std::mutex> g(mu_);
+  // Cached units inside the range are dropped; partial units at the edges are zeroed in
+  // place so that a later destage cannot resurrect deallocated bytes.
+  const uint64_t end = offset + len;
+  for (uint64_t u = offset / kUnit; u * kUnit < end; ++u) {
+    auto it = cache_.find(u);
+    if (it == cache_.end()) continue;
+    const uint64_t lo = std::max(offset, u * kUnit), hi = std::min(end, (u + 1) * kUnit);
+    if (lo == u * kUnit && hi == (u + 1) * kUnit) {
+      cache_.erase(it);
+    } else {
+      std::memset(it->second.get() + (lo - u * kUnit), 0, hi - lo);
+    }
+  }
+  return store_->punch(offset, len);
+}
+
+Status Media::flush() {
+  std::lock_guard<std::mutex> g(mu_);
+  Status s = destage_locked();
+  return s.is_ok() ? store_->sync() : s;
+}
+
+void Media::lose_power(double persist_probability, std::mt19937_64& rng) {
+  std::lock_guard<std::mutex> g(mu_);
+  std::uniform_real_distribution<double> coin(0.0, 1.0);
+  for (auto& [unit, data] : cache_) {
+    if (coin(rng) < persist_probability) (void)store_->write(unit * kUnit, data.get(), kUnit);
+  }
+  cache_.clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+DmaSpace::DmaSpace() : entries_(new Entry[kMaxRegions]()), next_iova_(0x10'0000'0000ull) {
+  used_.store(0, port::Order::kRelaxed);
+}
+
+DmaSpace::~DmaSpace() {
+  const uint32_t n = used_.load(port::Order::kAcquire);
+  for (uint32_t i = 0; i < n; ++i) {
+    uint64_t b = entries_[i].bytes.load(port::Order::kRelaxed);
+    if (b != 0) munmap(reinterpret_cast<void*>(entries_[i].vaddr.load(port::Order::kRelaxed)), b);
+  }
+}
+
+Status DmaSpace::alloc(size_t bytes, DmaRegion* out) {
+  constexpr uint64_t kPage = 4096, kGap = 2ull << 20;
+  const uint64_t len = (std::max<uint64_t>(bytes, 1) + kPage - 1) & ~(kPage - 1);
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return Status::error(Code::kNoMemory, "mmap of DMA memory failed");
+  std::lock_guard<std::mutex> g(mu_);
+  uint32_t n = used_.load(port::Order::kRelaxed);
+  uint32_t slot = n;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (entries_[i].bytes.load(port::Order::kRelaxed) == 0) {
+      slot = i;
+      break;
+    }
+  }
+  if (slot == kMaxRegions) {
+    munmap(p, len);
+    return Status::error(Code::kNoMemory, "too many DMA regions");
+  }
+  const uint64_t iova = next_iova_;
+  next_iova_ += (len + kGap + kGap - 1) & ~(kGap - 1);  // a gap between regions catches overruns
+  Entry& e = entries_[slot];
+  e.iova.store(iova, port::Order::kRelaxed);
+  e.vaddr.store(reinterpret_cast<uint64_t>(p), port::Order::kRelaxed);
+  e.bytes.store(len, port::Order::kRelease);  // publish: translate() reads bytes first
+  if (slot == n) used_.store(n + 1, port::Order::kRelease);
+  *out = DmaRegion{p, iova, static_cast<size_t>(len)};
+  return Status::ok();
+}
+
+void DmaSpace::free(const DmaRegion& r) {
+  if (r.vaddr == nullptr) return;
+  std::lock_guard<std::mutex> g(mu_);
+  const uint32_t n = used_.load(port::Order::kRelaxed);
+  for (uint32_t i = 0; i < n; ++i) {
+    Entry& e = entries_[i];
+    if (e.bytes.load(port::Order::kRelaxed) != 0 && e.iova.load(port::Order::kRelaxed) == r.iova) {
+      const uint64_t len = e.bytes.load(port::Order::kRelaxed);
+      e.bytes.store(0, port::Order::kRelease);
+      munmap(r.vaddr, len);
+      return;
+    }
+  }
+}
+
+uint8_t* DmaSpace::translate(uint64_t iova, uint64_t len) const {
+  const uint32_t n = used_.load(port::Order::kAcquire);
+  for (uint32_t i = 0; i < n; ++i) {
+    const Entry& e = entries_[i];
+    const uint64_t bytes = e.bytes.load(port::Order::kAcquire);
+    if (bytes == 0) continue;
+    const uint64_t base = e.iova.load(port::Order::kRelaxed);
+    if (iova >= base && iova - base < bytes && len <= bytes - (iova - base)) {
+      return reinterpret_cast<uint8_t*>(e.vaddr.load(port::Order::kRelaxed)) + (iova - base);
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace emu
+}  // namespace warpfs::nvme

@@ -1,0 +1,68 @@
+#include "warpfs/nvme/port.h"
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+
+#include "warpfs/nvme/transport.h"
+
+namespace warpfs::port {
+
+void thread_yield() { sched_yield(); }
+
+void sleep_ns(uint64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  nanosleep(&ts, nullptr);
+}
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+void futex_wait(uint32_t* word, uint32_t expected, uint64_t timeout_ns) {
+  timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000),
+              static_cast<long>(timeout_ns % 1'000'000'000)};
+  syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, expected, timeout_ns ? &ts : nullptr, nullptr, 0);
+}
+
+void futex_wake_all(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+}  // namespace warpfs::port
+
+namespace warpfs::nvme {
+
+// The ringing side of the handshake in the device's park(): the doorbell store happened
+// before the fence, the device's `sleeping` store before its fence; at least one side sees
+// the other's write, so a ring is never lost while the device goes to sleep.
+void Doorbell::wake(DoorbellKick& k) {
+  port::fence_seq_cst();
+  if (k.sleeping.value.load(port::Order::kRelaxed) != 0) {
+    k.seq.value.fetch_add(1, port::Order::kRelease);
+    port::futex_wake_all(k.seq.value.address());
+  }
+}
+
+void InterruptLine::wait(uint32_t seen, uint64_t timeout_ns) {
+  waiters.value.fetch_add(1, port::Order::kSeqCst);
+  port::fence_seq_cst();  // pairs with raise(): count is re-read after waiters is visible
+  if (count.value.load(port::Order::kAcquire) == seen) {
+    port::futex_wait(count.value.address(), seen, timeout_ns);
+  }
+  waiters.value.fetch_sub(1, port::Order::kRelaxed);
+}
+
+void InterruptLine::raise() {
+  count.value.fetch_add(1, port::Order::kRelease);
+  port::fence_seq_cst();
+  if (waiters.value.load(port::Order::kRelaxed) != 0) port::futex_wake_all(count.value.address());
+}
+
+}  // namespace warpfs::nvme

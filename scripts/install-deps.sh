@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages warpfs needs to build, test and benchmark.
+# Run as root. Idempotent: apt-get skips what is already installed.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+pkgs=(
+  build-essential cmake ninja-build pkg-config
+  libgtest-dev libgmock-dev libbenchmark-dev   # unit tests, micro-benchmarks
+  libfuse3-dev fuse3                           # the FUSE daemon
+  libpci-dev                                   # naming NVMe controllers for VFIO
+  libxxhash-dev                                # metadata checksums
+  libtbb-dev                                   # concurrent containers, benchmark baselines
+  fio                                          # file benchmarks
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
