@@ -100,7 +100,8 @@ uint32_t EmulatedController::reg_load(uint32_t off) const {
   return regs_[off / 4].load(port::Order::kAcquire);
 }
 void EmulatedController::reg_store(uint32_t off, uint32_t v) {
-  regs_[off / 4].store(v, port::Order::kRelease);
+  // Seq_cst: register writes by the host (CC, doorbells) take part in park()'s handshake.
+  regs_[off / 4].store(v, port::Order::kSeqCst);
 }
 
 uint32_t EmulatedController::read32(uint32_t off) {
@@ -204,11 +205,13 @@ bool EmulatedController::pass(unsigned idx) {
 
 bool EmulatedController::has_work(unsigned idx) {
   if (stop_.load()) return true;
-  if (idx == 0 && reg_load(reg::kCc) != cc_seen_) return true;
+  // Seq_cst loads: the other half of the handshake with Doorbell::wake (see park()).
+  auto load = [this](uint32_t off) { return regs_[off / 4].load(port::Order::kSeqCst); };
+  if (idx == 0 && load(reg::kCc) != cc_seen_) return true;
   if (!enabled_ || paused_.load()) return false;
   for (uint16_t q = 0; q < sqs_.size(); ++q) {
     const SqState& sq = sqs_[q];
-    if (sq.live && worker_of(q) == idx && reg_load(reg::sq_doorbell(q, dstrd_)) != sq.head) {
+    if (sq.live && worker_of(q) == idx && load(reg::sq_doorbell(q, dstrd_)) != sq.head) {
       return true;
     }
   }
@@ -241,8 +244,7 @@ void EmulatedController::park(unsigned idx) {
     return;
   }
   const uint32_t seq = w.kick.seq.value.load(port::Order::kAcquire);
-  w.kick.sleeping.value.store(1, port::Order::kSeqCst);
-  port::fence_seq_cst();  // pairs with the fence in Doorbell::wake (Dekker handshake)
+  w.kick.sleeping.value.store(1, port::Order::kSeqCst);  // then re-check: see has_work()
   bool work;
   {
     std::lock_guard<std::mutex> g(w.mu);

@@ -40,9 +40,11 @@ struct Doorbell {
   DoorbellKick* kick = nullptr;           // null on real hardware
 
   WARPFS_HD void ring(uint32_t value) const {
-    // Release: the SQ entries (or our consumption of CQ entries) written before this ring
-    // must be visible to the device before it sees the new tail (head).
-    reg->store(value, port::Order::kRelease);
+    // Release (implied by seq_cst): the SQ entries (or our consumption of CQ entries)
+    // written before this ring are visible to the device when it sees the new tail (head).
+    // Seq_cst because the emulated device's park() pairs with it (see wake()); on x86 it is
+    // one locked store, the same cost as an MMIO write's serialisation.
+    reg->store(value, port::Order::kSeqCst);
 #if !defined(__CUDA_ARCH__)
     if (kick != nullptr) wake(*kick);
 #endif

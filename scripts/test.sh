@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs what warpfs needs, builds it three ways and passes every test:
+#   build/       optimised, all tests
+#   build-asan/  ASan + UBSan, all tests
+#   build-tsan/  TSan, the concurrent layers (ctest label nvme; cache joins it)
+# Prints a final "N passed, N failed" line; exits non-zero on any failure.
+set -uo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+jobs=$(nproc)
+bash "$repo/scripts/install-deps.sh" || exit 1
+
+passed=0
+failed=0
+# run_suite NAME BUILD_DIR CMAKE_ARGS CTEST_ARGS
+run_suite() {
+  local name=$1 dir=$2 cmake_args=$3 ctest_args=$4
+  echo "=== $name: configure and build ($dir)"
+  # shellcheck disable=SC2086
+  if ! cmake -S "$repo" -B "$dir" -G Ninja $cmake_args >"$dir.configure.log" 2>&1; then
+    cat "$dir.configure.log"; echo "$name: configure failed"; failed=$((failed + 1)); return
+  fi
+  if ! ninja -C "$dir" -j "$jobs"; then
+    echo "$name: build failed"; failed=$((failed + 1)); return
+  fi
+  echo "=== $name: test"
+  local log="$dir/ctest.log"
+  # shellcheck disable=SC2086
+  (cd "$dir" && ctest -j "$jobs" --output-on-failure --timeout 600 $ctest_args) 2>&1 | tee "$log"
+  local total fails
+  total=$(grep -Eo 'tests passed, [0-9]+ tests failed out of [0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -1)
+  fails=$(grep -Eo '[0-9]+ tests failed out of' "$log" | grep -Eo '^[0-9]+' | tail -1)
+  if [[ -z $total ]]; then
+    echo "$name: ctest printed no summary"; failed=$((failed + 1)); return
+  fi
+  passed=$((passed + total - fails))
+  failed=$((failed + fails))
+}
+
+run_suite "release" "$repo/build" "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARPFS_BUILD_BENCH=ON" ""
+run_suite "asan+ubsan" "$repo/build-asan" \
+  "-DCMAKE_BUILD_TYPE=Debug -DWARPFS_SANITIZE=address -DWARPFS_BUILD_BENCH=OFF" ""
+run_suite "tsan" "$repo/build-tsan" \
+  "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARPFS_SANITIZE=thread -DWARPFS_BUILD_BENCH=OFF" \
+  "-L nvme"
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
