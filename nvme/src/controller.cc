@@ -178,7 +178,7 @@ Status Controller::admin(SubmissionEntry cmd, void* data, size_t len, bool to_de
     if (port::now_ns() > deadline) {
       return Status::error(Code::kTimeout, "admin command timed out");
     }
-    if (irq != nullptr && !b.spinning()) {
+    if (irq != nullptr && b.should_block()) {
       irq->wait(seen, 1'000'000);
     } else {
       b.pause();

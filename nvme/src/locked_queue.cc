@@ -52,7 +52,7 @@ uint16_t LockedQueue::execute(const SubmissionEntry& cmd, uint32_t* dw0) {
       progress = drain_locked();
     }
     if (progress || d.state.value.load(port::Order::kAcquire) == 2) continue;
-    if (irq_ != nullptr && !b.spinning()) {
+    if (irq_ != nullptr && b.should_block()) {
       irq_->wait(seen, 200'000);
     } else {
       b.pause();

@@ -47,7 +47,7 @@ class IoBatch {
           irq = e_[i].route.vq->view().irq;
         }
       }
-      if (irq != nullptr && !b.spinning()) {
+      if (irq != nullptr && b.should_block()) {
         const uint32_t seen = irq->count.value.load(port::Order::kAcquire);
         if (poll_once()) continue;
         irq->wait(seen, 200'000);

@@ -156,6 +156,9 @@ class Backoff {
 #endif
   }
   WARPFS_HD bool spinning() const { return step_ < kSpin; }
+  // Past spinning and yielding: a waiter with something to block on (an interrupt) should
+  // block now rather than sleep blindly.
+  WARPFS_HD bool should_block() const { return step_ >= kSpin + kYield; }
   WARPFS_HD void reset() {
     step_ = 0;
     ns_ = kFirstSleepNs;

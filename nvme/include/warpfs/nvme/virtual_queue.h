@@ -161,7 +161,7 @@ class VirtualQueue {
   uint16_t wait(Ticket* t) {
     port::Backoff b;
     while (!poll(t)) {
-      if (q_.irq != nullptr && t->cq_pos == Ticket::kNotFound && !b.spinning()) {
+      if (q_.irq != nullptr && t->cq_pos == Ticket::kNotFound && b.should_block()) {
         const uint32_t seen = q_.irq->count.value.load(port::Order::kAcquire);
         if (poll(t)) break;
         // Bounded: a lost race with the head-lock holder costs at most this long.
