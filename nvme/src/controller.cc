@@ -28,7 +28,8 @@ Status Controller::wait_ready(bool ready, uint64_t timeout_ns) {
   for (;;) {
     const uint32_t csts = t_.read32(reg::kCsts);
     if (csts == 0xffffffffu) return Status::error(Code::kNotReady, "controller is not responding");
-    if (csts & csts::kCfs) return Status::error(Code::kNotReady, "controller fatal status (CSTS.CFS)");
+    if (csts & csts::kCfs)
+      return Status::error(Code::kNotReady, "controller fatal status (CSTS.CFS)");
     if (((csts & csts::kRdy) != 0) == ready) return Status::ok();
     if (port::now_ns() > deadline) {
       return Status::error(Code::kTimeout, ready ? "timed out waiting for CSTS.RDY=1"
@@ -185,7 +186,8 @@ Status Controller::admin(SubmissionEntry cmd, void* data, size_t len, bool to_de
     }
   }
   admin_->ring_cq();
-  if (cqe.cid != cmd.cid) return Status::error(Code::kIoError, "admin completion for another command");
+  if (cqe.cid != cmd.cid)
+    return Status::error(Code::kIoError, "admin completion for another command");
   const uint16_t sf = static_cast<uint16_t>(cqe.status >> 1);  // drop the phase tag
   if (dw0 != nullptr) *dw0 = cqe.dw0;
   if (!status_ok(sf)) return Status::nvme(sf);
@@ -195,7 +197,8 @@ Status Controller::admin(SubmissionEntry cmd, void* data, size_t len, bool to_de
 
 Status Controller::create_queue_pair(uint16_t qid, uint32_t entries, QueuePriority prio,
                                      QueueView* out) {
-  if (qid == 0 || qid > granted_) return Status::error(Code::kInvalidArgument, "queue id not granted");
+  if (qid == 0 || qid > granted_)
+    return Status::error(Code::kInvalidArgument, "queue id not granted");
   if (entries < 2 || entries > max_queue_entries())
     return Status::error(Code::kInvalidArgument, "queue size beyond CAP.MQES");
   IoQueueMemory mem;
@@ -275,7 +278,8 @@ Status Controller::shutdown() {
   const uint32_t cc = t_.read32(reg::kCc);
   if (cc == 0xffffffffu) return Status::error(Code::kNotReady, "controller is not responding");
   t_.write32(reg::kCc, (cc & ~cc::kShnMask) | (1u << cc::kShnShift));
-  const uint64_t deadline = port::now_ns() + std::max<uint64_t>(cap_.to_500ms(), 1) * 500'000'000ull;
+  const uint64_t deadline =
+      port::now_ns() + std::max<uint64_t>(cap_.to_500ms(), 1) * 500'000'000ull;
   port::Backoff b;
   while ((t_.read32(reg::kCsts) & csts::kShstMask) != csts::kShstComplete) {
     if (port::now_ns() > deadline) return Status::error(Code::kTimeout, "shutdown timed out");

@@ -14,7 +14,9 @@ constexpr uint32_t kAdminBudget = 64;
 constexpr uint16_t kVendorId = 0x1d0f;  // an arbitrary id; the model name says what it is
 
 // Doorbell and register offsets are dword aligned; anything else is ignored, as hardware does.
-bool aligned4(uint32_t off) { return (off & 3) == 0; }
+bool aligned4(uint32_t off) {
+  return (off & 3) == 0;
+}
 
 void put_u128(uint8_t (&dst)[16], uint64_t v) {
   std::memset(dst, 0, sizeof dst);
@@ -189,7 +191,8 @@ bool EmulatedController::pass(unsigned idx) {
     const uint32_t ab = arbitration_ & 7;
     const uint32_t burst = ab == 7 ? 1024 : 1u << ab;  // 111b: no limit
     const uint32_t weight[4] = {burst, ((arbitration_ >> 24) & 0xff) + 1,
-                                ((arbitration_ >> 16) & 0xff) + 1, ((arbitration_ >> 8) & 0xff) + 1};
+                                ((arbitration_ >> 16) & 0xff) + 1,
+                                ((arbitration_ >> 8) & 0xff) + 1};
     for (int cls = 0; cls < 4; ++cls) {
       for (uint16_t q = 1; q < sqs_.size(); ++q) {
         const SqState& sq = sqs_[q];
@@ -541,15 +544,24 @@ EmulatedController::Result EmulatedController::execute_admin(Worker& w,
                                                              const SubmissionEntry& cmd) {
   n_admin_.fetch_add(1, std::memory_order_relaxed);
   switch (cmd.opcode) {
-    case admin::kIdentify: return identify(w, cmd);
-    case admin::kGetLogPage: return get_log_page(w, cmd);
-    case admin::kSetFeatures: return features(cmd, true);
-    case admin::kGetFeatures: return features(cmd, false);
-    case admin::kCreateIoCq: return create_cq(cmd);
-    case admin::kCreateIoSq: return create_sq(cmd);
-    case admin::kDeleteIoCq: return delete_queue(cmd, true);
-    case admin::kDeleteIoSq: return delete_queue(cmd, false);
-    default: return {make_status(sct::kGeneric, sc::kInvalidOpcode), 0};
+    case admin::kIdentify:
+      return identify(w, cmd);
+    case admin::kGetLogPage:
+      return get_log_page(w, cmd);
+    case admin::kSetFeatures:
+      return features(cmd, true);
+    case admin::kGetFeatures:
+      return features(cmd, false);
+    case admin::kCreateIoCq:
+      return create_cq(cmd);
+    case admin::kCreateIoSq:
+      return create_sq(cmd);
+    case admin::kDeleteIoCq:
+      return delete_queue(cmd, true);
+    case admin::kDeleteIoSq:
+      return delete_queue(cmd, false);
+    default:
+      return {make_status(sct::kGeneric, sc::kInvalidOpcode), 0};
   }
 }
 
@@ -602,8 +614,7 @@ EmulatedController::Result EmulatedController::identify(Worker& w, const Submiss
   return {make_status(sct::kGeneric, sc::kInvalidField), 0};
 }
 
-EmulatedController::Result EmulatedController::get_log_page(Worker& w,
-                                                            const SubmissionEntry& cmd) {
+EmulatedController::Result EmulatedController::get_log_page(Worker& w, const SubmissionEntry& cmd) {
   const uint8_t id = cmd.cdw10 & 0xff;
   const uint64_t dwords = ((uint64_t{cmd.cdw11 & 0xffff} << 16) | (cmd.cdw10 >> 16)) + 1;
   const uint64_t offset = cmd.cdw12 | (uint64_t{cmd.cdw13} << 32);
@@ -639,13 +650,15 @@ EmulatedController::Result EmulatedController::get_log_page(Worker& w,
     return {make_status(sct::kGeneric, sc::kInvalidField), 0};
   }
   std::vector<uint8_t> out(dwords * 4, 0);
-  std::memcpy(out.data(), page.data() + offset, std::min<uint64_t>(out.size(), page.size() - offset));
+  std::memcpy(out.data(), page.data() + offset,
+              std::min<uint64_t>(out.size(), page.size() - offset));
   return copy_out(w, cmd, out.data(), out.size());
 }
 
 EmulatedController::Result EmulatedController::features(const SubmissionEntry& cmd, bool set) {
   const uint8_t f = cmd.cdw10 & 0xff;
-  if (set && (cmd.cdw10 >> 31)) return {make_status(sct::kCommandSpecific, sc::kFeatureNotSaveable), 0};
+  if (set && (cmd.cdw10 >> 31))
+    return {make_status(sct::kCommandSpecific, sc::kFeatureNotSaveable), 0};
   const uint16_t invalid = make_status(sct::kGeneric, sc::kInvalidField);
   switch (f) {
     case fid::kArbitration:
@@ -820,7 +833,8 @@ EmulatedController::Result EmulatedController::read_write(Worker& w, const Submi
   }
   if (!s.is_ok()) {
     return {write ? make_status(sct::kMedia, sc::kWriteFault)
-                  : make_status(sct::kMedia, sc::kUnrecoveredReadError), 0};
+                  : make_status(sct::kMedia, sc::kUnrecoveredReadError),
+            0};
   }
   if (write) {
     n_writes_.fetch_add(1, std::memory_order_relaxed);
@@ -926,21 +940,53 @@ std::unique_ptr<EmulatedTransport> EmulatedTransport::create(const EmulatedConfi
 
 EmulatedTransport::EmulatedTransport(std::unique_ptr<EmulatedController> c) : c_(std::move(c)) {}
 EmulatedTransport::~EmulatedTransport() = default;
-std::string EmulatedTransport::name() const { return "emulated"; }
-uint32_t EmulatedTransport::read32(uint32_t o) { return c_->read32(o); }
-void EmulatedTransport::write32(uint32_t o, uint32_t v) { c_->write32(o, v); }
-uint64_t EmulatedTransport::read64(uint32_t o) { return c_->read64(o); }
-void EmulatedTransport::write64(uint32_t o, uint64_t v) { c_->write64(o, v); }
-Doorbell EmulatedTransport::doorbell(uint16_t q, bool cq) { return c_->doorbell(q, cq); }
-InterruptLine* EmulatedTransport::interrupt(uint16_t v) { return c_->interrupt(v); }
-uint16_t EmulatedTransport::interrupt_vectors() const { return c_->vectors(); }
-Status EmulatedTransport::dma_alloc(size_t b, DmaRegion* out) { return c_->dma().alloc(b, out); }
-void EmulatedTransport::dma_free(const DmaRegion& r) { c_->dma().free(r); }
-void EmulatedTransport::pause(bool p) { c_->pause(p); }
-EmulatedCounters EmulatedTransport::counters() const { return c_->counters(); }
-void EmulatedTransport::trace_fetches(bool e) { c_->trace_fetches(e); }
-std::vector<uint16_t> EmulatedTransport::fetch_trace() const { return c_->fetch_trace(); }
-void EmulatedTransport::power_cut(double p) { c_->power_cut(p); }
-const EmulatedConfig& EmulatedTransport::config() const { return c_->config(); }
+std::string EmulatedTransport::name() const {
+  return "emulated";
+}
+uint32_t EmulatedTransport::read32(uint32_t o) {
+  return c_->read32(o);
+}
+void EmulatedTransport::write32(uint32_t o, uint32_t v) {
+  c_->write32(o, v);
+}
+uint64_t EmulatedTransport::read64(uint32_t o) {
+  return c_->read64(o);
+}
+void EmulatedTransport::write64(uint32_t o, uint64_t v) {
+  c_->write64(o, v);
+}
+Doorbell EmulatedTransport::doorbell(uint16_t q, bool cq) {
+  return c_->doorbell(q, cq);
+}
+InterruptLine* EmulatedTransport::interrupt(uint16_t v) {
+  return c_->interrupt(v);
+}
+uint16_t EmulatedTransport::interrupt_vectors() const {
+  return c_->vectors();
+}
+Status EmulatedTransport::dma_alloc(size_t b, DmaRegion* out) {
+  return c_->dma().alloc(b, out);
+}
+void EmulatedTransport::dma_free(const DmaRegion& r) {
+  c_->dma().free(r);
+}
+void EmulatedTransport::pause(bool p) {
+  c_->pause(p);
+}
+EmulatedCounters EmulatedTransport::counters() const {
+  return c_->counters();
+}
+void EmulatedTransport::trace_fetches(bool e) {
+  c_->trace_fetches(e);
+}
+std::vector<uint16_t> EmulatedTransport::fetch_trace() const {
+  return c_->fetch_trace();
+}
+void EmulatedTransport::power_cut(double p) {
+  c_->power_cut(p);
+}
+const EmulatedConfig& EmulatedTransport::config() const {
+  return c_->config();
+}
 
 }  // namespace warpfs::nvme

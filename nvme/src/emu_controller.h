@@ -43,7 +43,7 @@ class EmulatedController {
 
  private:
   struct Namespace {
-    uint64_t base;       // byte offset in the backing store
+    uint64_t base;  // byte offset in the backing store
     uint64_t lba_count;
     uint32_t lba_shift;  // log2 of the LBA size
   };

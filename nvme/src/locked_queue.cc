@@ -2,8 +2,7 @@
 
 namespace warpfs::nvme {
 
-LockedQueue::LockedQueue(const QueueView& q)
-    : qp_(q), done_(new Done[q.entries]()), irq_(q.irq) {
+LockedQueue::LockedQueue(const QueueView& q) : qp_(q), done_(new Done[q.entries]()), irq_(q.irq) {
   // At most entries - 1 commands in flight: the SQ can never overflow.
   for (uint32_t c = q.entries - 1; c-- > 0;) free_.push_back(static_cast<uint16_t>(c));
 }

@@ -12,7 +12,9 @@
 
 namespace warpfs::port {
 
-void thread_yield() { sched_yield(); }
+void thread_yield() {
+  sched_yield();
+}
 
 void sleep_ns(uint64_t ns) {
   timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};

@@ -38,24 +38,33 @@ void usage(FILE* f) {
 }
 
 bool parse(int argc, char** argv, Options* o) {
-  static const option longs[] = {{"size", required_argument, nullptr, 's'},
-                                 {"lba-bytes", required_argument, nullptr, 'l'},
-                                 {"threads", required_argument, nullptr, 't'},
-                                 {"blocks", required_argument, nullptr, 'b'},
-                                 {"help", no_argument, nullptr, 'h'},
-                                 {nullptr, 0, nullptr, 0}};
+  static const option longs[] = {
+      {"size", required_argument, nullptr, 's'},    {"lba-bytes", required_argument, nullptr, 'l'},
+      {"threads", required_argument, nullptr, 't'}, {"blocks", required_argument, nullptr, 'b'},
+      {"help", no_argument, nullptr, 'h'},          {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", longs, nullptr)) != -1) {
     char* end = nullptr;
     const uint64_t v = optarg ? std::strtoull(optarg, &end, 0) : 0;
     const bool bad = optarg && (*end != '\0' || end == optarg);
     switch (c) {
-      case 's': o->size = v; break;
-      case 'l': o->lba_bytes = static_cast<uint32_t>(v); break;
-      case 't': o->threads = static_cast<unsigned>(v); break;
-      case 'b': o->blocks = v; break;
-      case 'h': usage(stdout); std::exit(0);
-      default: return false;
+      case 's':
+        o->size = v;
+        break;
+      case 'l':
+        o->lba_bytes = static_cast<uint32_t>(v);
+        break;
+      case 't':
+        o->threads = static_cast<unsigned>(v);
+        break;
+      case 'b':
+        o->blocks = v;
+        break;
+      case 'h':
+        usage(stdout);
+        std::exit(0);
+      default:
+        return false;
     }
     if (bad) {
       std::fprintf(stderr, "warpfs-nvme-demo: '%s' is not a number\n", optarg);
@@ -66,8 +75,9 @@ bool parse(int argc, char** argv, Options* o) {
   o->device = argv[optind];
   if ((o->lba_bytes != 512 && o->lba_bytes != 4096) || o->threads == 0 || o->threads > 64 ||
       o->blocks == 0 || o->size < (1u << 20)) {
-    std::fprintf(stderr, "warpfs-nvme-demo: --lba-bytes must be 512 or 4096, --threads 1..64, "
-                         "--blocks > 0, --size >= 1 MiB\n");
+    std::fprintf(stderr,
+                 "warpfs-nvme-demo: --lba-bytes must be 512 or 4096, --threads 1..64, "
+                 "--blocks > 0, --size >= 1 MiB\n");
     return false;
   }
   return true;
@@ -110,7 +120,8 @@ bool pass(Transport& t, IoEngine& e, const NamespaceInfo& ns, const Options& o, 
           } else {
             std::memset(p, 0, 4096);
           }
-          SubmissionEntry c = write ? make_write(ns.nsid, lba, per_cmd) : make_read(ns.nsid, lba, per_cmd);
+          SubmissionEntry c =
+              write ? make_write(ns.nsid, lba, per_cmd) : make_read(ns.nsid, lba, per_cmd);
           c.prp1 = buf.iova + i * 4096;
           b.submit(c, Priority::kBulk);
         }
@@ -172,16 +183,19 @@ bool session(const Options& o, bool first, uint64_t gen) {
     std::printf("controller: %s, serial %s, firmware %s, NVMe %u.%u\n",
                 trimmed(id.mn, sizeof id.mn).c_str(), trimmed(id.sn, sizeof id.sn).c_str(),
                 trimmed(id.fr, sizeof id.fr).c_str(), id.ver >> 16, (id.ver >> 8) & 0xff);
-    std::printf("            max transfer %u KiB, %u I/O queue pairs of up to %u entries, %s "
-                "arbitration, volatile write cache %s\n",
-                c->max_transfer_bytes() / 1024, c->io_queues_granted(), c->max_queue_entries(),
-                c->wrr() ? "weighted round robin" : "round robin",
-                c->volatile_write_cache() ? "present" : "absent");
+    std::printf(
+        "            max transfer %u KiB, %u I/O queue pairs of up to %u entries, %s "
+        "arbitration, volatile write cache %s\n",
+        c->max_transfer_bytes() / 1024, c->io_queues_granted(), c->max_queue_entries(),
+        c->wrr() ? "weighted round robin" : "round robin",
+        c->volatile_write_cache() ? "present" : "absent");
     for (const NamespaceInfo& n : c->namespaces()) {
-      std::printf("namespace %u: %" PRIu64 " blocks of %u B (%.1f MiB), atomic write unit %u "
+      std::printf("namespace %u: %" PRIu64
+                  " blocks of %u B (%.1f MiB), atomic write unit %u "
                   "blocks\n",
                   n.nsid, n.lba_count, n.lba_bytes,
-                  static_cast<double>(n.lba_count * n.lba_bytes) / (1 << 20), n.atomic_write_blocks);
+                  static_cast<double>(n.lba_count * n.lba_bytes) / (1 << 20),
+                  n.atomic_write_blocks);
     }
   }
   Options run = o;

@@ -197,8 +197,8 @@ TEST(Controller, BadAdminQueueSetupSetsFatalStatus) {
   std::string err;
   auto t = EmulatedTransport::create({}, store, &err);
   ASSERT_TRUE(t);
-  t->write32(reg::kAqa, 0);                    // 1-entry queues: invalid
-  t->write64(reg::kAsq, 0xdead0000);           // not DMA memory
+  t->write32(reg::kAqa, 0);           // 1-entry queues: invalid
+  t->write64(reg::kAsq, 0xdead0000);  // not DMA memory
   t->write64(reg::kAcq, 0xbeef0000);
   t->write32(reg::kCc, cc::kEn | (6u << cc::kIosqesShift) | (4u << cc::kIocqesShift));
   const uint64_t deadline = port::now_ns() + 5'000'000'000ull;

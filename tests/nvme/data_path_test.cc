@@ -92,7 +92,8 @@ TEST_F(DataPath, WriteThenReadEverySizeUpToMdts) {
   // The driver's own builder agrees with the hand-built lists for one-list-page transfers.
   fill_pattern(wbuf.vaddr, 2 << 20, 77, 77);
   SubmissionEntry w = make_write(1, 20000, 4096);
-  ASSERT_TRUE(fill_prps(&w, wbuf.iova, 2 << 20, PrpList{static_cast<uint64_t*>(list.vaddr), list.iova}));
+  ASSERT_TRUE(
+      fill_prps(&w, wbuf.iova, 2 << 20, PrpList{static_cast<uint64_t*>(list.vaddr), list.iova}));
   ASSERT_EQ(run(w), 0);
   SubmissionEntry rd = make_read(1, 20000, 4096);
   HandPrp hr = build_prps(pages_of(rbuf, 2 << 20), 0, 2 << 20, list, 0);
@@ -151,12 +152,12 @@ TEST_F(DataPath, WriteZeroesAndDeallocateReadBackZeroes) {
   SubmissionEntry w = make_write(1, 100, 64);
   ASSERT_TRUE(fill_prps(&w, buf.iova, 64 * 512, pl));
   ASSERT_EQ(run(w), 0);
-  ASSERT_EQ(run(make_write_zeroes(1, 104, 4, false)), 0);   // blocks 104..107
-  ASSERT_EQ(run(make_write_zeroes(1, 120, 16, true)), 0);   // deallocate 120..135
+  ASSERT_EQ(run(make_write_zeroes(1, 104, 4, false)), 0);  // blocks 104..107
+  ASSERT_EQ(run(make_write_zeroes(1, 120, 16, true)), 0);  // deallocate 120..135
   DmaRegion ranges = r_->alloc(kPage);
   auto* rg = static_cast<DsmRange*>(ranges.vaddr);
-  rg[0] = DsmRange{0, 3, 140};   // 140..142
-  rg[1] = DsmRange{0, 1, 163};   // 163
+  rg[0] = DsmRange{0, 3, 140};  // 140..142
+  rg[1] = DsmRange{0, 1, 163};  // 163
   ASSERT_EQ(run(make_deallocate(1, ranges.iova, 2)), 0);
   std::memset(buf.vaddr, 0xaa, 64 * 512);
   SubmissionEntry rd = make_read(1, 100, 64);

@@ -8,8 +8,12 @@
 namespace warpfs::nvme::test {
 namespace {
 
-constexpr uint16_t kGen(uint8_t code) { return make_status(sct::kGeneric, code); }
-constexpr uint16_t kSpec(uint8_t code) { return make_status(sct::kCommandSpecific, code); }
+constexpr uint16_t kGen(uint8_t code) {
+  return make_status(sct::kGeneric, code);
+}
+constexpr uint16_t kSpec(uint8_t code) {
+  return make_status(sct::kCommandSpecific, code);
+}
 
 class Errors : public ::testing::Test {
  protected:
@@ -105,11 +109,11 @@ TEST_F(Errors, QueueCreationAndDeletion) {
   c.prp1 = q.iova;
   c.cdw11 = 1;
   c.cdw10 = 0 | (7u << 16);
-  EXPECT_EQ(admin(c), kSpec(sc::kInvalidQueueId));   // qid 0 is the admin queue
+  EXPECT_EQ(admin(c), kSpec(sc::kInvalidQueueId));  // qid 0 is the admin queue
   c.cdw10 = 1 | (7u << 16);
-  EXPECT_EQ(admin(c), kSpec(sc::kInvalidQueueId));   // already exists
+  EXPECT_EQ(admin(c), kSpec(sc::kInvalidQueueId));  // already exists
   c.cdw10 = 60 | (7u << 16);
-  EXPECT_EQ(admin(c), kSpec(sc::kInvalidQueueId));   // beyond Number of Queues
+  EXPECT_EQ(admin(c), kSpec(sc::kInvalidQueueId));  // beyond Number of Queues
   c.cdw10 = 2 | (0u << 16);
   EXPECT_EQ(admin(c), kSpec(sc::kInvalidQueueSize));  // one entry
   c.cdw10 = 2 | (0xffffu << 16);
@@ -173,8 +177,8 @@ TEST_F(Errors, FailedTransferTouchesNothing) {
   std::memset(a.vaddr, 0xcc, 4096);
   std::memset(b.vaddr, 0xdd, 4096);
   SubmissionEntry c = make_read(1, 0, 8);
-  c.prp1 = a.iova + 2048;      // first 2 KiB fit in a...
-  c.prp2 = a.iova + 4096;      // ...the rest would be past its end
+  c.prp1 = a.iova + 2048;  // first 2 KiB fit in a...
+  c.prp2 = a.iova + 4096;  // ...the rest would be past its end
   EXPECT_EQ(io(c), kGen(sc::kDataTransferError));
   for (int i = 0; i < 4096; ++i) {
     ASSERT_EQ(static_cast<uint8_t*>(a.vaddr)[i], 0xcc);

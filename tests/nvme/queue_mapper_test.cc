@@ -1,12 +1,13 @@
 // The queue mapper: a randomized model-based test of its remapping (invariants after every
 // step, movement away from a slow queue, no collapse under uniform load), and priority
 // classes landing on their own queues.
+#include "warpfs/nvme/queue_mapper.h"
+
 #include <algorithm>
 #include <random>
 
 #include "nvme/rig.h"
 #include "warpfs/nvme/io_engine.h"
-#include "warpfs/nvme/queue_mapper.h"
 
 namespace warpfs::nvme::test {
 namespace {
@@ -43,8 +44,9 @@ std::vector<uint32_t> run_model(QueueMapper& m, Model& md, uint32_t k, int steps
     for (uint32_t q = 0; q < k; ++q) {  // service
       if (md.load[q] > 0 && u(rng) < md.rate[q]) md.load[q] -= 1;
     }
-    m.rebalance(r, [&](uint32_t q) { return md.load[q]; }, [&] { return md.pressure[r.queue]; },
-                [&] { return std::exchange(md.pressure[r.queue], 0); });
+    m.rebalance(
+        r, [&](uint32_t q) { return md.load[q]; }, [&] { return md.pressure[r.queue]; },
+        [&] { return std::exchange(md.pressure[r.queue], 0); });
     check_invariants(m, Priority::kBulk, k);
     if (::testing::Test::HasFatalFailure()) return {};
   }
@@ -75,8 +77,7 @@ TEST(QueueMapperModel, SlotsMoveAwayFromASlowQueue) {
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     constexpr uint32_t k = 6;
     QueueMapper m = make_mapper(k, 8);
-    Model md{std::vector<uint64_t>(k, 0), std::vector<uint64_t>(k, 0),
-             std::vector<double>(k, 0.9)};
+    Model md{std::vector<uint64_t>(k, 0), std::vector<uint64_t>(k, 0), std::vector<double>(k, 0.9)};
     md.rate[2] = 0.02;  // queue 2 is slow
     std::vector<uint32_t> slots = run_model(m, md, k, 4000, seed);
     ASSERT_FALSE(HasFatalFailure());
@@ -94,8 +95,8 @@ TEST(QueueMapperModel, UniformLoadDoesNotCollapse) {
              std::vector<double>(k, 0.11)};
     std::vector<uint32_t> slots = run_model(m, md, k, 6000, seed);
     ASSERT_FALSE(HasFatalFailure());
-    const uint32_t used = static_cast<uint32_t>(std::count_if(slots.begin(), slots.end(),
-                                                              [](uint32_t s) { return s > 0; }));
+    const uint32_t used = static_cast<uint32_t>(
+        std::count_if(slots.begin(), slots.end(), [](uint32_t s) { return s > 0; }));
     EXPECT_EQ(used, k) << "seed " << seed;
     EXPECT_LE(*std::max_element(slots.begin(), slots.end()), m.max_mapped(Priority::kBulk));
   }
@@ -142,7 +143,8 @@ TEST(QueueMapper, PriorityClassesUseTheirOwnQueues) {
   ASSERT_EQ(bulk.size(), 20u);
   for (uint16_t q : meta) EXPECT_EQ(q, 1);
   for (uint16_t q : bulk) EXPECT_TRUE(q == 2 || q == 3) << q;
-  EXPECT_TRUE(std::count(bulk.begin(), bulk.end(), 2) > 0 && std::count(bulk.begin(), bulk.end(), 3) > 0);
+  EXPECT_TRUE(std::count(bulk.begin(), bulk.end(), 2) > 0 &&
+              std::count(bulk.begin(), bulk.end(), 3) > 0);
 }
 
 }  // namespace

@@ -58,7 +58,9 @@ inline CompletionEntry run_raw(RawQueuePair& qp, SubmissionEntry cmd) {
   return cqe;
 }
 
-inline uint16_t sf(const CompletionEntry& c) { return static_cast<uint16_t>(c.status >> 1); }
+inline uint16_t sf(const CompletionEntry& c) {
+  return static_cast<uint16_t>(c.status >> 1);
+}
 
 // A deterministic pattern for block `lba` in generation `gen`.
 inline void fill_pattern(void* p, size_t len, uint64_t lba, uint64_t gen) {

@@ -1,6 +1,8 @@
 // The BaM queue protocol under many threads over few small queues, the warp's asynchronous
 // form, and the locked baseline, each block's content verified. Test names with
 // "Concurrent" run under TSan in CI.
+#include "warpfs/nvme/virtual_queue.h"
+
 #include <atomic>
 #include <thread>
 
@@ -8,7 +10,6 @@
 #include "warpfs/nvme/io_batch.h"
 #include "warpfs/nvme/io_engine.h"
 #include "warpfs/nvme/locked_queue.h"
-#include "warpfs/nvme/virtual_queue.h"
 
 namespace warpfs::nvme::test {
 namespace {
@@ -181,7 +182,8 @@ TEST(IoBatch, ConcurrentBatchesOverSharedQueues) {
           b.submit(rd, Priority::kBulk);
         }
         failures += b.wait_all();
-        for (int i = 0; i < 32; ++i) failures += check_pattern(p + i * 512, 512, lba0 + i, round) ? 0 : 1;
+        for (int i = 0; i < 32; ++i)
+          failures += check_pattern(p + i * 512, 512, lba0 + i, round) ? 0 : 1;
       }
     });
   }

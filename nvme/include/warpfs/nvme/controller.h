@@ -21,10 +21,10 @@
 namespace warpfs::nvme {
 
 struct ControllerOptions {
-  uint16_t io_queues = 8;          // requested; the controller may grant fewer
+  uint16_t io_queues = 8;  // requested; the controller may grant fewer
   uint32_t admin_entries = 32;
-  bool wrr = true;                 // use weighted round robin if CAP.AMS offers it
-  uint8_t high_weight = 15;        // Set Features Arbitration (0's based weights)
+  bool wrr = true;           // use weighted round robin if CAP.AMS offers it
+  uint8_t high_weight = 15;  // Set Features Arbitration (0's based weights)
   uint8_t medium_weight = 3;
   uint8_t low_weight = 0;
   uint64_t admin_timeout_ns = 5'000'000'000ull;

@@ -63,8 +63,8 @@ struct EmulatedConfig {
   bool volatile_write_cache = true;   // Identify VWC; Flush and FUA honour it
   uint64_t write_cache_bytes = 64ull << 20;
   unsigned worker_threads = 1;
-  uint64_t idle_spin_ns = 50'000;     // poll this long after the last command, then park
-  uint64_t seed = 1;                  // latency jitter, shuffling, power-cut persistence
+  uint64_t idle_spin_ns = 50'000;  // poll this long after the last command, then park
+  uint64_t seed = 1;               // latency jitter, shuffling, power-cut persistence
   std::string serial = "WARPFS-EMU-0001";
 };
 

@@ -21,7 +21,7 @@ namespace warpfs::nvme {
 
 struct EngineOptions {
   uint16_t metadata_queues = 1;
-  uint16_t bulk_queues = 0;     // 0: every granted queue left after the metadata ones
+  uint16_t bulk_queues = 0;      // 0: every granted queue left after the metadata ones
   uint32_t queue_entries = 256;  // rounded down to a power of two within CAP.MQES
   QueueMapper::Options mapper;
 };

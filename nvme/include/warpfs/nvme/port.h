@@ -35,11 +35,16 @@ enum class Order { kRelaxed, kAcquire, kRelease, kAcqRel, kSeqCst };
 #if defined(__CUDACC__)
 WARPFS_HD constexpr cuda::std::memory_order to_std(Order o) {
   switch (o) {
-    case Order::kRelaxed: return cuda::std::memory_order_relaxed;
-    case Order::kAcquire: return cuda::std::memory_order_acquire;
-    case Order::kRelease: return cuda::std::memory_order_release;
-    case Order::kAcqRel: return cuda::std::memory_order_acq_rel;
-    default: return cuda::std::memory_order_seq_cst;
+    case Order::kRelaxed:
+      return cuda::std::memory_order_relaxed;
+    case Order::kAcquire:
+      return cuda::std::memory_order_acquire;
+    case Order::kRelease:
+      return cuda::std::memory_order_release;
+    case Order::kAcqRel:
+      return cuda::std::memory_order_acq_rel;
+    default:
+      return cuda::std::memory_order_seq_cst;
   }
 }
 template <typename T>
@@ -47,11 +52,16 @@ using AtomicRef = cuda::atomic_ref<T, cuda::thread_scope_system>;
 #else
 constexpr std::memory_order to_std(Order o) {
   switch (o) {
-    case Order::kRelaxed: return std::memory_order_relaxed;
-    case Order::kAcquire: return std::memory_order_acquire;
-    case Order::kRelease: return std::memory_order_release;
-    case Order::kAcqRel: return std::memory_order_acq_rel;
-    default: return std::memory_order_seq_cst;
+    case Order::kRelaxed:
+      return std::memory_order_relaxed;
+    case Order::kAcquire:
+      return std::memory_order_acquire;
+    case Order::kRelease:
+      return std::memory_order_release;
+    case Order::kAcqRel:
+      return std::memory_order_acq_rel;
+    default:
+      return std::memory_order_seq_cst;
   }
 }
 template <typename T>
@@ -65,9 +75,7 @@ class Atomic {
   static_assert(std::is_integral_v<T>, "Atomic<T> holds integers");
 
  public:
-  WARPFS_HD T load(Order o) const {
-    return AtomicRef<T>(const_cast<T&>(v_)).load(to_std(o));
-  }
+  WARPFS_HD T load(Order o) const { return AtomicRef<T>(const_cast<T&>(v_)).load(to_std(o)); }
   WARPFS_HD void store(T x, Order o) { AtomicRef<T>(v_).store(x, to_std(o)); }
   WARPFS_HD T fetch_add(T x, Order o) { return AtomicRef<T>(v_).fetch_add(x, to_std(o)); }
   WARPFS_HD T fetch_sub(T x, Order o) { return AtomicRef<T>(v_).fetch_sub(x, to_std(o)); }
@@ -155,10 +163,14 @@ class Backoff {
     ++step_;
 #endif
   }
-  WARPFS_HD bool spinning() const { return step_ < kSpin; }
+  WARPFS_HD bool spinning() const {
+    return step_ < kSpin;
+  }
   // Past spinning and yielding: a waiter with something to block on (an interrupt) should
   // block now rather than sleep blindly.
-  WARPFS_HD bool should_block() const { return step_ >= kSpin + kYield; }
+  WARPFS_HD bool should_block() const {
+    return step_ >= kSpin + kYield;
+  }
   WARPFS_HD void reset() {
     step_ = 0;
     ns_ = kFirstSleepNs;
@@ -211,6 +223,8 @@ class TicketGuard {
   TicketLock& l_;
 };
 
-WARPFS_HD constexpr bool is_pow2(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
+WARPFS_HD constexpr bool is_pow2(uint64_t x) {
+  return x != 0 && (x & (x - 1)) == 0;
+}
 
 }  // namespace warpfs::port

@@ -72,8 +72,9 @@ class QueueMapper {
 
   // Called after a routed command completes: may move its slot to a less loaded queue.
   void complete(const Route& r) {
-    rebalance(r, [this, &r](uint32_t q) { return cls_[r.cls].queues[q]->outstanding(); },
-              [&r] { return r.vq->pressure(); }, [&r] { return r.vq->take_pressure(); });
+    rebalance(
+        r, [this, &r](uint32_t q) { return cls_[r.cls].queues[q]->outstanding(); },
+        [&r] { return r.vq->pressure(); }, [&r] { return r.vq->take_pressure(); });
   }
 
   // The remapping decision with the load made pluggable, so that a model-based test can

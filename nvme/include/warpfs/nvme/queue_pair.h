@@ -45,14 +45,16 @@ class RawQueuePair {
   bool pop(CompletionEntry* out);
   // Writes the CQ head doorbell if anything was popped since the last ring.
   void ring_cq();
-  uint32_t in_flight() const { return sq_tail_ - sq_head_ + (sq_tail_ < sq_head_ ? v_.entries : 0); }
+  uint32_t in_flight() const {
+    return sq_tail_ - sq_head_ + (sq_tail_ < sq_head_ ? v_.entries : 0);
+  }
 
  private:
   QueueView v_;
   uint32_t sq_tail_ = 0, sq_tail_rung_ = 0;
   uint32_t sq_head_ = 0;  // from the latest CQE (Base §4.6: SQ Head Pointer)
   uint32_t cq_head_ = 0, cq_head_rung_ = 0;
-  bool phase_ = true;     // Base §4.6: the first pass posts phase tag 1
+  bool phase_ = true;  // Base §4.6: the first pass posts phase tag 1
 };
 
 }  // namespace warpfs::nvme

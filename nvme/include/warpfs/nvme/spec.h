@@ -129,8 +129,12 @@ static_assert(offsetof(CompletionEntry, status) == 14, "Figure 90: status is DW3
 
 // DW3 read as one 32-bit word, so that phase, CID and status are seen together.
 inline constexpr size_t kCqeDw3Offset = 12;
-WARPFS_HD constexpr uint16_t dw3_cid(uint32_t dw3) { return static_cast<uint16_t>(dw3 & 0xffff); }
-WARPFS_HD constexpr bool dw3_phase(uint32_t dw3) { return (dw3 >> 16) & 1; }
+WARPFS_HD constexpr uint16_t dw3_cid(uint32_t dw3) {
+  return static_cast<uint16_t>(dw3 & 0xffff);
+}
+WARPFS_HD constexpr bool dw3_phase(uint32_t dw3) {
+  return (dw3 >> 16) & 1;
+}
 WARPFS_HD constexpr uint16_t dw3_status(uint32_t dw3) {
   return static_cast<uint16_t>(dw3 >> 17);  // 15-bit Status Field without the phase tag
 }
@@ -180,9 +184,15 @@ inline constexpr uint8_t kUnrecoveredReadError = 0x81;
 WARPFS_HD constexpr uint16_t make_status(uint8_t type, uint8_t code, bool dnr = true) {
   return static_cast<uint16_t>(code | (type << 8) | ((dnr ? 1 : 0) << 14));
 }
-WARPFS_HD constexpr uint8_t status_sc(uint16_t s) { return static_cast<uint8_t>(s & 0xff); }
-WARPFS_HD constexpr uint8_t status_sct(uint16_t s) { return static_cast<uint8_t>((s >> 8) & 7); }
-WARPFS_HD constexpr bool status_ok(uint16_t s) { return (s & 0x7ff) == 0; }
+WARPFS_HD constexpr uint8_t status_sc(uint16_t s) {
+  return static_cast<uint8_t>(s & 0xff);
+}
+WARPFS_HD constexpr uint8_t status_sct(uint16_t s) {
+  return static_cast<uint8_t>((s >> 8) & 7);
+}
+WARPFS_HD constexpr bool status_ok(uint16_t s) {
+  return (s & 0x7ff) == 0;
+}
 // Human-readable name of a status field value, for logs and error messages.
 const char* status_name(uint16_t status);
 
@@ -190,22 +200,22 @@ const char* status_name(uint16_t status);
 // Opcodes: Admin (Base §5, Figure 138) and NVM I/O (NVM §3, Figure 32).
 // ---------------------------------------------------------------------------------------------
 namespace admin {
-inline constexpr uint8_t kDeleteIoSq = 0x00;  // Base §5.7
-inline constexpr uint8_t kCreateIoSq = 0x01;  // Base §5.5
-inline constexpr uint8_t kGetLogPage = 0x02;  // Base §5.16
-inline constexpr uint8_t kDeleteIoCq = 0x04;  // Base §5.6
-inline constexpr uint8_t kCreateIoCq = 0x05;  // Base §5.4
-inline constexpr uint8_t kIdentify = 0x06;    // Base §5.17
-inline constexpr uint8_t kAbort = 0x08;       // Base §5.1
+inline constexpr uint8_t kDeleteIoSq = 0x00;   // Base §5.7
+inline constexpr uint8_t kCreateIoSq = 0x01;   // Base §5.5
+inline constexpr uint8_t kGetLogPage = 0x02;   // Base §5.16
+inline constexpr uint8_t kDeleteIoCq = 0x04;   // Base §5.6
+inline constexpr uint8_t kCreateIoCq = 0x05;   // Base §5.4
+inline constexpr uint8_t kIdentify = 0x06;     // Base §5.17
+inline constexpr uint8_t kAbort = 0x08;        // Base §5.1
 inline constexpr uint8_t kSetFeatures = 0x09;  // Base §5.27
 inline constexpr uint8_t kGetFeatures = 0x0a;  // Base §5.15
 }  // namespace admin
 
 namespace io {
-inline constexpr uint8_t kFlush = 0x00;        // NVM §3.2 (Base §7.1)
-inline constexpr uint8_t kWrite = 0x01;        // NVM §3.2.6
-inline constexpr uint8_t kRead = 0x02;         // NVM §3.2.4
-inline constexpr uint8_t kWriteZeroes = 0x08;  // NVM §3.2.8
+inline constexpr uint8_t kFlush = 0x00;              // NVM §3.2 (Base §7.1)
+inline constexpr uint8_t kWrite = 0x01;              // NVM §3.2.6
+inline constexpr uint8_t kRead = 0x02;               // NVM §3.2.4
+inline constexpr uint8_t kWriteZeroes = 0x08;        // NVM §3.2.8
 inline constexpr uint8_t kDatasetManagement = 0x09;  // NVM §3.2.3
 // CDW12 of Read/Write/Write Zeroes (NVM Figures 43/62): NLB 15:0 (0's based), FUA bit 30.
 inline constexpr uint32_t kCdw12Fua = 1u << 30;
@@ -233,9 +243,9 @@ inline constexpr uint8_t kActiveNamespaceList = 0x02;
 
 // Feature identifiers (Base §5.27.1, Figure 317).
 namespace fid {
-inline constexpr uint8_t kArbitration = 0x01;        // Base §5.27.1.1
+inline constexpr uint8_t kArbitration = 0x01;         // Base §5.27.1.1
 inline constexpr uint8_t kVolatileWriteCache = 0x06;  // Base §5.27.1.4
-inline constexpr uint8_t kNumberOfQueues = 0x07;     // Base §5.27.1.5
+inline constexpr uint8_t kNumberOfQueues = 0x07;      // Base §5.27.1.5
 }  // namespace fid
 
 // Log page identifiers (Base §5.16.1, Figure 202).
@@ -252,36 +262,36 @@ enum class QueuePriority : uint8_t { kUrgent = 0, kHigh = 1, kMedium = 2, kLow =
 // reads or the emulated controller fills are named; the rest is reserved padding.
 // ---------------------------------------------------------------------------------------------
 struct IdentifyController {
-  uint16_t vid;        // 1:0
-  uint16_t ssvid;      // 3:2
-  char sn[20];         // 23:4
-  char mn[40];         // 63:24
-  char fr[8];          // 71:64
-  uint8_t rab;         // 72
-  uint8_t ieee[3];     // 75:73
-  uint8_t cmic;        // 76
-  uint8_t mdts;        // 77: max transfer 2^MDTS units of CAP.MPSMIN, 0 = no limit
-  uint16_t cntlid;     // 79:78
-  uint32_t ver;        // 83:80
-  uint8_t rsvd84[172];  // 255:84
-  uint16_t oacs;       // 257:256
-  uint8_t acl;         // 258
-  uint8_t aerl;        // 259
-  uint8_t frmw;        // 260
-  uint8_t lpa;         // 261
-  uint8_t elpe;        // 262: error log page entries, 0's based
-  uint8_t npss;        // 263
-  uint8_t rsvd264[248];  // 511:264
-  uint8_t sqes;        // 512: 3:0 required, 7:4 maximum (log2 bytes)
-  uint8_t cqes;        // 513
-  uint16_t maxcmd;     // 515:514
-  uint32_t nn;         // 519:516: number of namespaces
-  uint16_t oncs;       // 521:520: optional NVM command support
-  uint16_t fuses;      // 523:522
-  uint8_t fna;         // 524
-  uint8_t vwc;         // 525: bit 0 volatile write cache present
-  uint16_t awun;       // 527:526 (0's based, in logical blocks)
-  uint16_t awupf;      // 529:528 (0's based)
+  uint16_t vid;           // 1:0
+  uint16_t ssvid;         // 3:2
+  char sn[20];            // 23:4
+  char mn[40];            // 63:24
+  char fr[8];             // 71:64
+  uint8_t rab;            // 72
+  uint8_t ieee[3];        // 75:73
+  uint8_t cmic;           // 76
+  uint8_t mdts;           // 77: max transfer 2^MDTS units of CAP.MPSMIN, 0 = no limit
+  uint16_t cntlid;        // 79:78
+  uint32_t ver;           // 83:80
+  uint8_t rsvd84[172];    // 255:84
+  uint16_t oacs;          // 257:256
+  uint8_t acl;            // 258
+  uint8_t aerl;           // 259
+  uint8_t frmw;           // 260
+  uint8_t lpa;            // 261
+  uint8_t elpe;           // 262: error log page entries, 0's based
+  uint8_t npss;           // 263
+  uint8_t rsvd264[248];   // 511:264
+  uint8_t sqes;           // 512: 3:0 required, 7:4 maximum (log2 bytes)
+  uint8_t cqes;           // 513
+  uint16_t maxcmd;        // 515:514
+  uint32_t nn;            // 519:516: number of namespaces
+  uint16_t oncs;          // 521:520: optional NVM command support
+  uint16_t fuses;         // 523:522
+  uint8_t fna;            // 524
+  uint8_t vwc;            // 525: bit 0 volatile write cache present
+  uint16_t awun;          // 527:526 (0's based, in logical blocks)
+  uint16_t awupf;         // 529:528 (0's based)
   uint8_t rsvd530[3566];  // 4095:530
 };
 static_assert(sizeof(IdentifyController) == 4096, "Base §5.17.2.1: 4096 bytes");
@@ -308,29 +318,29 @@ static_assert(sizeof(LbaFormat) == 4, "NVM Figure 98: 4 bytes");
 
 // Identify Namespace data structure (NVM §4.1.5.1, Figure 97).
 struct IdentifyNamespace {
-  uint64_t nsze;    // 7:0 size in logical blocks
-  uint64_t ncap;    // 15:8
-  uint64_t nuse;    // 23:16
-  uint8_t nsfeat;   // 24: bit 1 NSABP (NAWUN/NAWUPF/... valid)
-  uint8_t nlbaf;    // 25: number of LBA formats, 0's based
-  uint8_t flbas;    // 26: 3:0 index of the format in use
-  uint8_t mc;       // 27
-  uint8_t dpc;      // 28
-  uint8_t dps;      // 29
-  uint8_t nmic;     // 30
-  uint8_t rescap;   // 31
-  uint8_t fpi;      // 32
-  uint8_t dlfeat;   // 33: 2:0 = 001b deallocated blocks read as zeroes
-  uint16_t nawun;   // 35:34
-  uint16_t nawupf;  // 37:36: namespace atomic write unit power fail, 0's based
-  uint16_t nacwu;   // 39:38
-  uint16_t nabsn;   // 41:40
-  uint16_t nabo;    // 43:42
-  uint16_t nabspf;  // 45:44: atomic boundary size power fail, 0's based
-  uint16_t noiob;   // 47:46
-  uint8_t nvmcap[16];   // 63:48
-  uint8_t rsvd64[64];   // 127:64
-  LbaFormat lbaf[16];   // 191:128
+  uint64_t nsze;          // 7:0 size in logical blocks
+  uint64_t ncap;          // 15:8
+  uint64_t nuse;          // 23:16
+  uint8_t nsfeat;         // 24: bit 1 NSABP (NAWUN/NAWUPF/... valid)
+  uint8_t nlbaf;          // 25: number of LBA formats, 0's based
+  uint8_t flbas;          // 26: 3:0 index of the format in use
+  uint8_t mc;             // 27
+  uint8_t dpc;            // 28
+  uint8_t dps;            // 29
+  uint8_t nmic;           // 30
+  uint8_t rescap;         // 31
+  uint8_t fpi;            // 32
+  uint8_t dlfeat;         // 33: 2:0 = 001b deallocated blocks read as zeroes
+  uint16_t nawun;         // 35:34
+  uint16_t nawupf;        // 37:36: namespace atomic write unit power fail, 0's based
+  uint16_t nacwu;         // 39:38
+  uint16_t nabsn;         // 41:40
+  uint16_t nabo;          // 43:42
+  uint16_t nabspf;        // 45:44: atomic boundary size power fail, 0's based
+  uint16_t noiob;         // 47:46
+  uint8_t nvmcap[16];     // 63:48
+  uint8_t rsvd64[64];     // 127:64
+  LbaFormat lbaf[16];     // 191:128
   uint8_t rsvd192[3904];  // 4095:192
 };
 static_assert(sizeof(IdentifyNamespace) == 4096, "NVM §4.1.5.1: 4096 bytes");
@@ -342,15 +352,15 @@ static_assert(offsetof(IdentifyNamespace, lbaf) == 128, "Figure 97: LBAF0 at byt
 
 // Error Information log entry (Base §5.16.1.2, Figure 205).
 struct ErrorLogEntry {
-  uint64_t error_count;  // 7:0, unique and increasing; 0 = entry unused
-  uint16_t sqid;         // 9:8
-  uint16_t cid;          // 11:10
-  uint16_t status;       // 13:12: bit 0 phase tag, 15:1 status field
+  uint64_t error_count;     // 7:0, unique and increasing; 0 = entry unused
+  uint16_t sqid;            // 9:8
+  uint16_t cid;             // 11:10
+  uint16_t status;          // 13:12: bit 0 phase tag, 15:1 status field
   uint16_t param_location;  // 15:14
-  uint64_t lba;          // 23:16
-  uint32_t nsid;         // 27:24
-  uint8_t vs;            // 28
-  uint8_t trtype;        // 29
+  uint64_t lba;             // 23:16
+  uint32_t nsid;            // 27:24
+  uint8_t vs;               // 28
+  uint8_t trtype;           // 29
   uint8_t rsvd30[2];
   uint64_t csi;          // 39:32
   uint16_t trtype_info;  // 41:40
@@ -362,13 +372,13 @@ static_assert(offsetof(ErrorLogEntry, lba) == 16, "Figure 205: LBA at byte 16");
 // SMART / Health Information log (Base §5.16.1.3, Figure 207). 128-bit counters are
 // little-endian byte arrays.
 struct SmartLog {
-  uint8_t critical_warning;   // 0
-  uint16_t temperature;       // 2:1, Kelvin
-  uint8_t available_spare;    // 3
-  uint8_t spare_threshold;    // 4
-  uint8_t percentage_used;    // 5
-  uint8_t eg_critical;        // 6
-  uint8_t rsvd7[25];          // 31:7
+  uint8_t critical_warning;        // 0
+  uint16_t temperature;            // 2:1, Kelvin
+  uint8_t available_spare;         // 3
+  uint8_t spare_threshold;         // 4
+  uint8_t percentage_used;         // 5
+  uint8_t eg_critical;             // 6
+  uint8_t rsvd7[25];               // 31:7
   uint8_t data_units_read[16];     // 47:32, thousands of 512-byte units
   uint8_t data_units_written[16];  // 63:48
   uint8_t host_reads[16];          // 79:64

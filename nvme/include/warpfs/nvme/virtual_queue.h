@@ -319,12 +319,15 @@ class VirtualQueue {
 
 // Host-side owner of a VirtualQueue's memory.
 struct VirtualQueueDeleter {
-  void operator()(VirtualQueue* q) const { ::operator delete(q, std::align_val_t{port::kCacheLine}); }
+  void operator()(VirtualQueue* q) const {
+    ::operator delete (q, std::align_val_t{port::kCacheLine});
+  }
 };
 using VirtualQueuePtr = std::unique_ptr<VirtualQueue, VirtualQueueDeleter>;
 
 inline VirtualQueuePtr make_virtual_queue(const QueueView& q) {
-  void* mem = ::operator new(VirtualQueue::footprint(q.entries), std::align_val_t{port::kCacheLine});
+  void* mem =
+      ::operator new (VirtualQueue::footprint(q.entries), std::align_val_t{port::kCacheLine});
   return VirtualQueuePtr(VirtualQueue::init(mem, q));
 }
 
