@@ -179,6 +179,12 @@ Status Controller::admin(SubmissionEntry cmd, void* data, size_t len, bool to_de
     if (port::now_ns() > deadline) {
       return Status::error(Code::kTimeout, "admin command timed out");
     }
+    if (b.should_block()) {  // waiting long: is there still a controller to answer?
+      const uint32_t csts = t_.read32(reg::kCsts);
+      if (csts == 0xffffffffu || (csts & csts::kCfs)) {
+        return Status::error(Code::kNotReady, "controller failed or is gone");
+      }
+    }
     if (irq != nullptr && b.should_block()) {
       irq->wait(seen, 1'000'000);
     } else {

@@ -1,0 +1,231 @@
+// The warp-coalesced set-associative software cache (GPU4FS thesis §4.2 over BaM Ch. 6-7).
+//
+// Layout (thesis Fig 4.6): N sets × K ways; line data is one contiguous array of N·K lines
+// in backend memory (DMA memory, so fills and write-backs need no copy) and line metadata is
+// one contiguous array of N·K entries, each alone on its cache line (the thesis blamed
+// unpadded atomics for its tails, §6.4). A block lives in set
+// (block ^ (block >> log2 N)) mod N: neighbouring blocks land in neighbouring sets (thesis
+// §4.2.3) and power-of-two strides still spread.
+//
+// The state word (BaM Table 6.1, thesis Table 4.1): Valid, Busy, Dirty bits and a 29-bit
+// reference count. Hits are one fetch_add (acquire) and releases one fetch_sub (release): no
+// CAS loops on the hit path.
+//   hit:     s = fetch_add(count); V && !B && tag == block  -> hit;  otherwise undo.
+//   busy:    B set with our tag: a fill (or an eviction) is in progress. Keep the reference,
+//            wait for B to clear, then re-check V and the tag ("locked hit", thesis §6.3).
+//   miss:    take the set's fair ticket lock (FIFO, so no thread starves: the thesis's
+//            unfair set spinlocks gave 100 ms "locked hits"), probe again, pick a victim by
+//            clock, claim it with fetch_or(B) and re-check that its count was 0 and B clear
+//            (BaM Fig 6.5: a lane that raced in backs us off), write it back if Dirty, retag
+//            it, add our count, unlock, fill. fetch_xor(B|V) publishes the line (BaM §6.4).
+//   release: fetch_or(D) if the lane wrote (Dirty is set when the write is done, not at
+//            acquire, so a flush that clears D while a writer is still copying cannot lose
+//            the writer's data: the release sets D again), then fetch_sub(count).
+// Invariants: at most one copy of a block (retagging happens under the set lock, and every
+// inserter re-probes under it); a line with references or Busy is never evicted (the claim's
+// fetch_or sees them); concurrent misses on one block cause one device read (the first
+// inserter retags under the lock; the others find the tag and wait on B).
+//
+// Full sets. When every way of a set is referenced or busy, acquire() does not wait (a warp
+// holding references to lines of that set would wait on itself: BaM's array_ref deadlock,
+// §7.2.2). The lane fails with Code::kQueueFull ("set full") and the caller bypasses the cache
+// for that block (blockdev's CachedBlockDevice does so, going straight to the device).
+//
+// Writes of whole lines (Intent::kWriteFull) never read the old data (BaM's open issue): the
+// lane brings the new contents, which are copied into the line before it is published.
+//
+// No waiting while holding an unfilled line. acquire() works in rounds: every lane either
+// hits, reserves a line (claimed Busy, to be filled), or finds its block Busy elsewhere; the
+// round's fills are issued and published; only then does it wait on the Busy lines of others.
+// A thread that waits therefore never holds a line someone else waits for, so warps cannot
+// wait on each other in a cycle.
+//
+// Thread-safety: acquire/release/flush/read-ahead may be called from any number of threads.
+// The warp arrays passed to acquire/release belong to the calling thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "warpfs/cache/backend.h"
+#include "warpfs/nvme/port.h"
+
+namespace warpfs::cache {
+
+namespace port = warpfs::port;
+
+enum class Intent : uint8_t {
+  kNone = 0,       // inactive lane
+  kRead = 1,
+  kWrite = 2,      // read-modify-write: the line is filled first
+  kWriteFull = 3,  // the lane overwrites the whole line: no fill read
+};
+
+struct Lane {
+  uint64_t block = 0;
+  Intent intent = Intent::kNone;
+  const void* src = nullptr;  // kWriteFull: the line's new contents (line_bytes bytes)
+};
+
+// What a lane gets back. Only the group's leader holds the references (count of them).
+struct LineRef {
+  static constexpr uint32_t kNoLine = ~0u;
+  uint8_t* data = nullptr;
+  uint32_t line = kNoLine;
+  uint16_t count = 0;  // references held by this lane (the leader's group size, else 0)
+  Status status;
+};
+
+struct CacheOptions {
+  uint32_t sets = 1024;          // a power of two
+  uint32_t ways = 8;
+  uint32_t readahead_lines = 32;  // window fetched ahead of a sequential stream; 0: off
+  uint32_t bypass_lines = 32;     // transfers of at least this many lines skip the cache
+  bool readahead_thread = true;   // fetch the window in the background
+};
+
+struct CacheStats {
+  uint64_t hits = 0, misses = 0, locked_hits = 0, evictions = 0, writebacks = 0;
+  uint64_t coalesced_lanes = 0, readahead_lines = 0, readahead_hits = 0, bypassed_bytes = 0;
+  uint64_t set_full = 0, fill_errors = 0;
+};
+
+// Per-stream read-ahead state (one per open file, say). Not thread-safe: one user at a time.
+struct ReadStream {
+  uint64_t next = ~0ull;      // the block a sequential continuation would read
+  uint64_t run = 0;           // lines read sequentially so far
+  uint64_t ahead_until = 0;   // read-ahead already requested up to here
+  bool readahead = true;      // fadvise(RANDOM) turns it off
+};
+
+class Cache {
+ public:
+  static constexpr int kWarp = 32;
+
+  static std::unique_ptr<Cache> create(Backend& backend, const CacheOptions& o,
+                                       std::string* error);
+  // REQUIRES: no references held. Does not write dirty lines back: call flush_all() first.
+  ~Cache();
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+
+  uint32_t line_bytes() const { return line_bytes_; }
+  uint64_t lines() const { return uint64_t{nsets_} * ways_; }
+  Backend& backend() { return b_; }
+
+  // The warp API. Lanes on the same block coalesce: the first lane of a group (the leader)
+  // takes `count` references for the group and every lane gets the pointer; intents are
+  // OR-ed. The group's misses are filled together (one IoBatch). Returns the number of
+  // lanes that failed (their status says why; Code::kQueueFull means "set full").
+  int acquire(const Lane* lanes, int n, LineRef* out);
+  // Releases what acquire() handed out. `wrote[i]` (may be null: none wrote) marks lanes
+  // that modified their line; their lines become dirty.
+  void release(const Lane* lanes, int n, LineRef* refs, const bool* wrote);
+
+  // Scalar helpers over one block. A full set is retried briefly (the helper holds nothing
+  // meanwhile) before the kQueueFull error.
+  Status read(uint64_t block, uint32_t offset, void* buf, uint32_t len);
+  Status write(uint64_t block, uint32_t offset, const void* buf, uint32_t len);
+
+  // Write-back of dirty lines in [first, first + count) / everywhere, then (flush_all) a
+  // device flush so that everything acknowledged before is durable.
+  Status flush_range(uint64_t first, uint64_t count);
+  Status flush_all();
+  // Drops cached lines in the range without writing them back (their data is discarded:
+  // trim). Lines still referenced are left alone and reported with kQueueFull.
+  Status invalidate_range(uint64_t first, uint64_t count);
+
+  // SPIN's P-router: moves [first, first + count) directly between the device and `buf`.
+  // Cached lines of the range stay authoritative: reads take them over the device's data,
+  // writes update them (Dirty) before the device write.
+  // REQUIRES: nobody else accesses the range through the cache meanwhile (the filesystem
+  // holds the file's range lock).
+  Status read_direct(uint64_t first, uint64_t count, void* buf);
+  Status write_direct(uint64_t first, uint64_t count, const void* buf);
+
+  // SPIN's P-readahead: call after a read of [block, block + count) on `stream`; when the
+  // stream is sequential, the next readahead_lines lines are fetched in the background.
+  void note_read(ReadStream* stream, uint64_t block, uint64_t count);
+  // Blocks until queued read-ahead has been issued and filled (tests, unmount).
+  void drain_readahead();
+
+  CacheStats stats() const;
+  // Test hook: checks the invariants under each set's lock and describes any violation
+  // (empty when all hold): at most one copy of a block, every block in its own set, and,
+  // when `quiescent` (no thread inside the cache), no references and no Busy lines left.
+  std::string audit(bool quiescent);
+
+  // BaM's array_ref (§7.2.2): keeps one line referenced while consecutive accesses stay in
+  // it, re-acquiring only when the block changes. Holds at most one reference at a time.
+  class Cursor {
+   public:
+    Cursor(Cache& c, Intent intent) : c_(c), intent_(intent) {}
+    ~Cursor() { reset(); }
+    Cursor(const Cursor&) = delete;
+    Cursor& operator=(const Cursor&) = delete;
+    // The line holding `block`, or null (status() says why).
+    uint8_t* get(uint64_t block);
+    void mark_written() { wrote_ = true; }
+    void reset();
+    const Status& status() const { return ref_.status; }
+
+   private:
+    Cache& c_;
+    Intent intent_;
+    Lane lane_;
+    LineRef ref_;
+    bool held_ = false;
+    bool wrote_ = false;
+  };
+
+ private:
+  struct alignas(port::kCacheLine) LineMeta {
+    port::Atomic<uint32_t> state;  // V | B | D | 29-bit count
+    port::Atomic<uint32_t> flags;  // clock reference bit, read-ahead bit
+    port::Atomic<uint64_t> tag;    // block + 1; 0: empty
+  };
+  struct alignas(port::kCacheLine) SetMeta {
+    port::TicketLock lock;  // Lock order: at most one set lock at a time.
+    uint32_t hand;          // clock hand, under lock
+  };
+  enum class Got { kHit, kReserved, kBusy, kError };
+  class ReadAhead;
+
+  Cache(Backend& b, const CacheOptions& o);
+  uint32_t set_of(uint64_t block) const {
+    return static_cast<uint32_t>((block ^ (block >> set_shift_)) & (nsets_ - 1));
+  }
+  uint8_t* data_of(uint32_t line) const { return data_ + uint64_t{line} * line_bytes_; }
+  int probe(uint32_t set, uint64_t block) const;
+  // One group's attempt, without waiting on others. kReserved: `out` names a claimed line
+  // that needs a fill (unless the intent was kWriteFull, which is published here). kBusy:
+  // the block's line is Busy; `out->line` holds a reference to wait on.
+  Got try_acquire(const Lane& lane, uint16_t count, bool prefetch, LineRef* out);
+  // Waits until the line is not Busy or no longer holds `block`; true if it is valid for it.
+  bool wait_not_busy(LineMeta& m, uint64_t block);
+  int acquire_lanes(const Lane* lanes, int n, LineRef* out, bool prefetch);
+  int acquire_scalar(Lane* lane, LineRef* out);
+  static constexpr int kScalarRetries = 200;  // ~2 ms of backed-off retries
+  Status write_back_locked(uint32_t line, uint64_t block);
+  void prefetch(uint64_t first, uint64_t count);
+  void overlay(uint64_t first, uint64_t count, uint8_t* buf, bool to_cache);
+  void count(int stat, uint64_t n = 1);
+
+  Backend& b_;
+  CacheOptions o_;
+  uint32_t nsets_, ways_, line_bytes_, set_shift_;
+  uint8_t* data_ = nullptr;
+  std::unique_ptr<LineMeta[]> meta_;
+  std::unique_ptr<SetMeta[]> sets_;
+  static constexpr int kStats = 11;
+  static constexpr int kStripes = 16;
+  struct alignas(port::kCacheLine) Stripe {
+    port::Atomic<uint64_t> v[kStats];
+  };
+  std::unique_ptr<Stripe[]> stats_;
+  std::unique_ptr<ReadAhead> ra_;
+};
+
+}  // namespace warpfs::cache

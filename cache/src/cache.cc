@@ -1,0 +1,674 @@
+#include "warpfs/cache/cache.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+namespace warpfs::cache {
+namespace {
+
+// The state word (BaM Table 6.1).
+constexpr uint32_t kValid = 1u << 31;
+constexpr uint32_t kBusy = 1u << 30;
+constexpr uint32_t kDirty = 1u << 29;
+constexpr uint32_t kCountMask = kDirty - 1;
+// Line flags.
+constexpr uint32_t kRef = 1;    // clock: referenced since the hand last passed
+constexpr uint32_t kAhead = 2;  // filled by read-ahead, not yet used
+
+enum Stat {
+  kHits, kMisses, kLockedHits, kEvictions, kWritebacks, kCoalesced, kRaLines, kRaHits,
+  kBypassed, kSetFull, kFillErrors
+};
+
+uint32_t stripe_of_thread() {
+  static std::atomic<uint32_t> next{0};
+  thread_local uint32_t mine = next.fetch_add(1, std::memory_order_relaxed);
+  return mine;
+}
+
+Intent combine(Intent a, Intent b) {
+  if (a == Intent::kWriteFull && b == Intent::kWriteFull) return Intent::kWriteFull;
+  if (a == Intent::kRead && b == Intent::kRead) return Intent::kRead;
+  return Intent::kWrite;  // any mix with a write: fill, then let the writers write
+}
+
+}  // namespace
+
+// SPIN's P-readahead in the background: a thread that takes (first, count) requests and
+// fills those lines, so a sequential reader finds them cached. Requests are hints: when the
+// queue is full they are dropped. It sleeps on a condition variable when idle.
+class Cache::ReadAhead {
+ public:
+  explicit ReadAhead(Cache& c) : c_(c), th_([this] { run(); }) {}
+  ~ReadAhead() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    th_.join();
+  }
+  void request(uint64_t first, uint64_t count) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (q_.size() >= 64) return;
+      q_.emplace_back(first, count);
+    }
+    cv_.notify_all();
+  }
+  void drain() {
+    std::unique_lock<std::mutex> l(mu_);
+    idle_cv_.wait(l, [this] { return q_.empty() && !busy_; });
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [this] { return stop_ || !q_.empty(); });
+      if (stop_) return;
+      auto [first, count] = q_.front();
+      q_.pop_front();
+      busy_ = true;
+      l.unlock();
+      c_.prefetch(first, count);
+      l.lock();
+      busy_ = false;
+      if (q_.empty()) idle_cv_.notify_all();
+    }
+  }
+  Cache& c_;
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::pair<uint64_t, uint64_t>> q_;
+  bool stop_ = false, busy_ = false;
+  std::thread th_;  // last: starts after the rest is constructed
+};
+
+Cache::Cache(Backend& b, const CacheOptions& o)
+    : b_(b), o_(o), nsets_(o.sets), ways_(o.ways), line_bytes_(b.line_bytes()), set_shift_(0) {
+  set_shift_ = static_cast<uint32_t>(__builtin_ctz(nsets_));
+}
+
+std::unique_ptr<Cache> Cache::create(Backend& backend, const CacheOptions& o, std::string* error) {
+  if (o.sets == 0 || (o.sets & (o.sets - 1)) != 0 || o.ways == 0 || o.ways > 64) {
+    *error = "cache sets must be a power of two and ways 1..64";
+    return nullptr;
+  }
+  if (backend.line_count() == 0) {
+    *error = "the device has no lines";
+    return nullptr;
+  }
+  std::unique_ptr<Cache> c(new Cache(backend, o));
+  void* mem = nullptr;
+  Status s = backend.alloc(c->lines() * c->line_bytes_, &mem);
+  if (!s.is_ok()) {
+    *error = "cache line memory (" + std::to_string(c->lines() * c->line_bytes_ >> 20) +
+             " MiB): " + s.to_string();
+    return nullptr;
+  }
+  c->data_ = static_cast<uint8_t*>(mem);
+  c->meta_.reset(new LineMeta[c->lines()]());
+  c->sets_.reset(new SetMeta[c->nsets_]());
+  c->stats_.reset(new Stripe[kStripes]());
+  if (o.readahead_thread && o.readahead_lines > 0) c->ra_ = std::make_unique<ReadAhead>(*c);
+  return c;
+}
+
+Cache::~Cache() {
+  ra_.reset();
+  if (data_ != nullptr) b_.free(data_, lines() * line_bytes_);
+}
+
+void Cache::count(int stat, uint64_t n) {
+  stats_[stripe_of_thread() % kStripes].v[stat].fetch_add(n, port::Order::kRelaxed);
+}
+
+CacheStats Cache::stats() const {
+  uint64_t v[kStats] = {};
+  for (int s = 0; s < kStripes; ++s) {
+    for (int i = 0; i < kStats; ++i) v[i] += stats_[s].v[i].load(port::Order::kRelaxed);
+  }
+  CacheStats r;
+  r.hits = v[kHits], r.misses = v[kMisses], r.locked_hits = v[kLockedHits];
+  r.evictions = v[kEvictions], r.writebacks = v[kWritebacks], r.coalesced_lanes = v[kCoalesced];
+  r.readahead_lines = v[kRaLines], r.readahead_hits = v[kRaHits];
+  r.bypassed_bytes = v[kBypassed], r.set_full = v[kSetFull], r.fill_errors = v[kFillErrors];
+  return r;
+}
+
+std::string Cache::audit(bool quiescent) {
+  std::string out;
+  for (uint32_t set = 0; set < nsets_; ++set) {
+    SetMeta& sm = sets_[set];
+    sm.lock.lock();
+    for (uint32_t a = set * ways_; a < (set + 1) * ways_; ++a) {
+      const uint64_t tag = meta_[a].tag.load(port::Order::kAcquire);
+      const uint32_t s = meta_[a].state.load(port::Order::kAcquire);
+      if (quiescent && ((s & kCountMask) || (s & kBusy))) {
+        out += "line " + std::to_string(a) + " has references or Busy at rest; ";
+      }
+      if (tag == 0) continue;
+      if (set_of(tag - 1) != set) out += "block " + std::to_string(tag - 1) + " in the wrong set; ";
+      for (uint32_t b = a + 1; b < (set + 1) * ways_; ++b) {
+        if (meta_[b].tag.load(port::Order::kAcquire) == tag) {
+          out += "block " + std::to_string(tag - 1) + " cached twice; ";
+        }
+      }
+    }
+    sm.lock.unlock();
+  }
+  return out;
+}
+
+int Cache::probe(uint32_t set, uint64_t block) const {
+  const uint32_t base = set * ways_;
+  for (uint32_t w = 0; w < ways_; ++w) {
+    if (meta_[base + w].tag.load(port::Order::kAcquire) == block + 1) return static_cast<int>(base + w);
+  }
+  return -1;
+}
+
+bool Cache::wait_not_busy(LineMeta& m, uint64_t block) {
+  // Thesis §4.2.3: wait for Busy to clear or for the mapping to change.
+  port::Backoff b;
+  for (;;) {
+    const uint32_t s = m.state.load(port::Order::kAcquire);
+    if (m.tag.load(port::Order::kAcquire) != block + 1) return false;
+    if (!(s & kBusy)) return (s & kValid) != 0;
+    b.pause();
+  }
+}
+
+// Writes a dirty victim back before its line is reused. Called under the set lock, so a
+// reader of the old block (same set) cannot fetch stale data from the device meanwhile.
+Status Cache::write_back_locked(uint32_t line, uint64_t block) {
+  Backend::Op op;
+  op.block = block;
+  op.write = true;
+  op.data = data_of(line);
+  b_.io(&op, 1);
+  if (op.status.is_ok()) count(kWritebacks);
+  return op.status;
+}
+
+Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, LineRef* out) {
+  const uint64_t block = lane.block;
+  const uint32_t set = set_of(block);
+  auto hit = [&](uint32_t line, bool locked) {
+    LineMeta& m = meta_[line];
+    const uint32_t f = m.flags.load(port::Order::kRelaxed);
+    if (!(f & kRef)) m.flags.fetch_or(kRef, port::Order::kRelaxed);
+    if ((f & kAhead) && !prefetch) {
+      m.flags.fetch_and(~kAhead, port::Order::kRelaxed);
+      count(kRaHits);
+    }
+    if (!prefetch) count(locked ? kLockedHits : kHits);  // demand accesses only
+    *out = LineRef{data_of(line), line, cnt, Status::ok()};
+    return Got::kHit;
+  };
+  // Fast path: no lock.
+  if (int w = probe(set, block); w >= 0) {
+    LineMeta& m = meta_[w];
+    // Acquire: the line's data and tag, published by the filler's release, are visible.
+    const uint32_t s = m.state.fetch_add(cnt, port::Order::kAcquire);
+    const bool ours = m.tag.load(port::Order::kAcquire) == block + 1;
+    if ((s & kValid) && !(s & kBusy) && ours) return hit(static_cast<uint32_t>(w), false);
+    if ((s & kBusy) && ours) {
+      *out = LineRef{nullptr, static_cast<uint32_t>(w), cnt, Status::ok()};
+      return Got::kBusy;
+    }
+    m.state.fetch_sub(cnt, port::Order::kRelease);
+  }
+  // Slow path: the set lock orders inserters, so a block is inserted once.
+  SetMeta& sm = sets_[set];
+  sm.lock.lock();
+  if (int w = probe(set, block); w >= 0) {
+    LineMeta& m = meta_[w];
+    const uint32_t s = m.state.fetch_add(cnt, port::Order::kAcquire);
+    if ((s & kValid) && !(s & kBusy)) {
+      sm.lock.unlock();
+      return hit(static_cast<uint32_t>(w), true);
+    }
+    sm.lock.unlock();
+    // Busy: being filled by someone else. (Valid-less, non-busy lines with a tag do not
+    // exist: a failed fill clears the tag before it clears Busy.)
+    *out = LineRef{nullptr, static_cast<uint32_t>(w), cnt, Status::ok()};
+    return Got::kBusy;
+  }
+  // Clock over the set (BaM §6.3): skip referenced or busy lines, give recently used ones a
+  // second chance, claim with fetch_or(Busy) and back off if someone raced in.
+  int victim = -1;
+  uint32_t prev = 0;
+  for (uint32_t i = 0; i < 2 * ways_ && victim < 0; ++i) {
+    const uint32_t w = set * ways_ + sm.hand;
+    sm.hand = sm.hand + 1 == ways_ ? 0 : sm.hand + 1;
+    LineMeta& m = meta_[w];
+    const uint32_t s = m.state.load(port::Order::kRelaxed);
+    if ((s & kCountMask) || (s & kBusy)) continue;
+    if ((s & kValid) && (m.flags.load(port::Order::kRelaxed) & kRef)) {
+      m.flags.fetch_and(~kRef, port::Order::kRelaxed);
+      continue;
+    }
+    prev = m.state.fetch_or(kBusy, port::Order::kAcquire);
+    if ((prev & kCountMask) || (prev & kBusy)) {
+      if (!(prev & kBusy)) m.state.fetch_and(~kBusy, port::Order::kRelease);
+      continue;
+    }
+    victim = static_cast<int>(w);
+  }
+  if (victim < 0) {
+    sm.lock.unlock();
+    count(kSetFull);
+    out->status = Status::error(Code::kQueueFull, "cache set full: every line is referenced");
+    return Got::kError;
+  }
+  LineMeta& m = meta_[victim];
+  if ((prev & kValid) && (prev & kDirty)) {
+    Status st = write_back_locked(static_cast<uint32_t>(victim), m.tag.load(port::Order::kRelaxed) - 1);
+    if (!st.is_ok()) {  // keep the dirty line: its data must not be lost
+      m.state.fetch_and(~kBusy, port::Order::kRelease);
+      sm.lock.unlock();
+      out->status = st;
+      return Got::kError;
+    }
+  }
+  if (prev & kValid) count(kEvictions);
+  m.state.fetch_and(~(kValid | kDirty), port::Order::kRelaxed);  // Busy stays
+  m.tag.store(block + 1, port::Order::kRelease);
+  m.flags.store(prefetch ? kAhead : kRef, port::Order::kRelaxed);
+  m.state.fetch_add(cnt, port::Order::kRelaxed);
+  sm.lock.unlock();
+  if (!prefetch) count(kMisses);  // read-ahead fills are counted as readahead_lines
+  *out = LineRef{data_of(static_cast<uint32_t>(victim)), static_cast<uint32_t>(victim), cnt,
+                 Status::ok()};
+  if (lane.intent == Intent::kWriteFull && lane.src != nullptr) {
+    // The whole line is being replaced: no read. Copy, then publish Valid + Dirty.
+    std::memcpy(out->data, lane.src, line_bytes_);
+    m.state.fetch_or(kDirty, port::Order::kRelaxed);
+    m.state.fetch_xor(kBusy | kValid, port::Order::kRelease);
+    return Got::kHit;
+  }
+  return Got::kReserved;
+}
+
+int Cache::acquire(const Lane* lanes, int n, LineRef* out) {
+  return acquire_lanes(lanes, n, out, false);
+}
+
+int Cache::acquire_lanes(const Lane* lanes, int n, LineRef* out, bool prefetch) {
+  n = std::min(n, kWarp);
+  // Coalesce (the CPU form of __match_any_sync / __popc / __ffs / __any_sync, BaM Ch. 7):
+  // the first lane on a block leads; its group's count and combined intent go with it.
+  int leader[kWarp];
+  uint16_t group[kWarp] = {};
+  Lane lead[kWarp];
+  int coalesced = 0;
+  for (int i = 0; i < n; ++i) {
+    out[i] = LineRef{};
+    leader[i] = -1;
+    if (lanes[i].intent == Intent::kNone) continue;
+    for (int j = 0; j < i; ++j) {
+      if (leader[j] == j && lanes[j].block == lanes[i].block) {
+        leader[i] = j;
+        ++group[j];
+        lead[j].intent = combine(lead[j].intent, lanes[i].intent);
+        if (lanes[i].src != nullptr) lead[j].src = lanes[i].src;
+        ++coalesced;
+        break;
+      }
+    }
+    if (leader[i] < 0) {
+      leader[i] = i;
+      group[i] = 1;
+      lead[i] = lanes[i];
+    }
+  }
+  if (coalesced) count(kCoalesced, static_cast<uint64_t>(coalesced));
+  for (int i = 0; i < n; ++i) {
+    if (leader[i] == i && lead[i].intent == Intent::kWriteFull && lead[i].src == nullptr) {
+      lead[i].intent = Intent::kWrite;  // nothing to publish with: fill it
+    }
+    if (leader[i] == i && lead[i].block >= b_.line_count()) {
+      out[i].status = Status::error(Code::kInvalidArgument, "block beyond the device");
+      leader[i] = -2;  // failed leader
+    }
+  }
+
+  // Rounds: attempt every pending leader without waiting; fill what was reserved; then wait
+  // on lines others are filling (holding nothing unfilled ourselves).
+  int todo[kWarp], ntodo = 0;
+  for (int i = 0; i < n; ++i) {
+    if (leader[i] == i) todo[ntodo++] = i;
+  }
+  while (ntodo > 0) {
+    int busy[kWarp], nbusy = 0;
+    int fill[kWarp], nfill = 0;
+    for (int k = 0; k < ntodo; ++k) {
+      const int i = todo[k];
+      switch (try_acquire(lead[i], group[i], prefetch, &out[i])) {
+        case Got::kReserved: fill[nfill++] = i; break;
+        case Got::kBusy: busy[nbusy++] = i; break;
+        case Got::kHit:
+        case Got::kError: break;
+      }
+    }
+    if (nfill > 0) {
+      Backend::Op ops[kWarp];
+      for (int k = 0; k < nfill; ++k) {
+        ops[k] = Backend::Op{};
+        ops[k].block = lead[fill[k]].block;
+        ops[k].data = out[fill[k]].data;
+      }
+      b_.io(ops, nfill);
+      for (int k = 0; k < nfill; ++k) {
+        LineRef& r = out[fill[k]];
+        LineMeta& m = meta_[r.line];
+        if (ops[k].status.is_ok()) {
+          if (prefetch) count(kRaLines);
+          // BaM §6.4: one xor sets Valid and clears Busy; release publishes the data.
+          m.state.fetch_xor(kBusy | kValid, port::Order::kRelease);
+        } else {
+          count(kFillErrors);
+          m.tag.store(0, port::Order::kRelease);  // first: waiters then see the mapping gone
+          m.state.fetch_and(~kBusy, port::Order::kRelease);
+          m.state.fetch_sub(r.count, port::Order::kRelease);
+          r = LineRef{};
+          r.status = ops[k].status;
+        }
+      }
+    }
+    ntodo = 0;
+    for (int k = 0; k < nbusy; ++k) {
+      const int i = busy[k];
+      LineMeta& m = meta_[out[i].line];
+      if (wait_not_busy(m, lead[i].block)) {  // a locked hit: someone else filled it
+        if (!prefetch) count(kLockedHits);
+        out[i].data = data_of(out[i].line);
+        continue;
+      }
+      // The line went to another block (evicted) or its fill failed: try again.
+      m.state.fetch_sub(out[i].count, port::Order::kRelease);
+      out[i] = LineRef{};
+      todo[ntodo++] = i;
+    }
+  }
+
+  // Followers share their leader's line; they hold no references of their own.
+  int failed = 0;
+  for (int i = 0; i < n; ++i) {
+    if (lanes[i].intent == Intent::kNone) continue;
+    if (leader[i] >= 0 && leader[i] != i) {
+      out[i] = out[leader[i]];
+      out[i].count = 0;
+    }
+    if (!out[i].status.is_ok()) ++failed;
+  }
+  return failed;
+}
+
+void Cache::release(const Lane* lanes, int n, LineRef* refs, const bool* wrote) {
+  n = std::min(n, kWarp);
+  for (int i = 0; i < n; ++i) {
+    if (lanes[i].intent == Intent::kNone || refs[i].count == 0) continue;
+    bool dirty = false;
+    if (wrote != nullptr) {
+      for (int j = 0; j < n; ++j) dirty |= wrote[j] && refs[j].line == refs[i].line;
+    }
+    LineMeta& m = meta_[refs[i].line];
+    // Release: the lane's writes to the line happen before the Dirty bit a flusher reads
+    // and before the count drop an evictor reads.
+    if (dirty) m.state.fetch_or(kDirty, port::Order::kRelease);
+    m.state.fetch_sub(refs[i].count, port::Order::kRelease);
+  }
+  for (int i = 0; i < n; ++i) refs[i] = LineRef{};
+}
+
+// A scalar caller holds nothing inside the call, so when its set is momentarily full of
+// other threads' references it may wait for them, briefly: a bounded number of backed-off
+// retries, then the "set full" error (the caller may hold references that fill the set).
+int Cache::acquire_scalar(Lane* l, LineRef* r) {
+  port::Backoff b;
+  for (int attempt = 0;; ++attempt) {
+    if (acquire(l, 1, r) == 0) return 0;
+    if (r->status.code() != Code::kQueueFull || attempt == kScalarRetries) return 1;
+    b.pause();
+  }
+}
+
+Status Cache::read(uint64_t block, uint32_t offset, void* buf, uint32_t len) {
+  if (offset + len > line_bytes_) return Status::error(Code::kInvalidArgument, "read crosses a line");
+  Lane l{block, Intent::kRead, nullptr};
+  LineRef r;
+  if (acquire_scalar(&l, &r) != 0) return r.status;
+  std::memcpy(buf, r.data + offset, len);
+  release(&l, 1, &r, nullptr);
+  return Status::ok();
+}
+
+Status Cache::write(uint64_t block, uint32_t offset, const void* buf, uint32_t len) {
+  if (offset + len > line_bytes_) return Status::error(Code::kInvalidArgument, "write crosses a line");
+  const bool whole = offset == 0 && len == line_bytes_;
+  Lane l{block, whole ? Intent::kWriteFull : Intent::kWrite, whole ? buf : nullptr};
+  LineRef r;
+  if (acquire_scalar(&l, &r) != 0) return r.status;
+  bool wrote = true;
+  // A whole-line write was published by acquire() (unless the line was already cached, in
+  // which case it is overwritten here like any write).
+  std::memcpy(r.data + offset, buf, len);
+  release(&l, 1, &r, &wrote);
+  return Status::ok();
+}
+
+Status Cache::flush_range(uint64_t first, uint64_t count_lines) {
+  // Collect dirty lines (pinned with one reference, Dirty cleared) a set at a time, write
+  // them in batches of up to 32, re-mark the ones that failed.
+  struct Item {
+    uint32_t line;
+    uint64_t block;
+  };
+  std::vector<Item> items;
+  Status result;
+  auto write_out = [&]() {
+    for (size_t at = 0; at < items.size(); at += Backend::kMaxOps) {
+      const int n = static_cast<int>(std::min<size_t>(Backend::kMaxOps, items.size() - at));
+      Backend::Op ops[Backend::kMaxOps];
+      for (int k = 0; k < n; ++k) {
+        ops[k] = Backend::Op{};
+        ops[k].block = items[at + k].block;
+        ops[k].write = true;
+        ops[k].data = data_of(items[at + k].line);
+      }
+      b_.io(ops, n);
+      for (int k = 0; k < n; ++k) {
+        LineMeta& m = meta_[items[at + k].line];
+        if (ops[k].status.is_ok()) {
+          count(kWritebacks);
+        } else {
+          m.state.fetch_or(kDirty, port::Order::kRelaxed);  // still dirty: not lost
+          if (result.is_ok()) result = ops[k].status;
+        }
+        m.state.fetch_sub(1, port::Order::kRelease);
+      }
+    }
+    items.clear();
+  };
+  auto collect_set = [&](uint32_t set) {
+    SetMeta& sm = sets_[set];
+    sm.lock.lock();
+    for (uint32_t w = set * ways_; w < (set + 1) * ways_; ++w) {
+      LineMeta& m = meta_[w];
+      const uint64_t tag = m.tag.load(port::Order::kAcquire);
+      if (tag == 0 || tag - 1 < first || tag - 1 - first >= count_lines) continue;
+      const uint32_t s = m.state.load(port::Order::kAcquire);
+      if (!(s & kValid) || !(s & kDirty) || (s & kBusy)) continue;
+      m.state.fetch_add(1, port::Order::kAcquire);  // pinned: not evictable while written
+      m.state.fetch_and(~kDirty, port::Order::kAcqRel);
+      items.push_back(Item{w, tag - 1});
+    }
+    sm.lock.unlock();
+  };
+  if (count_lines >= lines()) {
+    for (uint32_t set = 0; set < nsets_; ++set) {
+      collect_set(set);
+      if (items.size() >= Backend::kMaxOps) write_out();
+    }
+  } else {
+    std::vector<uint32_t> seen;
+    for (uint64_t b = first; b < first + count_lines; ++b) {
+      const uint32_t set = set_of(b);
+      if (std::find(seen.begin(), seen.end(), set) != seen.end()) continue;
+      if (seen.size() >= nsets_) break;
+      seen.push_back(set);
+      collect_set(set);
+      if (items.size() >= Backend::kMaxOps) write_out();
+    }
+  }
+  write_out();
+  return result;
+}
+
+Status Cache::flush_all() {
+  Status s = flush_range(0, ~0ull);
+  Status f = b_.flush();  // then make it durable: NVMe Flush after the writes completed
+  return s.is_ok() ? f : s;
+}
+
+Status Cache::invalidate_range(uint64_t first, uint64_t count_lines) {
+  Status result;
+  for (uint64_t b = first; b < first + count_lines; ++b) {
+    const uint32_t set = set_of(b);
+    SetMeta& sm = sets_[set];
+    sm.lock.lock();
+    const int w = probe(set, b);
+    if (w >= 0) {
+      LineMeta& m = meta_[w];
+      const uint32_t prev = m.state.fetch_or(kBusy, port::Order::kAcquire);
+      if ((prev & kCountMask) || (prev & kBusy)) {
+        if (!(prev & kBusy)) m.state.fetch_and(~kBusy, port::Order::kRelease);
+        result = Status::error(Code::kQueueFull, "a line to invalidate is in use");
+      } else {
+        m.tag.store(0, port::Order::kRelease);
+        m.state.fetch_and(~(kValid | kDirty | kBusy), port::Order::kRelease);
+      }
+    }
+    sm.lock.unlock();
+  }
+  return result;
+}
+
+// Copies between `buf` and every cached, valid line of the range, under each set's lock (a
+// line cannot be evicted or retagged meanwhile). to_cache: buf -> line, marked Dirty.
+void Cache::overlay(uint64_t first, uint64_t count_lines, uint8_t* buf, bool to_cache) {
+  for (uint64_t b = first; b < first + count_lines; ++b) {
+    const uint32_t set = set_of(b);
+    SetMeta& sm = sets_[set];
+    sm.lock.lock();
+    if (const int w = probe(set, b); w >= 0) {
+      LineMeta& m = meta_[w];
+      const uint32_t s = m.state.load(port::Order::kAcquire);
+      if ((s & kValid) && !(s & kBusy)) {
+        uint8_t* line = data_of(static_cast<uint32_t>(w));
+        uint8_t* mine = buf + (b - first) * line_bytes_;
+        if (to_cache) {
+          std::memcpy(line, mine, line_bytes_);
+          m.state.fetch_or(kDirty, port::Order::kRelease);
+        } else {
+          std::memcpy(mine, line, line_bytes_);
+        }
+      }
+    }
+    sm.lock.unlock();
+  }
+}
+
+// Reads the device, then lays the cached lines of the range over the result: a cached line
+// is never older than the device (SPIN's consistency rule, §4), whatever write-backs are in
+// flight, so no flush is needed first.
+Status Cache::read_direct(uint64_t first, uint64_t count_lines, void* buf) {
+  Backend::Op op;
+  op.block = first;
+  op.lines = static_cast<uint32_t>(count_lines);
+  op.data = static_cast<uint8_t*>(buf);
+  b_.io(&op, 1);
+  if (!op.status.is_ok()) return op.status;
+  overlay(first, count_lines, static_cast<uint8_t*>(buf), false);
+  count(kBypassed, count_lines * line_bytes_);
+  return Status::ok();
+}
+
+// Updates cached copies first (marked Dirty), then writes the device. In that order a later
+// eviction or flush of a cached copy writes the new data too; the other order let an
+// in-flight write-back of the old data land on the device after the direct write.
+Status Cache::write_direct(uint64_t first, uint64_t count_lines, const void* buf) {
+  auto* src = static_cast<uint8_t*>(const_cast<void*>(buf));
+  overlay(first, count_lines, src, true);
+  Backend::Op op;
+  op.block = first;
+  op.lines = static_cast<uint32_t>(count_lines);
+  op.write = true;
+  op.data = src;
+  b_.io(&op, 1);
+  if (!op.status.is_ok()) return op.status;
+  count(kBypassed, count_lines * line_bytes_);
+  return Status::ok();
+}
+
+void Cache::prefetch(uint64_t first, uint64_t count_lines) {
+  const uint64_t end = std::min(first + count_lines, b_.line_count());
+  for (uint64_t b = first; b < end; b += kWarp) {
+    Lane lanes[kWarp];
+    LineRef refs[kWarp];
+    const int n = static_cast<int>(std::min<uint64_t>(kWarp, end - b));
+    for (int i = 0; i < n; ++i) lanes[i] = Lane{b + static_cast<uint64_t>(i), Intent::kRead, nullptr};
+    acquire_lanes(lanes, n, refs, /*prefetch=*/true);
+    release(lanes, n, refs, nullptr);
+  }
+}
+
+void Cache::note_read(ReadStream* st, uint64_t block, uint64_t count_lines) {
+  const bool sequential = block == st->next;
+  st->run = sequential ? st->run + count_lines : count_lines;
+  if (!sequential) st->ahead_until = 0;
+  st->next = block + count_lines;
+  if (!st->readahead || o_.readahead_lines == 0 || !sequential) return;
+  // Keep a window of readahead_lines ahead of the reader; top it up when half is used.
+  const uint64_t window = o_.readahead_lines;
+  if (st->ahead_until > st->next && st->ahead_until - st->next >= window / 2) return;
+  const uint64_t from = std::max(st->next, st->ahead_until);
+  const uint64_t to = std::min(st->next + window, b_.line_count());
+  if (from >= to) return;
+  st->ahead_until = to;
+  if (ra_) {
+    ra_->request(from, to - from);
+  } else {
+    prefetch(from, to - from);
+  }
+}
+
+void Cache::drain_readahead() {
+  if (ra_) ra_->drain();
+}
+
+uint8_t* Cache::Cursor::get(uint64_t block) {
+  if (held_ && lane_.block == block) return ref_.data;
+  reset();
+  lane_ = Lane{block, intent_ == Intent::kWriteFull ? Intent::kWrite : intent_, nullptr};
+  if (c_.acquire_scalar(&lane_, &ref_) != 0) return nullptr;
+  held_ = true;
+  return ref_.data;
+}
+
+void Cache::Cursor::reset() {
+  if (!held_) return;
+  const bool w = wrote_;
+  c_.release(&lane_, 1, &ref_, &w);
+  held_ = false;
+  wrote_ = false;
+}
+
+}  // namespace warpfs::cache

@@ -1,0 +1,343 @@
+// The cache's invariants and behaviours: single copy, one device read per block under a
+// storm of misses, coalescing, no eviction of referenced lines, full sets, write-back
+// against a model under eviction pressure (TSan), durability, bypass and read-ahead.
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "cache/cache_rig.h"
+
+namespace warpfs::cache::test {
+namespace {
+
+std::unique_ptr<Cache> make_cache(Backend& b, uint32_t sets, uint32_t ways, bool ra_thread = true) {
+  CacheOptions o;
+  o.sets = sets;
+  o.ways = ways;
+  o.readahead_thread = ra_thread;
+  std::string err;
+  auto c = Cache::create(b, o, &err);
+  EXPECT_TRUE(c) << err;
+  return c;
+}
+
+TEST(Cache, ReadsWhatTheDeviceHoldsThroughHeavyEviction) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  seed_device(*s->backend, 0, 200, 1);
+  auto c = make_cache(*s->backend, 4, 2);  // 8 lines for 200 blocks
+  std::vector<uint8_t> buf(4096);
+  for (int pass = 0; pass < 3; ++pass) {
+    for (uint64_t b = 0; b < 200; ++b) {
+      ASSERT_TRUE(c->read(b, 0, buf.data(), 4096).is_ok());
+      ASSERT_TRUE(block_is(buf.data(), b, 1)) << b;
+    }
+  }
+  EXPECT_GT(c->stats().evictions, 500u);
+  EXPECT_EQ(c->audit(true), "");
+}
+
+TEST(Cache, ConcurrentMissStormReadsEachBlockOnce) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  seed_device(*s->backend, 0, 64, 7);
+  auto c = make_cache(*s->backend, 64, 8);  // 512 lines: nothing is evicted
+  const uint64_t before = s->device_reads();
+  std::atomic<int> bad{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 8; ++t) {
+    ts.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<uint64_t>(t));
+      std::vector<uint64_t> order(64);
+      for (uint64_t i = 0; i < 64; ++i) order[i] = i;
+      std::shuffle(order.begin(), order.end(), rng);
+      for (int at = 0; at < 64; at += 16) {  // warps of 16 distinct blocks plus duplicates
+        Lane lanes[32];
+        LineRef refs[32];
+        for (int i = 0; i < 32; ++i) lanes[i] = Lane{order[at + i % 16], Intent::kRead, nullptr};
+        if (c->acquire(lanes, 32, refs) != 0) bad++;
+        for (int i = 0; i < 32; ++i) {
+          if (!refs[i].status.is_ok() || !block_is(refs[i].data, lanes[i].block, 7)) bad++;
+        }
+        c->release(lanes, 32, refs, nullptr);
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(s->device_reads() - before, 64u) << "each block must be read from the device once";
+  const CacheStats st = c->stats();
+  EXPECT_EQ(st.misses, 64u);
+  EXPECT_EQ(st.coalesced_lanes, 8u * 4 * 16);
+  EXPECT_EQ(c->audit(true), "");
+}
+
+TEST(Cache, ThirtyTwoLanesOnOneBlockAreOneAcquire) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  seed_device(*s->backend, 0, 8, 3);
+  auto c = make_cache(*s->backend, 16, 4);
+  const uint64_t before = s->device_reads();
+  Lane lanes[32];
+  LineRef refs[32];
+  for (auto& l : lanes) l = Lane{5, Intent::kRead, nullptr};
+  ASSERT_EQ(c->acquire(lanes, 32, refs), 0);
+  EXPECT_EQ(s->device_reads() - before, 1u);
+  EXPECT_EQ(refs[0].count, 32);
+  for (int i = 1; i < 32; ++i) {
+    EXPECT_EQ(refs[i].data, refs[0].data);
+    EXPECT_EQ(refs[i].count, 0);
+  }
+  EXPECT_TRUE(block_is(refs[17].data, 5, 3));
+  EXPECT_EQ(c->audit(false), "");  // invariants hold with references held too
+  c->release(lanes, 32, refs, nullptr);
+  EXPECT_EQ(c->stats().coalesced_lanes, 31u);
+  EXPECT_EQ(c->stats().misses, 1u);
+  EXPECT_EQ(c->audit(true), "");
+}
+
+TEST(Cache, ReferencedLinesAreNeverEvictedAndAFullSetFailsCleanly) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  seed_device(*s->backend, 0, 16, 2);
+  auto c = make_cache(*s->backend, 1, 4);  // one set of four lines
+  Lane held[4];
+  LineRef refs[4];
+  for (int i = 0; i < 4; ++i) held[i] = Lane{static_cast<uint64_t>(i), Intent::kRead, nullptr};
+  ASSERT_EQ(c->acquire(held, 4, refs), 0);
+  // Every line is referenced: a fifth block cannot get in, and nothing waits.
+  Lane other{9, Intent::kRead, nullptr};
+  LineRef r;
+  EXPECT_EQ(c->acquire(&other, 1, &r), 1);
+  EXPECT_EQ(r.status.code(), Code::kQueueFull);
+  EXPECT_EQ(c->stats().set_full, 1u);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(block_is(refs[i].data, static_cast<uint64_t>(i), 2));
+  c->release(held, 4, refs, nullptr);
+  ASSERT_EQ(c->acquire(&other, 1, &r), 0);
+  EXPECT_TRUE(block_is(r.data, 9, 2));
+  c->release(&other, 1, &r, nullptr);
+  EXPECT_EQ(c->audit(true), "");
+}
+
+TEST(Cache, WholeLineWritesNeverReadTheDevice) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  auto c = make_cache(*s->backend, 8, 4);
+  const uint64_t before = s->device_reads();
+  std::vector<uint8_t> buf(4096);
+  for (uint64_t b = 0; b < 100; ++b) {
+    fill_block(buf.data(), b, 4);
+    ASSERT_TRUE(c->write(b, 0, buf.data(), 4096).is_ok());
+  }
+  EXPECT_EQ(s->device_reads(), before) << "a full-line write must not fetch the old line";
+  ASSERT_TRUE(c->flush_all().is_ok());
+  for (uint64_t b = 0; b < 100; ++b) ASSERT_TRUE(block_is(device_block(*s->backend, b).data(), b, 4)) << b;
+}
+
+// Threads own disjoint blocks that share a tiny cache's sets, so every operation fights
+// eviction; each thread checks reads against its model, and at the end the device must
+// hold exactly the model.
+TEST(Cache, ConcurrentWriteBackMatchesModelUnderEvictionPressure) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  constexpr int kThreads = 4;
+  constexpr uint64_t kBlocks = 48;
+  seed_device(*s->backend, 0, kBlocks, 0);
+  auto c = make_cache(*s->backend, 4, 2);
+  std::atomic<int> bad{0};
+  std::mutex first_mu;
+  std::string first_error;  // the first thing that went wrong, for the failure message
+  auto fail = [&](const std::string& what) {
+    bad++;
+    std::lock_guard<std::mutex> g(first_mu);
+    if (first_error.empty()) first_error = what;
+  };
+  std::vector<std::vector<uint64_t>> model(kThreads);  // generation per owned block
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      std::mt19937_64 rng(100 + static_cast<uint64_t>(t));
+      std::vector<uint64_t>& gen = model[t];
+      gen.assign(kBlocks / kThreads, 0);
+      std::vector<uint8_t> buf(4096), want(4096);
+      for (int op = 0; op < 1500; ++op) {
+        const uint64_t k = rng() % gen.size();
+        const uint64_t blk = k * kThreads + static_cast<uint64_t>(t);
+        switch (rng() % 6) {
+          case 0:
+          case 1: {  // whole-line write
+            fill_block(buf.data(), blk, ++gen[k]);
+            Status st = c->write(blk, 0, buf.data(), 4096);
+            if (!st.is_ok()) fail("write: " + st.to_string());
+            break;
+          }
+          case 2: {  // partial write: rewrite the second half with the next generation
+            fill_block(want.data(), blk, gen[k] + 1);
+            Status st = c->write(blk, 2048, want.data() + 2048, 2048);
+            if (st.is_ok()) st = c->write(blk, 0, want.data(), 2048);
+            if (!st.is_ok()) fail("partial write: " + st.to_string());
+            ++gen[k];
+            break;
+          }
+          case 3:
+          case 4: {
+            Status st = c->read(blk, 0, buf.data(), 4096);
+            if (!st.is_ok()) fail("read: " + st.to_string());
+            if (st.is_ok() && !block_is(buf.data(), blk, gen[k])) {
+              fail("block " + std::to_string(blk) + " read back wrong at op " + std::to_string(op));
+            }
+            break;
+          }
+          default: {
+            Status st = rng() % 4 ? c->flush_range(blk, 1) : c->flush_all();
+            if (!st.is_ok()) fail("flush: " + st.to_string());
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  ASSERT_EQ(bad.load(), 0) << first_error;
+  ASSERT_TRUE(c->flush_all().is_ok());
+  EXPECT_EQ(c->audit(true), "");
+  for (int t = 0; t < kThreads; ++t) {
+    for (uint64_t k = 0; k < model[t].size(); ++k) {
+      const uint64_t blk = k * kThreads + static_cast<uint64_t>(t);
+      EXPECT_TRUE(block_is(device_block(*s->backend, blk).data(), blk, model[t][k])) << blk;
+    }
+  }
+  EXPECT_GT(c->stats().evictions, 100u);
+  EXPECT_GT(c->stats().writebacks, 100u);
+}
+
+TEST(Cache, FlushedDataSurvivesPowerCutUnflushedIsOnlyInTheCache) {
+  auto store = nvme::BackingStore::ram(8 << 20);
+  {
+    auto s = Stack::make(0, store);
+    ASSERT_TRUE(s);
+    auto c = make_cache(*s->backend, 16, 4);
+    std::vector<uint8_t> buf(4096);
+    for (uint64_t b = 0; b < 20; ++b) {
+      fill_block(buf.data(), b, 11);
+      ASSERT_TRUE(c->write(b, 0, buf.data(), 4096).is_ok());
+    }
+    ASSERT_TRUE(c->flush_all().is_ok());
+    for (uint64_t b = 20; b < 30; ++b) {
+      fill_block(buf.data(), b, 12);
+      ASSERT_TRUE(c->write(b, 0, buf.data(), 4096).is_ok());  // dirty in the cache only
+    }
+    c.reset();
+    s->transport->power_cut(0.0);
+  }
+  auto s = Stack::make(0, store);
+  ASSERT_TRUE(s);
+  for (uint64_t b = 0; b < 20; ++b) EXPECT_TRUE(block_is(device_block(*s->backend, b).data(), b, 11)) << b;
+  for (uint64_t b = 20; b < 30; ++b) EXPECT_FALSE(block_is(device_block(*s->backend, b).data(), b, 12)) << b;
+}
+
+TEST(Cache, BypassIsConsistentWithCachedLines) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  seed_device(*s->backend, 0, 64, 1);
+  auto c = make_cache(*s->backend, 16, 4);
+  std::vector<uint8_t> buf(4096), big(64 * 4096);
+  // A dirty cached block inside a bypassed read: the read sees the new data.
+  fill_block(buf.data(), 10, 2);
+  ASSERT_TRUE(c->write(10, 0, buf.data(), 4096).is_ok());
+  ASSERT_TRUE(c->read(11, 0, buf.data(), 4096).is_ok());  // clean cached block
+  ASSERT_TRUE(c->read_direct(0, 64, big.data()).is_ok());
+  for (uint64_t b = 0; b < 64; ++b) {
+    EXPECT_TRUE(block_is(big.data() + b * 4096, b, b == 10 ? 2 : 1)) << b;
+  }
+  // A bypassed write over cached lines: later cached reads see it.
+  for (uint64_t b = 0; b < 64; ++b) fill_block(big.data() + b * 4096, b, 3);
+  ASSERT_TRUE(c->write_direct(0, 64, big.data()).is_ok());
+  for (uint64_t b : {10ull, 11ull, 40ull}) {
+    ASSERT_TRUE(c->read(b, 0, buf.data(), 4096).is_ok());
+    EXPECT_TRUE(block_is(buf.data(), b, 3)) << b;
+  }
+  EXPECT_EQ(c->stats().bypassed_bytes, 2u * 64 * 4096);
+  ASSERT_TRUE(c->flush_all().is_ok());  // nothing stale is written back over the bypass
+  EXPECT_TRUE(block_is(device_block(*s->backend, 10).data(), 10, 3));
+}
+
+TEST(Cache, ReadAheadFetchesAheadOfSequentialStreamsAndStaysFresh) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  seed_device(*s->backend, 0, 256, 1);
+  auto c = make_cache(*s->backend, 64, 8);
+  std::vector<uint8_t> buf(4096);
+  ReadStream st;
+  for (uint64_t b = 0; b < 4; ++b) {
+    ASSERT_TRUE(c->read(b, 0, buf.data(), 4096).is_ok());
+    c->note_read(&st, b, 1);
+  }
+  c->drain_readahead();
+  EXPECT_GE(c->stats().readahead_lines, 16u);
+  // A prefetched block rewritten behind the cache's back (bypass) is refreshed, not stale.
+  std::vector<uint8_t> fresh(4096);
+  fill_block(fresh.data(), 6, 9);
+  ASSERT_TRUE(c->write_direct(6, 1, fresh.data()).is_ok());
+  const uint64_t misses = c->stats().misses;
+  for (uint64_t b = 4; b < 20; ++b) {
+    ASSERT_TRUE(c->read(b, 0, buf.data(), 4096).is_ok());
+    EXPECT_TRUE(block_is(buf.data(), b, b == 6 ? 9 : 1)) << b;
+    c->note_read(&st, b, 1);
+  }
+  c->drain_readahead();
+  EXPECT_EQ(c->stats().misses, misses) << "sequential reads were served by read-ahead";
+  EXPECT_GE(c->stats().readahead_hits, 15u);
+
+  // Read-ahead off for a stream (fadvise RANDOM): nothing is fetched ahead.
+  ReadStream off;
+  off.readahead = false;
+  const uint64_t ra = c->stats().readahead_lines;
+  for (uint64_t b = 100; b < 110; ++b) {
+    ASSERT_TRUE(c->read(b, 0, buf.data(), 4096).is_ok());
+    c->note_read(&off, b, 1);
+  }
+  c->drain_readahead();
+  EXPECT_EQ(c->stats().readahead_lines, ra);
+  EXPECT_EQ(c->audit(true), "");
+}
+
+TEST(Cache, CursorReusesItsReference) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  seed_device(*s->backend, 0, 4, 5);
+  auto c = make_cache(*s->backend, 8, 2);
+  uint64_t sum = 0;
+  {
+    Cache::Cursor cur(*c, Intent::kRead);
+    for (int i = 0; i < 4 * 512; ++i) {
+      const uint64_t blk = static_cast<uint64_t>(i / 512);
+      const uint8_t* p = cur.get(blk);
+      ASSERT_NE(p, nullptr);
+      sum += reinterpret_cast<const uint64_t*>(p)[i % 512];
+    }
+  }
+  EXPECT_NE(sum, 0u);
+  const CacheStats st = c->stats();
+  EXPECT_EQ(st.hits + st.misses + st.locked_hits, 4u) << "one acquire per block, not per access";
+  EXPECT_EQ(c->audit(true), "");
+}
+
+TEST(Cache, BadBlocksAndOptionsAreErrors) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  CacheOptions o;
+  o.sets = 3;
+  std::string err;
+  EXPECT_EQ(Cache::create(*s->backend, o, &err), nullptr);
+  EXPECT_NE(err.find("power of two"), std::string::npos);
+  auto c = make_cache(*s->backend, 4, 2);
+  std::vector<uint8_t> buf(4096);
+  EXPECT_EQ(c->read(s->backend->line_count(), 0, buf.data(), 4096).code(), Code::kInvalidArgument);
+  EXPECT_EQ(c->read(0, 4000, buf.data(), 200).code(), Code::kInvalidArgument);
+  EXPECT_EQ(c->audit(true), "");
+}
+
+}  // namespace
+}  // namespace warpfs::cache::test
