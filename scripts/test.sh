@@ -2,7 +2,7 @@
 # Installs what warpfs needs, builds it three ways and passes every test:
 #   build/       optimised, all tests
 #   build-asan/  ASan + UBSan, all tests
-#   build-tsan/  TSan, the concurrent layers (ctest label nvme; cache joins it)
+#   build-tsan/  TSan, the concurrent layers (ctest labels nvme, cache, blockdev)
 # Prints a final "N passed, N failed" line; exits non-zero on any failure.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,7 +41,7 @@ run_suite "asan+ubsan" "$repo/build-asan" \
   "-DCMAKE_BUILD_TYPE=Debug -DWARPFS_SANITIZE=address -DWARPFS_BUILD_BENCH=OFF" ""
 run_suite "tsan" "$repo/build-tsan" \
   "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARPFS_SANITIZE=thread -DWARPFS_BUILD_BENCH=OFF" \
-  "-L nvme"
+  "-L nvme|cache|blockdev"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
