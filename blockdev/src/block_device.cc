@@ -193,7 +193,10 @@ Status CachedBlockDevice::through_cache(uint64_t block, uint32_t count, void* bu
           std::memcpy(mine, refs[i].data, bb);
         }
       } else if (refs[i].status.code() == Code::kQueueFull) {
-        Status s = write ? inner_.write(lanes[i].block, 1, mine) : inner_.read(lanes[i].block, 1, mine);
+        // Set full: this block is not cached; go to the device through the cache's bypass,
+        // which keeps any copy a concurrent fill brings in consistent.
+        Status s = write ? cache_->write_direct(lanes[i].block, 1, mine)
+                         : cache_->read_direct(lanes[i].block, 1, mine);
         if (!s.is_ok() && result.is_ok()) result = s;
       } else if (result.is_ok()) {
         result = refs[i].status;

@@ -561,61 +561,112 @@ Status Cache::invalidate_range(uint64_t first, uint64_t count_lines) {
   return result;
 }
 
-// Copies between `buf` and every cached, valid line of the range, under each set's lock (a
-// line cannot be evicted or retagged meanwhile). to_cache: buf -> line, marked Dirty.
-void Cache::overlay(uint64_t first, uint64_t count_lines, uint8_t* buf, bool to_cache) {
+// Takes one reference on every cached, valid line of the range (under each set's lock), so
+// none of them can be evicted or retagged until unpin().
+std::vector<std::pair<uint64_t, uint32_t>> Cache::pin_range(uint64_t first, uint64_t count_lines) {
+  std::vector<std::pair<uint64_t, uint32_t>> pins;
   for (uint64_t b = first; b < first + count_lines; ++b) {
     const uint32_t set = set_of(b);
     SetMeta& sm = sets_[set];
     sm.lock.lock();
     if (const int w = probe(set, b); w >= 0) {
       LineMeta& m = meta_[w];
-      const uint32_t s = m.state.load(port::Order::kAcquire);
+      const uint32_t s = m.state.fetch_add(1, port::Order::kAcquire);
       if ((s & kValid) && !(s & kBusy)) {
-        uint8_t* line = data_of(static_cast<uint32_t>(w));
-        uint8_t* mine = buf + (b - first) * line_bytes_;
-        if (to_cache) {
-          std::memcpy(line, mine, line_bytes_);
-          m.state.fetch_or(kDirty, port::Order::kRelease);
-        } else {
-          std::memcpy(mine, line, line_bytes_);
-        }
+        pins.emplace_back(b, static_cast<uint32_t>(w));
+      } else {
+        m.state.fetch_sub(1, port::Order::kRelease);
       }
     }
     sm.lock.unlock();
   }
+  return pins;
 }
 
-// Reads the device, then lays the cached lines of the range over the result: a cached line
-// is never older than the device (SPIN's consistency rule, §4), whatever write-backs are in
-// flight, so no flush is needed first.
+void Cache::unpin(const std::vector<std::pair<uint64_t, uint32_t>>& pins) {
+  for (const auto& p : pins) meta_[p.second].state.fetch_sub(1, port::Order::kRelease);
+}
+
+// Reads the device with every cached line of the range pinned, then lays those lines over
+// the result: a cached line is never older than the device (SPIN's consistency rule, §4),
+// and a block that was not cached has its newest data on the device (evictions write back
+// under the set lock before the block leaves; flushes pin the line while they write).
 Status Cache::read_direct(uint64_t first, uint64_t count_lines, void* buf) {
+  const auto pins = pin_range(first, count_lines);
   Backend::Op op;
   op.block = first;
   op.lines = static_cast<uint32_t>(count_lines);
   op.data = static_cast<uint8_t*>(buf);
   b_.io(&op, 1);
-  if (!op.status.is_ok()) return op.status;
-  overlay(first, count_lines, static_cast<uint8_t*>(buf), false);
-  count(kBypassed, count_lines * line_bytes_);
-  return Status::ok();
+  if (op.status.is_ok()) {
+    for (const auto& [b, w] : pins) {
+      std::memcpy(static_cast<uint8_t*>(buf) + (b - first) * line_bytes_, data_of(w), line_bytes_);
+    }
+    count(kBypassed, count_lines * line_bytes_);
+  }
+  unpin(pins);
+  return op.status;
 }
 
-// Updates cached copies first (marked Dirty), then writes the device. In that order a later
-// eviction or flush of a cached copy writes the new data too; the other order let an
-// in-flight write-back of the old data land on the device after the direct write.
+// 1. Pin the cached lines of the range and put the new data in them (Dirty): no eviction or
+//    in-flight flush of their old data can then be the last word on the device.
+// 2. Write the device.
+// 3. A fill that started before the device write finished (read-ahead, a set-full fallback
+//    elsewhere) may hold old data: wait for it and overwrite it too.
 Status Cache::write_direct(uint64_t first, uint64_t count_lines, const void* buf) {
-  auto* src = static_cast<uint8_t*>(const_cast<void*>(buf));
-  overlay(first, count_lines, src, true);
+  const auto* src = static_cast<const uint8_t*>(buf);
+  const auto pins = pin_range(first, count_lines);
+  for (const auto& [b, w] : pins) {
+    std::memcpy(data_of(w), src + (b - first) * line_bytes_, line_bytes_);
+    meta_[w].state.fetch_or(kDirty, port::Order::kRelease);
+  }
   Backend::Op op;
   op.block = first;
   op.lines = static_cast<uint32_t>(count_lines);
   op.write = true;
-  op.data = src;
+  op.data = const_cast<uint8_t*>(src);
   b_.io(&op, 1);
-  if (!op.status.is_ok()) return op.status;
-  count(kBypassed, count_lines * line_bytes_);
-  return Status::ok();
+  if (op.status.is_ok()) {
+    size_t next_pin = 0;
+    for (uint64_t b = first; b < first + count_lines; ++b) {
+      if (next_pin < pins.size() && pins[next_pin].first == b) {
+        ++next_pin;
+        continue;
+      }
+      refresh_after_direct_write(b, src + (b - first) * line_bytes_);
+    }
+    count(kBypassed, count_lines * line_bytes_);
+  }
+  unpin(pins);
+  return op.status;
+}
+
+void Cache::refresh_after_direct_write(uint64_t block, const uint8_t* data) {
+  const uint32_t set = set_of(block);
+  SetMeta& sm = sets_[set];
+  for (;;) {
+    sm.lock.lock();
+    const int w = probe(set, block);
+    if (w < 0) {
+      sm.lock.unlock();
+      return;
+    }
+    LineMeta& m = meta_[w];
+    const uint32_t s = m.state.load(port::Order::kAcquire);
+    if (!(s & kBusy)) {
+      if (s & kValid) {
+        std::memcpy(data_of(static_cast<uint32_t>(w)), data, line_bytes_);
+        m.state.fetch_or(kDirty, port::Order::kRelease);
+      }
+      sm.lock.unlock();
+      return;
+    }
+    // A fill is in flight (it holds no set lock): wait for it, then look again.
+    m.state.fetch_add(1, port::Order::kAcquire);
+    sm.lock.unlock();
+    wait_not_busy(m, block);
+    m.state.fetch_sub(1, port::Order::kRelease);
+  }
 }
 
 void Cache::prefetch(uint64_t first, uint64_t count_lines) {

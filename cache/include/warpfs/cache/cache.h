@@ -48,6 +48,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "warpfs/cache/backend.h"
 #include "warpfs/nvme/port.h"
@@ -138,10 +140,10 @@ class Cache {
   Status invalidate_range(uint64_t first, uint64_t count);
 
   // SPIN's P-router: moves [first, first + count) directly between the device and `buf`.
-  // Cached lines of the range stay authoritative: reads take them over the device's data,
-  // writes update them (Dirty) before the device write.
-  // REQUIRES: nobody else accesses the range through the cache meanwhile (the filesystem
-  // holds the file's range lock).
+  // Cached lines of the range stay authoritative (pinned meanwhile): reads take them over
+  // the device's data; writes update them (Dirty) and also any line a concurrent fill (say,
+  // read-ahead) brought in while the device write was in flight.
+  // REQUIRES: no other writer of the range meanwhile (the filesystem holds the file's lock).
   Status read_direct(uint64_t first, uint64_t count, void* buf);
   Status write_direct(uint64_t first, uint64_t count, const void* buf);
 
@@ -210,7 +212,9 @@ class Cache {
   static constexpr int kScalarRetries = 200;  // ~2 ms of backed-off retries
   Status write_back_locked(uint32_t line, uint64_t block);
   void prefetch(uint64_t first, uint64_t count);
-  void overlay(uint64_t first, uint64_t count, uint8_t* buf, bool to_cache);
+  std::vector<std::pair<uint64_t, uint32_t>> pin_range(uint64_t first, uint64_t count);
+  void unpin(const std::vector<std::pair<uint64_t, uint32_t>>& pins);
+  void refresh_after_direct_write(uint64_t block, const uint8_t* data);
   void count(int stat, uint64_t n = 1);
 
   Backend& b_;
