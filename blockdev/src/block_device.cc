@@ -24,7 +24,9 @@ Status BlockDevice::alloc_io_buffer(size_t bytes, void** out) {
   return *out ? Status::ok() : Status::error(Code::kNoMemory, "out of memory");
 }
 
-void BlockDevice::free_io_buffer(void* p, size_t) { std::free(p); }
+void BlockDevice::free_io_buffer(void* p, size_t) {
+  std::free(p);
+}
 
 // --- NvmeBlockDevice --------------------------------------------------------------------
 
@@ -86,7 +88,9 @@ std::unique_ptr<FileBlockDevice> FileBlockDevice::open(const std::string& path,
       new FileBlockDevice(fd, block_bytes, static_cast<uint64_t>(st.st_size) / block_bytes));
 }
 
-FileBlockDevice::~FileBlockDevice() { ::close(fd_); }
+FileBlockDevice::~FileBlockDevice() {
+  ::close(fd_);
+}
 
 Status FileBlockDevice::read(uint64_t block, uint32_t count, void* buf) {
   if (Status s = check(block, count); !s.is_ok()) return s;
@@ -122,7 +126,8 @@ Status FileBlockDevice::flush() {
 
 Status FileBlockDevice::trim(uint64_t block, uint64_t count) {
   if (Status s = check(block, count); !s.is_ok()) return s;
-  if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(block * block_bytes_),
+  if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                static_cast<off_t>(block * block_bytes_),
                 static_cast<off_t>(count * block_bytes_)) != 0) {
     return Status::error(Code::kIoError, "hole punch failed");
   }
@@ -141,7 +146,8 @@ class CachedBlockDevice::Adapter final : public cache::Backend {
   void free(void* p, size_t bytes) override { d_.free_io_buffer(p, bytes); }
   void io(Op* ops, int n) override {
     Io ios[kMaxOps];
-    for (int i = 0; i < n; ++i) ios[i] = Io{ops[i].block, ops[i].lines, ops[i].write, ops[i].data, {}};
+    for (int i = 0; i < n; ++i)
+      ios[i] = Io{ops[i].block, ops[i].lines, ops[i].write, ops[i].data, {}};
     d_.submit(ios, n);
     for (int i = 0; i < n; ++i) ops[i].status = ios[i].status;
   }
@@ -153,7 +159,9 @@ class CachedBlockDevice::Adapter final : public cache::Backend {
 };
 
 CachedBlockDevice::CachedBlockDevice(BlockDevice& inner) : inner_(inner) {}
-CachedBlockDevice::~CachedBlockDevice() { cache_.reset(); }
+CachedBlockDevice::~CachedBlockDevice() {
+  cache_.reset();
+}
 
 std::unique_ptr<CachedBlockDevice> CachedBlockDevice::create(BlockDevice& inner,
                                                              const cache::CacheOptions& o,
@@ -214,7 +222,8 @@ Status CachedBlockDevice::read(uint64_t block, uint32_t count, void* buf) {
   return through_cache(block, count, buf, false);
 }
 
-Status CachedBlockDevice::read(cache::ReadStream* stream, uint64_t block, uint32_t count, void* buf) {
+Status CachedBlockDevice::read(cache::ReadStream* stream, uint64_t block, uint32_t count,
+                               void* buf) {
   Status s = read(block, count, buf);
   if (s.is_ok()) cache_->note_read(stream, block, count);
   return s;
@@ -226,7 +235,9 @@ Status CachedBlockDevice::write(uint64_t block, uint32_t count, const void* buf)
   return through_cache(block, count, const_cast<void*>(buf), true);
 }
 
-Status CachedBlockDevice::flush() { return cache_->flush_all(); }
+Status CachedBlockDevice::flush() {
+  return cache_->flush_all();
+}
 
 Status CachedBlockDevice::trim(uint64_t block, uint64_t count) {
   if (Status s = check(block, count); !s.is_ok()) return s;

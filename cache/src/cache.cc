@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <vector>
 
 namespace warpfs::cache {
@@ -20,8 +21,17 @@ constexpr uint32_t kRef = 1;    // clock: referenced since the hand last passed
 constexpr uint32_t kAhead = 2;  // filled by read-ahead, not yet used
 
 enum Stat {
-  kHits, kMisses, kLockedHits, kEvictions, kWritebacks, kCoalesced, kRaLines, kRaHits,
-  kBypassed, kSetFull, kFillErrors
+  kHits,
+  kMisses,
+  kLockedHits,
+  kEvictions,
+  kWritebacks,
+  kCoalesced,
+  kRaLines,
+  kRaHits,
+  kBypassed,
+  kSetFull,
+  kFillErrors
 };
 
 uint32_t stripe_of_thread() {
@@ -113,6 +123,9 @@ std::unique_ptr<Cache> Cache::create(Backend& backend, const CacheOptions& o, st
   }
   c->data_ = static_cast<uint8_t*>(mem);
   c->meta_.reset(new LineMeta[c->lines()]());
+  c->tags_ = static_cast<port::Atomic<uint64_t>*>(
+      ::operator new (c->lines() * sizeof(uint64_t), std::align_val_t{port::kCacheLine}));
+  std::memset(static_cast<void*>(c->tags_), 0, c->lines() * sizeof(uint64_t));
   c->sets_.reset(new SetMeta[c->nsets_]());
   c->stats_.reset(new Stripe[kStripes]());
   if (o.readahead_thread && o.readahead_lines > 0) c->ra_ = std::make_unique<ReadAhead>(*c);
@@ -121,6 +134,7 @@ std::unique_ptr<Cache> Cache::create(Backend& backend, const CacheOptions& o, st
 
 Cache::~Cache() {
   ra_.reset();
+  if (tags_ != nullptr) ::operator delete (tags_, std::align_val_t{port::kCacheLine});
   if (data_ != nullptr) b_.free(data_, lines() * line_bytes_);
 }
 
@@ -147,7 +161,7 @@ std::string Cache::audit(bool quiescent) {
     SetMeta& sm = sets_[set];
     sm.lock.lock();
     for (uint32_t a = set * ways_; a < (set + 1) * ways_; ++a) {
-      const uint64_t tag = meta_[a].tag.load(port::Order::kAcquire);
+      const uint64_t tag = tags_[a].load(port::Order::kAcquire);
       const uint32_t s = meta_[a].state.load(port::Order::kAcquire);
       if (quiescent && ((s & kCountMask) || (s & kBusy))) {
         out += "line " + std::to_string(a) + " has references or Busy at rest; ";
@@ -155,7 +169,7 @@ std::string Cache::audit(bool quiescent) {
       if (tag == 0) continue;
       if (set_of(tag - 1) != set) out += "block " + std::to_string(tag - 1) + " in the wrong set; ";
       for (uint32_t b = a + 1; b < (set + 1) * ways_; ++b) {
-        if (meta_[b].tag.load(port::Order::kAcquire) == tag) {
+        if (tags_[b].load(port::Order::kAcquire) == tag) {
           out += "block " + std::to_string(tag - 1) + " cached twice; ";
         }
       }
@@ -168,7 +182,7 @@ std::string Cache::audit(bool quiescent) {
 int Cache::probe(uint32_t set, uint64_t block) const {
   const uint32_t base = set * ways_;
   for (uint32_t w = 0; w < ways_; ++w) {
-    if (meta_[base + w].tag.load(port::Order::kAcquire) == block + 1) return static_cast<int>(base + w);
+    if (tags_[base + w].load(port::Order::kAcquire) == block + 1) return static_cast<int>(base + w);
   }
   return -1;
 }
@@ -178,7 +192,7 @@ bool Cache::wait_not_busy(LineMeta& m, uint64_t block) {
   port::Backoff b;
   for (;;) {
     const uint32_t s = m.state.load(port::Order::kAcquire);
-    if (m.tag.load(port::Order::kAcquire) != block + 1) return false;
+    if (tag_of(m).load(port::Order::kAcquire) != block + 1) return false;
     if (!(s & kBusy)) return (s & kValid) != 0;
     b.pause();
   }
@@ -216,7 +230,7 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
     LineMeta& m = meta_[w];
     // Acquire: the line's data and tag, published by the filler's release, are visible.
     const uint32_t s = m.state.fetch_add(cnt, port::Order::kAcquire);
-    const bool ours = m.tag.load(port::Order::kAcquire) == block + 1;
+    const bool ours = tag_of(m).load(port::Order::kAcquire) == block + 1;
     if ((s & kValid) && !(s & kBusy) && ours) return hit(static_cast<uint32_t>(w), false);
     if ((s & kBusy) && ours) {
       *out = LineRef{nullptr, static_cast<uint32_t>(w), cnt, Status::ok()};
@@ -269,7 +283,8 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
   }
   LineMeta& m = meta_[victim];
   if ((prev & kValid) && (prev & kDirty)) {
-    Status st = write_back_locked(static_cast<uint32_t>(victim), m.tag.load(port::Order::kRelaxed) - 1);
+    Status st =
+        write_back_locked(static_cast<uint32_t>(victim), tag_of(m).load(port::Order::kRelaxed) - 1);
     if (!st.is_ok()) {  // keep the dirty line: its data must not be lost
       m.state.fetch_and(~kBusy, port::Order::kRelease);
       sm.lock.unlock();
@@ -279,7 +294,7 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
   }
   if (prev & kValid) count(kEvictions);
   m.state.fetch_and(~(kValid | kDirty), port::Order::kRelaxed);  // Busy stays
-  m.tag.store(block + 1, port::Order::kRelease);
+  tag_of(m).store(block + 1, port::Order::kRelease);
   m.flags.store(prefetch ? kAhead : kRef, port::Order::kRelaxed);
   m.state.fetch_add(cnt, port::Order::kRelaxed);
   sm.lock.unlock();
@@ -304,69 +319,92 @@ int Cache::acquire_lanes(const Lane* lanes, int n, LineRef* out, bool prefetch) 
   n = std::min(n, kWarp);
   // Coalesce (the CPU form of __match_any_sync / __popc / __ffs / __any_sync, BaM Ch. 7):
   // the first lane on a block leads; its group's count and combined intent go with it.
-  int leader[kWarp];
-  uint16_t group[kWarp] = {};
-  Lane lead[kWarp];
-  int coalesced = 0;
+  // Groups live in uninitialised storage: building 32 of them per call was the hit path's
+  // largest cost. One lane, or every lane on one block, is one group without comparisons.
+  struct Group {
+    Lane lane;  // the leader's block, the combined intent, a source for kWriteFull
+    int leader;
+    uint16_t count;
+  };
+  alignas(Group) unsigned char storage[sizeof(Group) * kWarp];
+  auto* groups = reinterpret_cast<Group*>(storage);
+  int8_t group_of[kWarp];
+  int ng = 0, active = 0;
+  bool one_block = true;
   for (int i = 0; i < n; ++i) {
-    out[i] = LineRef{};
-    leader[i] = -1;
     if (lanes[i].intent == Intent::kNone) continue;
-    for (int j = 0; j < i; ++j) {
-      if (leader[j] == j && lanes[j].block == lanes[i].block) {
-        leader[i] = j;
-        ++group[j];
-        lead[j].intent = combine(lead[j].intent, lanes[i].intent);
-        if (lanes[i].src != nullptr) lead[j].src = lanes[i].src;
-        ++coalesced;
-        break;
+    ++active;
+    one_block &= lanes[i].block == lanes[0].block && lanes[0].intent != Intent::kNone;
+  }
+  for (int i = 0; i < n; ++i) {
+    group_of[i] = -1;
+    if (lanes[i].intent == Intent::kNone) continue;
+    int g = -1;
+    if (one_block && ng == 1) {
+      g = 0;
+    } else if (!one_block) {
+      for (int k = 0; k < ng; ++k) {
+        if (groups[k].lane.block == lanes[i].block) {
+          g = k;
+          break;
+        }
       }
     }
-    if (leader[i] < 0) {
-      leader[i] = i;
-      group[i] = 1;
-      lead[i] = lanes[i];
+    if (g < 0) {
+      g = ng++;
+      new (&groups[g]) Group{lanes[i], i, 0};
+    } else {
+      groups[g].lane.intent = combine(groups[g].lane.intent, lanes[i].intent);
+      if (lanes[i].src != nullptr) groups[g].lane.src = lanes[i].src;
     }
+    ++groups[g].count;
+    group_of[i] = static_cast<int8_t>(g);
   }
-  if (coalesced) count(kCoalesced, static_cast<uint64_t>(coalesced));
-  for (int i = 0; i < n; ++i) {
-    if (leader[i] == i && lead[i].intent == Intent::kWriteFull && lead[i].src == nullptr) {
-      lead[i].intent = Intent::kWrite;  // nothing to publish with: fill it
-    }
-    if (leader[i] == i && lead[i].block >= b_.line_count()) {
-      out[i].status = Status::error(Code::kInvalidArgument, "block beyond the device");
-      leader[i] = -2;  // failed leader
+  if (active > ng) count(kCoalesced, static_cast<uint64_t>(active - ng));
+
+  alignas(LineRef) unsigned char ref_storage[sizeof(LineRef) * kWarp];
+  auto* gref = reinterpret_cast<LineRef*>(ref_storage);
+  int todo[kWarp], ntodo = 0;
+  for (int g = 0; g < ng; ++g) {
+    new (&gref[g]) LineRef{};
+    Lane& l = groups[g].lane;
+    if (l.intent == Intent::kWriteFull && l.src == nullptr) l.intent = Intent::kWrite;
+    if (l.block >= b_.line_count()) {
+      gref[g].status = Status::error(Code::kInvalidArgument, "block beyond the device");
+    } else {
+      todo[ntodo++] = g;
     }
   }
 
-  // Rounds: attempt every pending leader without waiting; fill what was reserved; then wait
-  // on lines others are filling (holding nothing unfilled ourselves).
-  int todo[kWarp], ntodo = 0;
-  for (int i = 0; i < n; ++i) {
-    if (leader[i] == i) todo[ntodo++] = i;
-  }
+  // Rounds: attempt every pending group without waiting; fill what was reserved (one
+  // batch); only then wait on lines others are filling, holding nothing unfilled ourselves.
   while (ntodo > 0) {
     int busy[kWarp], nbusy = 0;
     int fill[kWarp], nfill = 0;
     for (int k = 0; k < ntodo; ++k) {
-      const int i = todo[k];
-      switch (try_acquire(lead[i], group[i], prefetch, &out[i])) {
-        case Got::kReserved: fill[nfill++] = i; break;
-        case Got::kBusy: busy[nbusy++] = i; break;
+      const int g = todo[k];
+      switch (try_acquire(groups[g].lane, groups[g].count, prefetch, &gref[g])) {
+        case Got::kReserved:
+          fill[nfill++] = g;
+          break;
+        case Got::kBusy:
+          busy[nbusy++] = g;
+          break;
         case Got::kHit:
-        case Got::kError: break;
+        case Got::kError:
+          break;
       }
     }
     if (nfill > 0) {
       Backend::Op ops[kWarp];
       for (int k = 0; k < nfill; ++k) {
         ops[k] = Backend::Op{};
-        ops[k].block = lead[fill[k]].block;
-        ops[k].data = out[fill[k]].data;
+        ops[k].block = groups[fill[k]].lane.block;
+        ops[k].data = gref[fill[k]].data;
       }
       b_.io(ops, nfill);
       for (int k = 0; k < nfill; ++k) {
-        LineRef& r = out[fill[k]];
+        LineRef& r = gref[fill[k]];
         LineMeta& m = meta_[r.line];
         if (ops[k].status.is_ok()) {
           if (prefetch) count(kRaLines);
@@ -374,7 +412,7 @@ int Cache::acquire_lanes(const Lane* lanes, int n, LineRef* out, bool prefetch) 
           m.state.fetch_xor(kBusy | kValid, port::Order::kRelease);
         } else {
           count(kFillErrors);
-          m.tag.store(0, port::Order::kRelease);  // first: waiters then see the mapping gone
+          tag_of(m).store(0, port::Order::kRelease);  // first: waiters then see the mapping gone
           m.state.fetch_and(~kBusy, port::Order::kRelease);
           m.state.fetch_sub(r.count, port::Order::kRelease);
           r = LineRef{};
@@ -384,28 +422,30 @@ int Cache::acquire_lanes(const Lane* lanes, int n, LineRef* out, bool prefetch) 
     }
     ntodo = 0;
     for (int k = 0; k < nbusy; ++k) {
-      const int i = busy[k];
-      LineMeta& m = meta_[out[i].line];
-      if (wait_not_busy(m, lead[i].block)) {  // a locked hit: someone else filled it
+      const int g = busy[k];
+      LineMeta& m = meta_[gref[g].line];
+      if (wait_not_busy(m, groups[g].lane.block)) {  // a locked hit: someone else filled it
         if (!prefetch) count(kLockedHits);
-        out[i].data = data_of(out[i].line);
+        gref[g].data = data_of(gref[g].line);
         continue;
       }
       // The line went to another block (evicted) or its fill failed: try again.
-      m.state.fetch_sub(out[i].count, port::Order::kRelease);
-      out[i] = LineRef{};
-      todo[ntodo++] = i;
+      m.state.fetch_sub(gref[g].count, port::Order::kRelease);
+      gref[g] = LineRef{};
+      todo[ntodo++] = g;
     }
   }
 
-  // Followers share their leader's line; they hold no references of their own.
+  // Every lane gets its group's line; only the leader holds the group's references.
   int failed = 0;
   for (int i = 0; i < n; ++i) {
-    if (lanes[i].intent == Intent::kNone) continue;
-    if (leader[i] >= 0 && leader[i] != i) {
-      out[i] = out[leader[i]];
-      out[i].count = 0;
+    if (group_of[i] < 0) {
+      out[i] = LineRef{};
+      continue;
     }
+    const Group& grp = groups[group_of[i]];
+    out[i] = gref[group_of[i]];
+    if (grp.leader != i) out[i].count = 0;
     if (!out[i].status.is_ok()) ++failed;
   }
   return failed;
@@ -441,7 +481,9 @@ int Cache::acquire_scalar(Lane* l, LineRef* r) {
 }
 
 Status Cache::read(uint64_t block, uint32_t offset, void* buf, uint32_t len) {
-  if (offset + len > line_bytes_) return Status::error(Code::kInvalidArgument, "read crosses a line");
+  if (offset > line_bytes_ || len > line_bytes_ - offset) {
+    return Status::error(Code::kInvalidArgument, "read crosses a line");
+  }
   Lane l{block, Intent::kRead, nullptr};
   LineRef r;
   if (acquire_scalar(&l, &r) != 0) return r.status;
@@ -451,7 +493,9 @@ Status Cache::read(uint64_t block, uint32_t offset, void* buf, uint32_t len) {
 }
 
 Status Cache::write(uint64_t block, uint32_t offset, const void* buf, uint32_t len) {
-  if (offset + len > line_bytes_) return Status::error(Code::kInvalidArgument, "write crosses a line");
+  if (offset > line_bytes_ || len > line_bytes_ - offset) {
+    return Status::error(Code::kInvalidArgument, "write crosses a line");
+  }
   const bool whole = offset == 0 && len == line_bytes_;
   Lane l{block, whole ? Intent::kWriteFull : Intent::kWrite, whole ? buf : nullptr};
   LineRef r;
@@ -502,7 +546,7 @@ Status Cache::flush_range(uint64_t first, uint64_t count_lines) {
     sm.lock.lock();
     for (uint32_t w = set * ways_; w < (set + 1) * ways_; ++w) {
       LineMeta& m = meta_[w];
-      const uint64_t tag = m.tag.load(port::Order::kAcquire);
+      const uint64_t tag = tag_of(m).load(port::Order::kAcquire);
       if (tag == 0 || tag - 1 < first || tag - 1 - first >= count_lines) continue;
       const uint32_t s = m.state.load(port::Order::kAcquire);
       if (!(s & kValid) || !(s & kDirty) || (s & kBusy)) continue;
@@ -517,12 +561,16 @@ Status Cache::flush_range(uint64_t first, uint64_t count_lines) {
       collect_set(set);
       if (items.size() >= Backend::kMaxOps) write_out();
     }
-  } else {
+  } else if (count_lines >= nsets_) {  // the range touches (nearly) every set: visit each once
+    for (uint32_t set = 0; set < nsets_; ++set) {
+      collect_set(set);
+      if (items.size() >= Backend::kMaxOps) write_out();
+    }
+  } else {  // a short range: only its blocks' sets, each once
     std::vector<uint32_t> seen;
     for (uint64_t b = first; b < first + count_lines; ++b) {
       const uint32_t set = set_of(b);
       if (std::find(seen.begin(), seen.end(), set) != seen.end()) continue;
-      if (seen.size() >= nsets_) break;
       seen.push_back(set);
       collect_set(set);
       if (items.size() >= Backend::kMaxOps) write_out();
@@ -552,7 +600,7 @@ Status Cache::invalidate_range(uint64_t first, uint64_t count_lines) {
         if (!(prev & kBusy)) m.state.fetch_and(~kBusy, port::Order::kRelease);
         result = Status::error(Code::kQueueFull, "a line to invalidate is in use");
       } else {
-        m.tag.store(0, port::Order::kRelease);
+        tag_of(m).store(0, port::Order::kRelease);
         m.state.fetch_and(~(kValid | kDirty | kBusy), port::Order::kRelease);
       }
     }
@@ -675,7 +723,8 @@ void Cache::prefetch(uint64_t first, uint64_t count_lines) {
     Lane lanes[kWarp];
     LineRef refs[kWarp];
     const int n = static_cast<int>(std::min<uint64_t>(kWarp, end - b));
-    for (int i = 0; i < n; ++i) lanes[i] = Lane{b + static_cast<uint64_t>(i), Intent::kRead, nullptr};
+    for (int i = 0; i < n; ++i)
+      lanes[i] = Lane{b + static_cast<uint64_t>(i), Intent::kRead, nullptr};
     acquire_lanes(lanes, n, refs, /*prefetch=*/true);
     release(lanes, n, refs, nullptr);
   }

@@ -86,7 +86,7 @@ std::unique_ptr<NvmeBackend> NvmeBackend::create(nvme::IoEngine& engine, uint32_
 
 NvmeBackend::~NvmeBackend() {
   pool_.reset();
-  for (const nvme::DmaRegion& r : regions_) t_.dma_free(r);
+  for (const nvme::DmaRegion& r : owned_) t_.dma_free(r);
 }
 
 Status NvmeBackend::alloc(size_t bytes, void** out) {
@@ -94,28 +94,53 @@ Status NvmeBackend::alloc(size_t bytes, void** out) {
   Status s = t_.dma_alloc(bytes, &r);
   if (!s.is_ok()) return s;
   std::lock_guard<std::mutex> g(mu_);
-  regions_.push_back(r);
+  const uint32_t n = nregions_.load(port::Order::kRelaxed);
+  uint32_t slot = n;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (regions_[i].bytes.load(port::Order::kRelaxed) == 0) {
+      slot = i;
+      break;
+    }
+  }
+  if (slot == kMaxRegions) {
+    t_.dma_free(r);
+    return Status::error(Code::kNoMemory, "too many backend memory regions");
+  }
+  regions_[slot].vaddr.store(reinterpret_cast<uint64_t>(r.vaddr), port::Order::kRelaxed);
+  regions_[slot].iova.store(r.iova, port::Order::kRelaxed);
+  regions_[slot].bytes.store(r.bytes, port::Order::kRelease);
+  if (slot == n) nregions_.store(n + 1, port::Order::kRelease);
+  owned_.push_back(r);
   *out = r.vaddr;
   return Status::ok();
 }
 
+// REQUIRES: no I/O in flight on the memory.
 void NvmeBackend::free(void* p, size_t) {
   std::lock_guard<std::mutex> g(mu_);
-  for (auto it = regions_.begin(); it != regions_.end(); ++it) {
+  for (uint32_t i = 0; i < nregions_.load(port::Order::kRelaxed); ++i) {
+    if (regions_[i].vaddr.load(port::Order::kRelaxed) == reinterpret_cast<uint64_t>(p)) {
+      regions_[i].bytes.store(0, port::Order::kRelease);
+    }
+  }
+  for (auto it = owned_.begin(); it != owned_.end(); ++it) {
     if (it->vaddr == p) {
       t_.dma_free(*it);
-      regions_.erase(it);
+      owned_.erase(it);
       return;
     }
   }
 }
 
 uint64_t NvmeBackend::iova_of(const void* p, size_t len) {
-  const auto* q = static_cast<const uint8_t*>(p);
-  std::lock_guard<std::mutex> g(mu_);
-  for (const nvme::DmaRegion& r : regions_) {
-    const auto* base = static_cast<const uint8_t*>(r.vaddr);
-    if (q >= base && q + len <= base + r.bytes) return r.iova + static_cast<uint64_t>(q - base);
+  const auto q = reinterpret_cast<uint64_t>(p);
+  const uint32_t n = nregions_.load(port::Order::kAcquire);
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t bytes = regions_[i].bytes.load(port::Order::kAcquire);
+    const uint64_t base = regions_[i].vaddr.load(port::Order::kRelaxed);
+    if (bytes != 0 && q >= base && q - base <= bytes && len <= bytes - (q - base)) {
+      return regions_[i].iova.load(port::Order::kRelaxed) + (q - base);
+    }
   }
   return 0;
 }
@@ -131,7 +156,8 @@ void NvmeBackend::io(Op* ops, int n) {
     uint64_t iova;
     uint8_t* bounce;
   };
-  std::vector<Cmd> cmds;
+  thread_local std::vector<Cmd> cmds;  // reused: the miss path does not allocate
+  cmds.clear();
   for (int i = 0; i < n; ++i) {
     ops[i].status = Status::ok();
     const uint64_t total = uint64_t{ops[i].lines} * line_bytes_;
@@ -142,7 +168,7 @@ void NvmeBackend::io(Op* ops, int n) {
     const bool direct = iova_of(ops[i].data, total) != 0;
     for (uint64_t off = 0; off < total; off += max_transfer_) {
       const auto bytes = static_cast<uint32_t>(std::min<uint64_t>(max_transfer_, total - off));
-      Cmd c{i, ((ops[i].block * line_bytes_) + off) >> lba_shift_, bytes, ops[i].data + off, 0,
+      Cmd c{i,      ((ops[i].block * line_bytes_) + off) >> lba_shift_, bytes, ops[i].data + off, 0,
             nullptr};
       if (direct) c.iova = iova_of(c.data, bytes);
       cmds.push_back(c);
@@ -161,7 +187,8 @@ void NvmeBackend::io(Op* ops, int n) {
   ScratchPool& pool = *pool_;
   if (!pool.take(bounce_need, &sc)) {
     for (int i = 0; i < n; ++i) {
-      if (ops[i].status.is_ok()) ops[i].status = Status::error(Code::kNoMemory, "no DMA scratch memory");
+      if (ops[i].status.is_ok())
+        ops[i].status = Status::error(Code::kNoMemory, "no DMA scratch memory");
     }
     return;
   }
@@ -178,11 +205,12 @@ void NvmeBackend::io(Op* ops, int n) {
         if (ops[c.op].write) std::memcpy(c.bounce, c.data, c.bytes);
       }
       const uint32_t blocks = c.bytes >> lba_shift_;
-      nvme::SubmissionEntry cmd =
-          ops[c.op].write ? nvme::make_write(nsid_, c.lba, blocks) : nvme::make_read(nsid_, c.lba, blocks);
+      nvme::SubmissionEntry cmd = ops[c.op].write ? nvme::make_write(nsid_, c.lba, blocks)
+                                                  : nvme::make_read(nsid_, c.lba, blocks);
       const size_t slot = k - first;
-      nvme::PrpList list{reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(sc.lists.vaddr) + slot * kPage),
-                         sc.lists.iova + slot * kPage};
+      nvme::PrpList list{
+          reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(sc.lists.vaddr) + slot * kPage),
+          sc.lists.iova + slot * kPage};
       (void)nvme::fill_prps(&cmd, c.iova, c.bytes, list);  // max_transfer_ fits one list page
       batch.submit(cmd, nvme::Priority::kBulk);
     }
@@ -205,7 +233,8 @@ Status NvmeBackend::flush() {
 }
 
 Status NvmeBackend::trim(uint64_t block, uint64_t lines) {
-  if (block + lines > line_count_) return Status::error(Code::kInvalidArgument, "trim beyond the namespace");
+  if (block + lines > line_count_)
+    return Status::error(Code::kInvalidArgument, "trim beyond the namespace");
   Scratch sc;
   ScratchPool& pool = *pool_;
   if (!pool.take(kPage, &sc)) return Status::error(Code::kNoMemory, "no DMA scratch memory");

@@ -133,7 +133,8 @@ TEST(Cache, WholeLineWritesNeverReadTheDevice) {
   }
   EXPECT_EQ(s->device_reads(), before) << "a full-line write must not fetch the old line";
   ASSERT_TRUE(c->flush_all().is_ok());
-  for (uint64_t b = 0; b < 100; ++b) ASSERT_TRUE(block_is(device_block(*s->backend, b).data(), b, 4)) << b;
+  for (uint64_t b = 0; b < 100; ++b)
+    ASSERT_TRUE(block_is(device_block(*s->backend, b).data(), b, 4)) << b;
 }
 
 // Threads own disjoint blocks that share a tiny cache's sets, so every operation fights
@@ -233,8 +234,10 @@ TEST(Cache, FlushedDataSurvivesPowerCutUnflushedIsOnlyInTheCache) {
   }
   auto s = Stack::make(0, store);
   ASSERT_TRUE(s);
-  for (uint64_t b = 0; b < 20; ++b) EXPECT_TRUE(block_is(device_block(*s->backend, b).data(), b, 11)) << b;
-  for (uint64_t b = 20; b < 30; ++b) EXPECT_FALSE(block_is(device_block(*s->backend, b).data(), b, 12)) << b;
+  for (uint64_t b = 0; b < 20; ++b)
+    EXPECT_TRUE(block_is(device_block(*s->backend, b).data(), b, 11)) << b;
+  for (uint64_t b = 20; b < 30; ++b)
+    EXPECT_FALSE(block_is(device_block(*s->backend, b).data(), b, 12)) << b;
 }
 
 TEST(Cache, BypassIsConsistentWithCachedLines) {

@@ -44,7 +44,8 @@ class FileBlockDevice final : public BlockDevice {
   Status trim(uint64_t block, uint64_t count) override;
 
  private:
-  FileBlockDevice(int fd, uint32_t bb, uint64_t blocks) : fd_(fd), block_bytes_(bb), blocks_(blocks) {}
+  FileBlockDevice(int fd, uint32_t bb, uint64_t blocks)
+      : fd_(fd), block_bytes_(bb), blocks_(blocks) {}
   int fd_;
   uint32_t block_bytes_;
   uint64_t blocks_;
@@ -56,8 +57,7 @@ class FileBlockDevice final : public BlockDevice {
 // goes straight to the device. flush() writes dirty lines back, then flushes the device.
 class CachedBlockDevice final : public BlockDevice {
  public:
-  static std::unique_ptr<CachedBlockDevice> create(BlockDevice& inner,
-                                                   const cache::CacheOptions& o,
+  static std::unique_ptr<CachedBlockDevice> create(BlockDevice& inner, const cache::CacheOptions& o,
                                                    std::string* error);
   ~CachedBlockDevice() override;
   uint32_t block_bytes() const override { return inner_.block_bytes(); }
@@ -66,7 +66,9 @@ class CachedBlockDevice final : public BlockDevice {
   Status write(uint64_t block, uint32_t count, const void* buf) override;
   Status flush() override;
   Status trim(uint64_t block, uint64_t count) override;
-  Status alloc_io_buffer(size_t bytes, void** out) override { return inner_.alloc_io_buffer(bytes, out); }
+  Status alloc_io_buffer(size_t bytes, void** out) override {
+    return inner_.alloc_io_buffer(bytes, out);
+  }
   void free_io_buffer(void* p, size_t bytes) override { inner_.free_io_buffer(p, bytes); }
   // A read on a stream: sequential streams get read-ahead (SPIN's P-readahead).
   Status read(cache::ReadStream* stream, uint64_t block, uint32_t count, void* buf);

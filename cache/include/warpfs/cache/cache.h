@@ -59,7 +59,7 @@ namespace warpfs::cache {
 namespace port = warpfs::port;
 
 enum class Intent : uint8_t {
-  kNone = 0,       // inactive lane
+  kNone = 0,  // inactive lane
   kRead = 1,
   kWrite = 2,      // read-modify-write: the line is filled first
   kWriteFull = 3,  // the lane overwrites the whole line: no fill read
@@ -81,7 +81,7 @@ struct LineRef {
 };
 
 struct CacheOptions {
-  uint32_t sets = 1024;          // a power of two
+  uint32_t sets = 1024;  // a power of two
   uint32_t ways = 8;
   uint32_t readahead_lines = 32;  // window fetched ahead of a sequential stream; 0: off
   uint32_t bypass_lines = 32;     // transfers of at least this many lines skip the cache
@@ -96,18 +96,17 @@ struct CacheStats {
 
 // Per-stream read-ahead state (one per open file, say). Not thread-safe: one user at a time.
 struct ReadStream {
-  uint64_t next = ~0ull;      // the block a sequential continuation would read
-  uint64_t run = 0;           // lines read sequentially so far
-  uint64_t ahead_until = 0;   // read-ahead already requested up to here
-  bool readahead = true;      // fadvise(RANDOM) turns it off
+  uint64_t next = ~0ull;     // the block a sequential continuation would read
+  uint64_t run = 0;          // lines read sequentially so far
+  uint64_t ahead_until = 0;  // read-ahead already requested up to here
+  bool readahead = true;     // fadvise(RANDOM) turns it off
 };
 
 class Cache {
  public:
   static constexpr int kWarp = 32;
 
-  static std::unique_ptr<Cache> create(Backend& backend, const CacheOptions& o,
-                                       std::string* error);
+  static std::unique_ptr<Cache> create(Backend& backend, const CacheOptions& o, std::string* error);
   // REQUIRES: no references held. Does not write dirty lines back: call flush_all() first.
   ~Cache();
   Cache(const Cache&) = delete;
@@ -183,10 +182,12 @@ class Cache {
   };
 
  private:
+  // Per-line state, alone on its cache line: hits on different lines of a set do not
+  // contend. The tags are apart from it, a set's tags contiguous (8 ways: one cache line),
+  // so a probe reads one line instead of one per way.
   struct alignas(port::kCacheLine) LineMeta {
     port::Atomic<uint32_t> state;  // V | B | D | 29-bit count
     port::Atomic<uint32_t> flags;  // clock reference bit, read-ahead bit
-    port::Atomic<uint64_t> tag;    // block + 1; 0: empty
   };
   struct alignas(port::kCacheLine) SetMeta {
     port::TicketLock lock;  // Lock order: at most one set lock at a time.
@@ -222,6 +223,8 @@ class Cache {
   uint32_t nsets_, ways_, line_bytes_, set_shift_;
   uint8_t* data_ = nullptr;
   std::unique_ptr<LineMeta[]> meta_;
+  port::Atomic<uint64_t>* tags_ = nullptr;  // block + 1 per line; 0: empty (cache-line aligned)
+  port::Atomic<uint64_t>& tag_of(const LineMeta& m) const { return tags_[&m - meta_.get()]; }
   std::unique_ptr<SetMeta[]> sets_;
   static constexpr int kStats = 11;
   static constexpr int kStripes = 16;

@@ -13,9 +13,12 @@
 
 #include "warpfs/cache/backend.h"
 #include "warpfs/nvme/io_engine.h"
+#include "warpfs/nvme/port.h"
 #include "warpfs/nvme/transport.h"
 
 namespace warpfs::cache {
+
+namespace port = warpfs::port;
 
 class NvmeBackend final : public Backend {
  public:
@@ -46,8 +49,16 @@ class NvmeBackend final : public Backend {
   uint32_t lba_shift_ = 0;
   uint64_t line_count_ = 0;
   uint32_t max_transfer_ = 0;
-  std::mutex mu_;  // guards regions_ (alloc/free are rare; io() reads under it briefly)
-  std::vector<nvme::DmaRegion> regions_;
+  // Memory from alloc(): written under mu_ (rare), read lock-free by io() on every miss.
+  // A slot is live while `bytes` is non-zero; published with release, read with acquire.
+  struct Region {
+    port::Atomic<uint64_t> vaddr, iova, bytes;
+  };
+  static constexpr uint32_t kMaxRegions = 256;
+  std::mutex mu_;
+  Region regions_[kMaxRegions] = {};
+  port::Atomic<uint32_t> nregions_ = {};
+  std::vector<nvme::DmaRegion> owned_;  // under mu_, for free() and the destructor
 };
 
 }  // namespace warpfs::cache
