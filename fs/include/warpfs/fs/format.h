@@ -1,0 +1,197 @@
+// The warpfs on-disk format, version 1, as code. fs/FORMAT.md is the specification: every
+// structure here names its section there, and static_asserts pin each size and offset.
+//
+// Plain data, little-endian (x86 and the GPU are; a big-endian port would byte-swap here).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace warpfs::fs {
+
+inline constexpr uint32_t kBlockSize = 4096;
+inline constexpr uint64_t kMagic = 0x0100'5346'5052'4157ull;  // "WARPFS\0\1"
+inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kBlocksPerGroup = 32768;  // one bitmap block covers a group
+inline constexpr uint32_t kInodeSize = 256;
+inline constexpr uint32_t kInodesPerBlock = kBlockSize / kInodeSize;
+inline constexpr uint64_t kRootInode = 1;
+inline constexpr uint32_t kMaxName = 255;
+
+enum : uint32_t { kStateClean = 1, kStateDirty = 2 };
+enum : uint32_t { kFeatureHashedDirs = 1, kFeatureExtents = 2, kFeatureJournal = 4 };
+inline constexpr uint32_t kFeaturesV1 = kFeatureHashedDirs | kFeatureExtents | kFeatureJournal;
+
+// FORMAT.md "Superblock".
+struct Superblock {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t block_size;
+  uint64_t block_count;
+  uint64_t inode_count;
+  uint32_t blocks_per_group;
+  uint32_t inodes_per_group;
+  uint32_t group_count;
+  uint32_t journal_blocks;
+  uint64_t gdt_start;
+  uint64_t free_blocks;
+  uint64_t free_inodes;
+  uint64_t root_inode;
+  uint64_t orphan_head;
+  uint32_t state;
+  uint32_t features;
+  uint64_t checksum_seed;
+  uint8_t uuid[16];
+  char label[64];
+  uint64_t mkfs_time;
+  uint64_t mount_time;
+  uint64_t write_time;
+  uint64_t mount_count;
+  uint64_t journal_seq;
+  uint8_t reserved[3864];
+  uint64_t checksum;
+};
+static_assert(sizeof(Superblock) == kBlockSize);
+static_assert(offsetof(Superblock, gdt_start) == 48);
+static_assert(offsetof(Superblock, state) == 88);
+static_assert(offsetof(Superblock, checksum_seed) == 96);
+static_assert(offsetof(Superblock, label) == 120);
+static_assert(offsetof(Superblock, journal_seq) == 216);
+static_assert(offsetof(Superblock, checksum) == 4088);
+
+// FORMAT.md "Group descriptor".
+struct GroupDesc {
+  uint64_t block_bitmap;
+  uint64_t inode_bitmap;
+  uint64_t inode_table;
+  uint32_t free_blocks;
+  uint32_t free_inodes;
+  uint32_t used_dirs;
+  uint32_t flags;
+  uint64_t block_bitmap_checksum;
+  uint64_t inode_bitmap_checksum;
+  uint64_t checksum;
+};
+static_assert(sizeof(GroupDesc) == 64);
+static_assert(offsetof(GroupDesc, block_bitmap_checksum) == 40);
+static_assert(offsetof(GroupDesc, checksum) == 56);
+inline constexpr uint32_t kGroupDescsPerBlock = kBlockSize / sizeof(GroupDesc);
+
+// FORMAT.md "File data: extents".
+struct Extent {
+  uint32_t logical;
+  uint32_t length;  // bit 31: unwritten (reads as zeroes)
+  uint64_t physical;
+  static constexpr uint32_t kUnwritten = 1u << 31;
+  uint32_t blocks() const { return length & ~kUnwritten; }
+  bool unwritten() const { return (length & kUnwritten) != 0; }
+};
+static_assert(sizeof(Extent) == 16);
+
+// FORMAT.md "Inode".
+struct Inode {
+  uint32_t mode;
+  uint32_t uid;
+  uint32_t gid;
+  uint32_t links;
+  uint64_t size;
+  uint64_t blocks;
+  uint64_t atime_ns;
+  uint64_t mtime_ns;
+  uint64_t ctime_ns;
+  uint64_t crtime_ns;
+  uint32_t flags;
+  uint32_t generation;
+  uint64_t xattr_block;
+  uint64_t next_orphan;
+  uint32_t extent_count;
+  uint32_t tree_depth;
+  uint64_t dir_seed;
+  union {
+    Extent extents[9];
+    char symlink[144];
+  } root;
+  uint64_t checksum;
+
+  static constexpr uint32_t kInlineExtents = 9;
+  static constexpr uint32_t kFlagInlineSymlink = 1;
+  bool is_free() const { return mode == 0; }
+};
+static_assert(sizeof(Inode) == kInodeSize);
+static_assert(offsetof(Inode, flags) == 64);
+static_assert(offsetof(Inode, extent_count) == 88);
+static_assert(offsetof(Inode, dir_seed) == 96);
+static_assert(offsetof(Inode, root) == 104);
+static_assert(offsetof(Inode, checksum) == 248);
+
+// FORMAT.md "Directories": the index root / index node header and entry.
+struct DirIndexHeader {
+  uint32_t magic;  // "WFDR"
+  uint16_t count;
+  uint16_t depth;  // 1: entries point at leaves; 2: at index blocks
+  uint32_t capacity;
+  uint32_t reserved;
+  uint64_t owner;  // directory inode
+  uint64_t checksum;
+};
+static_assert(sizeof(DirIndexHeader) == 32);
+struct DirIndexEntry {
+  uint64_t hash_low;
+  uint32_t block;  // block index within the directory
+  uint32_t reserved;
+};
+static_assert(sizeof(DirIndexEntry) == 16);
+inline constexpr uint32_t kDirIndexMagic = 0x52444657;  // "WFDR"
+inline constexpr uint32_t kDirIndexCapacity = (kBlockSize - sizeof(DirIndexHeader)) / sizeof(DirIndexEntry);
+
+// FORMAT.md "Directories": a leaf block's header and entry header (name follows).
+struct DirLeafHeader {
+  uint32_t magic;  // "WFDL"
+  uint16_t count;
+  uint16_t used;  // bytes of entries after the header
+  uint64_t owner;
+  uint64_t reserved;
+  uint64_t checksum;
+};
+static_assert(sizeof(DirLeafHeader) == 32);
+// Packed: entries follow each other at 8-byte-rounded offsets; access them with memcpy.
+struct __attribute__((packed)) DirEntryHeader {
+  uint64_t hash;
+  uint64_t inode;
+  uint16_t rec_len;
+  uint8_t name_len;
+  uint8_t type;  // DT_* values
+};
+static_assert(sizeof(DirEntryHeader) == 20);
+inline constexpr uint32_t kDirLeafMagic = 0x4c444657;  // "WFDL"
+
+// FORMAT.md "Journal": the header in the first journal block.
+struct JournalHeader {
+  uint32_t magic;  // "WFJH"
+  uint32_t reserved;
+  uint64_t tail_block;  // journal-relative index of the oldest live transaction
+  uint64_t tail_seq;
+  uint8_t pad[kBlockSize - 32];
+  uint64_t checksum;
+};
+static_assert(sizeof(JournalHeader) == kBlockSize);
+inline constexpr uint32_t kJournalHeaderMagic = 0x484a4657;  // "WFJH"
+
+// xxHash64 of `len` bytes with `seed` (FORMAT.md: every metadata checksum).
+uint64_t checksum(const void* data, size_t len, uint64_t seed);
+// The checksum of a whole 4 KiB metadata block, its checksum field (8 bytes at
+// `field_offset`) taken as zero.
+uint64_t block_checksum(const void* block, size_t field_offset, uint64_t seed);
+uint64_t superblock_checksum(const Superblock& sb);
+uint64_t group_checksum(const GroupDesc& gd, uint64_t seed);
+uint64_t inode_checksum(const Inode& ino, uint64_t ino_number, uint64_t seed);
+// The directory hash of a name (FORMAT.md: top bit clear, 0 and 1 reserved).
+uint64_t name_hash(const char* name, size_t len, uint64_t dir_seed);
+
+// Group geometry helpers.
+inline uint64_t group_of_inode(uint64_t ino, uint32_t inodes_per_group) {
+  return (ino - 1) / inodes_per_group;
+}
+
+}  // namespace warpfs::fs

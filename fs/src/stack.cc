@@ -1,0 +1,47 @@
+#include "warpfs/fs/stack.h"
+
+#include "warpfs/fs/format.h"
+
+namespace warpfs::fs {
+
+std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const StackOptions& o,
+                                               std::string* error) {
+  auto s = std::unique_ptr<DeviceStack>(new DeviceStack());
+  s->name_ = device;
+  nvme::DeviceSpec spec;
+  if (!nvme::parse_device(device, &spec, error)) return nullptr;
+  s->transport_ = nvme::open_transport(spec, o.emulated, o.create_bytes, error);
+  if (!s->transport_) return nullptr;
+  nvme::ControllerOptions co;
+  co.io_queues = o.io_queues;
+  s->ctrl_ = nvme::Controller::open(*s->transport_, co, error);
+  if (!s->ctrl_) {
+    *error = device + ": " + *error;
+    return nullptr;
+  }
+  if (s->ctrl_->namespaces().empty()) {
+    *error = device + ": the controller has no usable namespace";
+    return nullptr;
+  }
+  s->engine_ = nvme::IoEngine::create(*s->ctrl_, nvme::EngineOptions{}, error);
+  if (!s->engine_) {
+    *error = device + ": " + *error;
+    return nullptr;
+  }
+  s->dev_ = blockdev::NvmeBlockDevice::create(*s->engine_, s->ctrl_->namespaces()[0].nsid,
+                                              kBlockSize, error);
+  if (!s->dev_) {
+    *error = device + ": " + *error;
+    return nullptr;
+  }
+  return s;
+}
+
+DeviceStack::~DeviceStack() {
+  dev_.reset();
+  engine_.reset();
+  ctrl_.reset();  // normal shutdown: the device's volatile write cache reaches the media
+  transport_.reset();
+}
+
+}  // namespace warpfs::fs

@@ -1,0 +1,182 @@
+// mkfs.warpfs: formats a DEVICE (an emulated NVMe image, created if missing, or a VFIO
+// controller) with an empty warpfs (fs/FORMAT.md). Refuses to overwrite a filesystem or
+// data without --force.
+#include <getopt.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "warpfs/fs/mkfs.h"
+#include "warpfs/fs/stack.h"
+
+using namespace warpfs;
+
+namespace {
+
+void usage(FILE* f) {
+  std::fprintf(f,
+               "usage: mkfs.warpfs [options] DEVICE\n"
+               "  DEVICE              emu:PATH or PATH (an image file), or vfio:DDDD:BB:DD.F\n"
+               "  -s, --size SIZE     create a missing image of SIZE bytes (K, M, G, T suffixes)\n"
+               "  -f, --force         overwrite an existing filesystem or data\n"
+               "  -N, --inodes N      number of inodes (default: one per 16 KiB)\n"
+               "  -L, --label LABEL   volume label (up to 63 bytes)\n"
+               "  -J, --journal-size SIZE  journal size (default: 1/64 of the device, 1-128 MiB)\n"
+               "  -q, --quiet         print nothing but errors\n");
+}
+
+// "64M" -> 67108864. False on junk.
+bool parse_size(const char* s, uint64_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (end == s || errno != 0) return false;
+  uint64_t mul = 1;
+  switch (*end) {
+    case '\0': break;
+    case 'k': case 'K': mul = 1ull << 10; ++end; break;
+    case 'm': case 'M': mul = 1ull << 20; ++end; break;
+    case 'g': case 'G': mul = 1ull << 30; ++end; break;
+    case 't': case 'T': mul = 1ull << 40; ++end; break;
+    default: return false;
+  }
+  if (*end == 'i' || *end == 'B') ++end;  // "MiB", "MB"
+  if (*end == 'B') ++end;
+  if (*end != '\0' || v > UINT64_MAX / mul) return false;
+  *out = v * mul;
+  return true;
+}
+
+std::string human(uint64_t bytes) {
+  char buf[32];
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, unit[u]);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  static const option longs[] = {{"size", required_argument, nullptr, 's'},
+                                 {"force", no_argument, nullptr, 'f'},
+                                 {"inodes", required_argument, nullptr, 'N'},
+                                 {"label", required_argument, nullptr, 'L'},
+                                 {"journal-size", required_argument, nullptr, 'J'},
+                                 {"quiet", no_argument, nullptr, 'q'},
+                                 {"help", no_argument, nullptr, 'h'},
+                                 {nullptr, 0, nullptr, 0}};
+  uint64_t size = 0, journal = 0;
+  bool force = false, quiet = false;
+  fs::MkfsOptions mo;
+  int c;
+  while ((c = getopt_long(argc, argv, "s:fN:L:J:qh", longs, nullptr)) != -1) {
+    switch (c) {
+      case 's':
+        if (!parse_size(optarg, &size) || size == 0) {
+          std::fprintf(stderr, "mkfs.warpfs: bad size '%s'\n", optarg);
+          return 2;
+        }
+        break;
+      case 'f': force = true; break;
+      case 'N':
+        if (!parse_size(optarg, &mo.inodes) || mo.inodes == 0) {
+          std::fprintf(stderr, "mkfs.warpfs: bad inode count '%s'\n", optarg);
+          return 2;
+        }
+        break;
+      case 'L':
+        mo.label = optarg;
+        if (mo.label.size() > 63) {
+          std::fprintf(stderr, "mkfs.warpfs: the label is longer than 63 bytes\n");
+          return 2;
+        }
+        break;
+      case 'J':
+        if (!parse_size(optarg, &journal) || journal < 64 * fs::kBlockSize) {
+          std::fprintf(stderr, "mkfs.warpfs: bad journal size '%s' (at least 256 KiB)\n", optarg);
+          return 2;
+        }
+        mo.journal_blocks = static_cast<uint32_t>(std::min<uint64_t>(journal / fs::kBlockSize, 1u << 20));
+        break;
+      case 'q': quiet = true; break;
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (optind + 1 != argc) {
+    usage(stderr);
+    return 2;
+  }
+  const std::string device = argv[optind];
+  mo.root_uid = static_cast<uint32_t>(getuid());
+  mo.root_gid = static_cast<uint32_t>(getgid());
+
+  nvme::DeviceSpec spec;
+  std::string err;
+  if (!nvme::parse_device(device, &spec, &err)) {
+    std::fprintf(stderr, "mkfs.warpfs: %s\n", err.c_str());
+    return 2;
+  }
+  const bool creating = spec.kind == nvme::DeviceSpec::Kind::kEmulated && access(spec.path.c_str(), F_OK) != 0;
+  if (creating && size == 0) {
+    std::fprintf(stderr, "mkfs.warpfs: %s does not exist; give --size to create it\n", spec.path.c_str());
+    return 1;
+  }
+  fs::StackOptions so;
+  so.create_bytes = creating ? size : 0;
+  auto stack = fs::DeviceStack::open(device, so, &err);
+  if (!stack) {
+    std::fprintf(stderr, "mkfs.warpfs: %s\n", err.c_str());
+    return 1;
+  }
+  if (!creating && size != 0 && !quiet) {
+    std::fprintf(stderr, "mkfs.warpfs: %s exists; --size ignored (it keeps its size)\n", spec.path.c_str());
+  }
+  blockdev::BlockDevice& dev = stack->device();
+  if (!creating && !force) {
+    std::string what;
+    if (fs::probe_existing(dev, &what) != fs::Existing::kNothing) {
+      std::fprintf(stderr, "mkfs.warpfs: %s contains %s; use --force to overwrite it\n",
+                   device.c_str(), what.c_str());
+      return 1;
+    }
+  }
+  fs::Geometry g;
+  if (!fs::plan_geometry(dev.block_count(), mo, &g, &err)) {
+    std::fprintf(stderr, "mkfs.warpfs: %s: %s\n", device.c_str(), err.c_str());
+    return 1;
+  }
+  if (!quiet) {
+    std::printf("formatting %s: %s, %" PRIu64 " blocks of %u B\n", device.c_str(),
+                human(g.block_count * fs::kBlockSize).c_str(), g.block_count, fs::kBlockSize);
+    std::printf("  %u block groups of up to %u blocks, %u inodes each (%" PRIu64 " inodes)\n",
+                g.group_count, fs::kBlocksPerGroup, g.inodes_per_group, g.inode_count);
+    std::printf("  journal %u blocks (%s), metadata %" PRIu64 " blocks, label '%s'\n",
+                g.journal_blocks, human(uint64_t{g.journal_blocks} * fs::kBlockSize).c_str(),
+                g.metadata_blocks, mo.label.c_str());
+  }
+  const bool show_progress = !quiet && g.group_count >= 16 && isatty(STDOUT_FILENO);
+  const bool log_progress = !quiet && g.group_count >= 16 && !show_progress;
+  blockdev::Status s = fs::format(dev, mo, g, [&](uint64_t done, uint64_t total) {
+    if (show_progress) {
+      std::printf("\r  writing block groups: %" PRIu64 "/%" PRIu64, done, total);
+      if (done == total) std::printf("\n");
+      std::fflush(stdout);
+    } else if (log_progress && (done == total || done % 64 == 0)) {
+      std::printf("  writing block groups: %" PRIu64 "/%" PRIu64 "\n", done, total);
+    }
+  });
+  if (!s.is_ok()) {
+    std::fprintf(stderr, "mkfs.warpfs: %s: writing the filesystem failed: %s\n", device.c_str(),
+                 s.to_string().c_str());
+    return 1;
+  }
+  if (!quiet) std::printf("done: %s holds an empty warpfs\n", device.c_str());
+  return 0;
+}
