@@ -15,9 +15,10 @@ failed=0
 run_suite() {
   local name=$1 dir=$2 cmake_args=$3 ctest_args=$4
   echo "=== $name: configure and build ($dir)"
+  mkdir -p "$dir"
   # shellcheck disable=SC2086
-  if ! cmake -S "$repo" -B "$dir" -G Ninja $cmake_args >"$dir.configure.log" 2>&1; then
-    cat "$dir.configure.log"; echo "$name: configure failed"; failed=$((failed + 1)); return
+  if ! cmake -S "$repo" -B "$dir" -G Ninja $cmake_args >"$dir/configure.log" 2>&1; then
+    cat "$dir/configure.log"; echo "$name: configure failed"; failed=$((failed + 1)); return
   fi
   if ! ninja -C "$dir" -j "$jobs"; then
     echo "$name: build failed"; failed=$((failed + 1)); return
