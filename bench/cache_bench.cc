@@ -56,6 +56,7 @@
 #include "warpfs/cache/backend.h"
 #include "warpfs/cache/cache.h"
 #include "warpfs/cache/nvme_backend.h"
+#include "bench_common.h"
 #include "warpfs/nvme/controller.h"
 #include "warpfs/nvme/emulated.h"
 #include "warpfs/nvme/io_engine.h"
@@ -70,6 +71,13 @@ namespace {
 namespace cache = warpfs::cache;
 namespace nvme = warpfs::nvme;
 namespace port = warpfs::port;
+using warpfs::bench::Failure;
+using warpfs::bench::LatencyLog;
+using warpfs::bench::parse_double;
+using warpfs::bench::parse_uint;
+using warpfs::bench::Rng;
+using warpfs::bench::percentile;
+using warpfs::bench::split_list;
 
 constexpr const char* kProgram = "warpfs-bench-cache";
 constexpr uint32_t kLineBytes = 4096;  // one line is one 4 KiB LBA
@@ -121,51 +129,6 @@ void print_usage(FILE* f) {
   std::fprintf(stderr, "%s: %s\n", kProgram, what.c_str());
   print_usage(stderr);
   std::exit(2);
-}
-
-bool parse_uint(const std::string& s, uint64_t lo, uint64_t hi, uint64_t* out) {
-  if (s.empty() || s[0] < '0' || s[0] > '9') return false;
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
-bool parse_double(const std::string& s, double lo, double hi, double* out) {
-  if (s.empty() || !((s[0] >= '0' && s[0] <= '9') || s[0] == '.')) return false;
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (errno != 0 || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  for (;;) {
-    const size_t comma = s.find(',', start);
-    parts.push_back(s.substr(start, comma - start));
-    if (comma == std::string::npos) return parts;
-    start = comma + 1;
-  }
-}
-
-std::vector<unsigned> parse_uint_list(const std::string& opt, const std::string& s, unsigned lo,
-                                      unsigned hi) {
-  std::vector<unsigned> out;
-  for (const std::string& p : split_list(s)) {
-    uint64_t v;
-    if (!parse_uint(p, lo, hi, &v)) {
-      usage_error(opt + ": '" + p + "' is not an integer in " + std::to_string(lo) + ".." +
-                  std::to_string(hi));
-    }
-    out.push_back(static_cast<unsigned>(v));
-  }
-  return out;
 }
 
 // The patterns named in `s`, in kAllPatterns order (all_hit first: the warp comparison needs
@@ -223,7 +186,7 @@ Options parse_options(int argc, char** argv) {
     }
     uint64_t u;
     if (arg == "--threads") {
-      o.threads = parse_uint_list(arg, value, 1, kMaxThreads);
+      o.threads = warpfs::bench::parse_uint_list(arg, value, 1, kMaxThreads, usage_error);
     } else if (arg == "--patterns") {
       o.patterns = parse_patterns(value);
     } else if (arg == "--duration-s") {
@@ -374,25 +337,6 @@ bool write_pattern(cache::Backend& b, uint64_t lines, std::string* error) {
 // Shared helpers: random numbers, block sequences, errors, latency records
 // ---------------------------------------------------------------------------------------------
 
-// xorshift64*: cheap, and each thread draws its own sequence.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed * 0x9e3779b97f4a7c15ull | 1) {}
-  uint64_t next() {
-    s_ ^= s_ >> 12;
-    s_ ^= s_ << 25;
-    s_ ^= s_ >> 27;
-    return s_ * 0x2545f4914f6cdd1dull;
-  }
-  // Uniform in [0, n) (multiply-shift: no division on the hot path).
-  uint64_t below(uint64_t n) {
-    return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64);
-  }
-
- private:
-  uint64_t s_;
-};
-
 std::vector<uint32_t> random_permutation(uint64_t n, uint64_t seed) {
   std::vector<uint32_t> p(n);
   for (uint64_t i = 0; i < n; ++i) p[i] = static_cast<uint32_t>(i);
@@ -454,54 +398,6 @@ struct ScanGen {  // sequential: this thread's slice, over and over
     cur = cur + 1 == hi ? lo : cur + 1;
     return b;
   }
-};
-
-// The first failure any thread meets; the rest stop at their next sampled op.
-class Failure {
- public:
-  bool failed() const { return failed_.load(std::memory_order_relaxed); }
-  void report(std::string what) {
-    std::lock_guard<std::mutex> g(mu_);
-    if (!failed_.load(std::memory_order_relaxed)) what_ = std::move(what);
-    failed_.store(true, std::memory_order_relaxed);
-  }
-  std::string what() {
-    std::lock_guard<std::mutex> g(mu_);
-    return what_;
-  }
-
- private:
-  std::atomic<bool> failed_{false};
-  std::mutex mu_;
-  std::string what_;
-};
-
-// Per-thread latency record. Chunks, not one growing vector: a vector's reallocation copies
-// megabytes in the middle of the run and shows up as a fake maximum.
-class LatencyLog {
- public:
-  static constexpr size_t kChunk = size_t{1} << 16;
-  LatencyLog() { grow(); }
-  void add(uint64_t ns) {
-    if (used_ == kChunk) grow();
-    chunks_.back()[used_++] = ns;
-  }
-  size_t size() const { return (chunks_.size() - 1) * kChunk + used_; }
-  void append_to(std::vector<uint64_t>* out) const {
-    for (size_t c = 0; c < chunks_.size(); ++c) {
-      const size_t n = c + 1 == chunks_.size() ? used_ : kChunk;
-      out->insert(out->end(), chunks_[c].get(), chunks_[c].get() + n);
-    }
-  }
-
- private:
-  void grow() {
-    chunks_.emplace_back(new uint64_t[kChunk]);
-    std::memset(chunks_.back().get(), 0, kChunk * sizeof(uint64_t));  // fault it in now
-    used_ = 0;
-  }
-  std::vector<std::unique_ptr<uint64_t[]>> chunks_;
-  size_t used_ = 0;
 };
 
 // The word an op reads from `block`'s line (a warp's lanes read the 32 words from here). Fixed
@@ -1007,13 +903,6 @@ struct Worker {
 };
 
 std::atomic<uint64_t> g_sink{0};  // checksums end here, so no read is dead code
-
-// Nearest-rank percentile of sorted samples.
-uint64_t percentile(const std::vector<uint64_t>& sorted, double p) {
-  size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
-  rank = std::clamp<size_t>(rank, 1, sorted.size());
-  return sorted[rank - 1];
-}
 
 // Runs the workers, one per thread, for the point's window after a warm-up (10% of the
 // duration, at most 0.2 s). Each thread reads the clock on every kSampleEvery-th op only:

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_common.h"
 #include "warpfs/nvme/controller.h"
 #include "warpfs/nvme/emulated.h"
 #include "warpfs/nvme/io_engine.h"
@@ -41,6 +42,12 @@ namespace {
 
 namespace nvme = warpfs::nvme;
 namespace port = warpfs::port;
+using warpfs::bench::Failure;
+using warpfs::bench::LatencyLog;
+using warpfs::bench::parse_double;
+using warpfs::bench::parse_uint;
+using warpfs::bench::Rng;
+using warpfs::bench::split_list;
 
 constexpr const char* kProgram = "warpfs-bench-queues";
 constexpr uint64_t kStoreBytes = 1ull << 30;  // 1 GiB: random reads miss the CPU caches
@@ -91,51 +98,6 @@ void print_usage(FILE* f) {
   std::exit(2);
 }
 
-bool parse_uint(const std::string& s, uint64_t lo, uint64_t hi, uint64_t* out) {
-  if (s.empty() || s[0] < '0' || s[0] > '9') return false;
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
-bool parse_double(const std::string& s, double lo, double hi, double* out) {
-  if (s.empty() || !((s[0] >= '0' && s[0] <= '9') || s[0] == '.')) return false;
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (errno != 0 || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  for (;;) {
-    const size_t comma = s.find(',', start);
-    parts.push_back(s.substr(start, comma - start));
-    if (comma == std::string::npos) return parts;
-    start = comma + 1;
-  }
-}
-
-std::vector<unsigned> parse_uint_list(const std::string& opt, const std::string& s, unsigned lo,
-                                      unsigned hi) {
-  std::vector<unsigned> out;
-  for (const std::string& p : split_list(s)) {
-    uint64_t v;
-    if (!parse_uint(p, lo, hi, &v)) {
-      usage_error(opt + ": '" + p + "' is not an integer in " + std::to_string(lo) + ".." +
-                  std::to_string(hi));
-    }
-    out.push_back(static_cast<unsigned>(v));
-  }
-  return out;
-}
-
 Options parse_options(int argc, char** argv) {
   Options o;
   bool have_depth = false, have_duration = false;
@@ -170,9 +132,9 @@ Options parse_options(int argc, char** argv) {
     }
     uint64_t u;
     if (arg == "--threads") {
-      o.threads = parse_uint_list(arg, value, 1, kMaxThreads);
+      o.threads = warpfs::bench::parse_uint_list(arg, value, 1, kMaxThreads, usage_error);
     } else if (arg == "--queues") {
-      o.queues = parse_uint_list(arg, value, 1, kMaxQueues);
+      o.queues = warpfs::bench::parse_uint_list(arg, value, 1, kMaxQueues, usage_error);
     } else if (arg == "--depth") {
       if (!parse_uint(value, 2, kMaxDepth, &u) || !port::is_pow2(u)) {
         usage_error("--depth: '" + value + "' is not a power of two in 2.." +
@@ -321,49 +283,6 @@ class ThreadDma {
 // Measurement
 // ---------------------------------------------------------------------------------------------
 
-// Per-thread latency record. Chunks, not one growing vector: a vector's reallocation copies
-// megabytes in the middle of the run and shows up as a fake maximum.
-class LatencyLog {
- public:
-  static constexpr size_t kChunk = size_t{1} << 16;
-  LatencyLog() { grow(); }
-  void add(uint64_t ns) {
-    if (used_ == kChunk) grow();
-    chunks_.back()[used_++] = ns;
-  }
-  size_t size() const { return (chunks_.size() - 1) * kChunk + used_; }
-  void append_to(std::vector<uint64_t>* out) const {
-    for (size_t c = 0; c < chunks_.size(); ++c) {
-      const size_t n = c + 1 == chunks_.size() ? used_ : kChunk;
-      out->insert(out->end(), chunks_[c].get(), chunks_[c].get() + n);
-    }
-  }
-
- private:
-  void grow() {
-    chunks_.emplace_back(new uint64_t[kChunk]);
-    std::memset(chunks_.back().get(), 0, kChunk * sizeof(uint64_t));  // fault it in now
-    used_ = 0;
-  }
-  std::vector<std::unique_ptr<uint64_t[]>> chunks_;
-  size_t used_ = 0;
-};
-
-// xorshift64*: cheap, and each thread draws its own sequence.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed * 0x9e3779b97f4a7c15ull | 1) {}
-  uint64_t next() {
-    s_ ^= s_ >> 12;
-    s_ ^= s_ << 25;
-    s_ ^= s_ >> 27;
-    return s_ * 0x2545f4914f6cdd1dull;
-  }
-
- private:
-  uint64_t s_;
-};
-
 struct Point {
   const char* impl = "";
   unsigned threads = 1;
@@ -376,26 +295,6 @@ struct Point {
 
 struct Stats {
   double iops = 0, p50_us = 0, p99_us = 0, p999_us = 0, max_us = 0;
-};
-
-// The first failure any thread meets; the rest stop at their next command.
-class Failure {
- public:
-  bool failed() const { return failed_.load(std::memory_order_relaxed); }
-  void report(std::string what) {
-    std::lock_guard<std::mutex> g(mu_);
-    if (!failed_.load(std::memory_order_relaxed)) what_ = std::move(what);
-    failed_.store(true, std::memory_order_relaxed);
-  }
-  std::string what() {
-    std::lock_guard<std::mutex> g(mu_);
-    return what_;
-  }
-
- private:
-  std::atomic<bool> failed_{false};
-  std::mutex mu_;
-  std::string what_;
 };
 
 std::string fmt_num(double v) {
@@ -415,11 +314,8 @@ std::string describe(const Point& p, unsigned thread, const nvme::SubmissionEntr
          std::to_string(thread) + ": " + s.to_string();
 }
 
-// Nearest-rank percentile of sorted samples.
 double percentile_us(const std::vector<uint64_t>& sorted, double p) {
-  size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
-  rank = std::clamp<size_t>(rank, 1, sorted.size());
-  return static_cast<double>(sorted[rank - 1]) / 1000.0;
+  return static_cast<double>(warpfs::bench::percentile(sorted, p)) / 1000.0;
 }
 
 // Runs p.threads threads, each issuing one read at a time through `issue(thread, cmd)`
