@@ -14,8 +14,8 @@ namespace warpfs::blockdev {
 
 void BlockDevice::submit(Io* ios, int n) {
   for (int i = 0; i < n; ++i) {
-    ios[i].status = ios[i].write ? write(ios[i].block, ios[i].count, ios[i].data)
-                                 : read(ios[i].block, ios[i].count, ios[i].data);
+    ios[i].status = ios[i].write ? write(ios[i].block, ios[i].lines, ios[i].data)
+                                 : read(ios[i].block, ios[i].lines, ios[i].data);
   }
 }
 
@@ -40,27 +40,20 @@ std::unique_ptr<NvmeBlockDevice> NvmeBlockDevice::create(nvme::IoEngine& engine,
 }
 
 Status NvmeBlockDevice::read(uint64_t block, uint32_t count, void* buf) {
-  Io io{block, count, false, buf, {}};
+  Io io{block, count, false, static_cast<uint8_t*>(buf), {}};
   submit(&io, 1);
   return io.status;
 }
 
 Status NvmeBlockDevice::write(uint64_t block, uint32_t count, const void* buf) {
-  Io io{block, count, true, const_cast<void*>(buf), {}};
+  Io io{block, count, true, static_cast<uint8_t*>(const_cast<void*>(buf)), {}};
   submit(&io, 1);
   return io.status;
 }
 
 void NvmeBlockDevice::submit(Io* ios, int n) {
-  cache::Backend::Op ops[cache::Backend::kMaxOps];
   for (int at = 0; at < n; at += cache::Backend::kMaxOps) {
-    const int m = std::min(n - at, cache::Backend::kMaxOps);
-    for (int i = 0; i < m; ++i) {
-      const Io& io = ios[at + i];
-      ops[i] = cache::Backend::Op{io.block, io.count, io.write, static_cast<uint8_t*>(io.data), {}};
-    }
-    b_->io(ops, m);
-    for (int i = 0; i < m; ++i) ios[at + i].status = ops[i].status;
+    b_->io(ios + at, std::min(n - at, cache::Backend::kMaxOps));
   }
 }
 
@@ -144,13 +137,7 @@ class CachedBlockDevice::Adapter final : public cache::Backend {
   uint64_t line_count() const override { return d_.block_count(); }
   Status alloc(size_t bytes, void** out) override { return d_.alloc_io_buffer(bytes, out); }
   void free(void* p, size_t bytes) override { d_.free_io_buffer(p, bytes); }
-  void io(Op* ops, int n) override {
-    Io ios[kMaxOps];
-    for (int i = 0; i < n; ++i)
-      ios[i] = Io{ops[i].block, ops[i].lines, ops[i].write, ops[i].data, {}};
-    d_.submit(ios, n);
-    for (int i = 0; i < n; ++i) ops[i].status = ios[i].status;
-  }
+  void io(Op* ops, int n) override { d_.submit(ops, n); }
   Status flush() override { return d_.flush(); }
   Status trim(uint64_t block, uint64_t lines) override { return d_.trim(block, lines); }
 

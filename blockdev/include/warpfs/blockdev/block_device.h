@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "warpfs/cache/backend.h"
 #include "warpfs/nvme/status.h"
 
 namespace warpfs::blockdev {
@@ -22,14 +23,9 @@ using nvme::Status;
 
 class BlockDevice {
  public:
-  // One transfer for submit().
-  struct Io {
-    uint64_t block = 0;
-    uint32_t count = 1;
-    bool write = false;
-    void* data = nullptr;
-    Status status;
-  };
+  // One transfer for submit(): `lines` blocks from `block`. The same record the cache hands
+  // its backend, so a cached device passes its fills and write-backs through unchanged.
+  using Io = cache::Backend::Op;
 
   virtual ~BlockDevice() = default;
   virtual uint32_t block_bytes() const = 0;
