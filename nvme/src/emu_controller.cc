@@ -35,7 +35,8 @@ EmulatedController::EmulatedController(const EmulatedConfig& config,
                                        std::shared_ptr<BackingStore> store)
     : config_(config),
       media_(store, config.volatile_write_cache, config.write_cache_bytes),
-      dstrd_(config.doorbell_stride) {
+      dstrd_(config.doorbell_stride),
+      store_bytes_(store->bytes()) {
   uint64_t base = 0;
   for (const NamespaceConfig& n : config_.namespaces) {
     const uint32_t shift = n.lba_bytes == 4096 ? 12 : 9;
@@ -76,7 +77,11 @@ bool EmulatedController::start(std::string* error) {
     *error = "invalid emulated controller configuration";
     return false;
   }
-  (void)need;
+  if (need > store_bytes_) {
+    *error = "the backing store (" + std::to_string(store_bytes_) +
+             " bytes) is smaller than the configured namespaces (" + std::to_string(need) + ")";
+    return false;
+  }
   for (unsigned i = 0; i < workers_.size(); ++i) {
     workers_[i].thread = std::thread([this, i] { run(i); });
   }

@@ -129,6 +129,7 @@ class EmulatedController {
   emu::DmaSpace dma_;
   std::vector<Namespace> namespaces_;
   uint32_t dstrd_;
+  uint64_t store_bytes_;
   std::unique_ptr<port::Atomic<uint32_t>[]> regs_;  // the register file (BAR0)
   uint32_t reg_words_;
   std::unique_ptr<InterruptLine[]> irqs_;

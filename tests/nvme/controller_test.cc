@@ -210,6 +210,10 @@ TEST(Controller, BadAdminQueueSetupSetsFatalStatus) {
 
 TEST(Controller, MissingImageAndBadDeviceNamesAreClearErrors) {
   std::string err;
+  EmulatedConfig big;
+  big.namespaces = {NamespaceConfig{4096, 1024}};  // 4 MiB on a 1 MiB store
+  EXPECT_EQ(EmulatedTransport::create(big, BackingStore::ram(1 << 20), &err), nullptr);
+  EXPECT_NE(err.find("smaller than the configured namespaces"), std::string::npos) << err;
   EXPECT_EQ(BackingStore::open_file("/nonexistent/dir/x.img", 0, &err), nullptr);
   EXPECT_NE(err.find("/nonexistent/dir/x.img"), std::string::npos);
 }
