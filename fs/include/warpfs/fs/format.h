@@ -178,6 +178,78 @@ struct JournalHeader {
 static_assert(sizeof(JournalHeader) == kBlockSize);
 inline constexpr uint32_t kJournalHeaderMagic = 0x484a4657;  // "WFJH"
 
+// FORMAT.md "File data: extents": the header of an extent-tree block (index or leaf),
+// followed by up to kExtentNodeCapacity entries: Extent at depth 0, ExtentIndex above.
+struct ExtentNodeHeader {
+  uint32_t magic;  // "WFEX"
+  uint16_t count;
+  uint16_t depth;  // 0: a leaf of extents
+  uint32_t capacity;
+  uint32_t reserved;
+  uint64_t owner;  // the file's inode
+  uint64_t checksum;
+};
+static_assert(sizeof(ExtentNodeHeader) == 32);
+struct ExtentIndex {
+  uint32_t logical;  // first file block the child maps
+  uint32_t reserved;
+  uint64_t child;  // block number of the child node
+};
+static_assert(sizeof(ExtentIndex) == 16);
+inline constexpr uint32_t kExtentMagic = 0x58454657;  // "WFEX"
+inline constexpr uint32_t kExtentNodeCapacity = (kBlockSize - sizeof(ExtentNodeHeader)) / 16;
+
+// FORMAT.md "Extended attributes": the xattr block's header; entries follow from byte 32,
+// each {XattrEntryHeader, name, value} rounded up to 4 bytes.
+struct XattrHeader {
+  uint32_t magic;  // "WFXA"
+  uint16_t count;
+  uint16_t used;  // bytes of entries after the header
+  uint64_t owner;
+  uint64_t reserved;
+  uint64_t checksum;
+};
+static_assert(sizeof(XattrHeader) == 32);
+struct XattrEntryHeader {
+  uint8_t name_len;
+  uint8_t name_index;  // kXattr* below: the namespace prefix, not stored in the name
+  uint16_t value_len;
+};
+static_assert(sizeof(XattrEntryHeader) == 4);
+inline constexpr uint32_t kXattrMagic = 0x41584657;  // "WFXA"
+enum : uint8_t { kXattrUser = 1, kXattrTrusted = 2, kXattrSecurity = 3, kXattrSystem = 4 };
+
+// Every header-carrying metadata block (directory index and leaf, extent node, xattr block)
+// keeps its checksum at byte 24 of the block.
+inline constexpr size_t kHeaderChecksumOffset = 24;
+static_assert(offsetof(DirIndexHeader, checksum) == kHeaderChecksumOffset);
+static_assert(offsetof(DirLeafHeader, checksum) == kHeaderChecksumOffset);
+static_assert(offsetof(ExtentNodeHeader, checksum) == kHeaderChecksumOffset);
+static_assert(offsetof(XattrHeader, checksum) == kHeaderChecksumOffset);
+
+// FORMAT.md "Journal": a transaction is a descriptor, `count` blocks, and a commit. Journal
+// positions are journal-relative (0 is the header) and wrap from journal_blocks-1 to 1.
+struct JournalDescriptor {
+  uint32_t magic;  // "WFJD"
+  uint32_t count;
+  uint64_t seq;
+  uint64_t targets[(kBlockSize - 24) / 8];  // home block numbers of the `count` blocks
+  uint64_t checksum;
+};
+static_assert(sizeof(JournalDescriptor) == kBlockSize);
+inline constexpr uint32_t kJournalDescriptorMagic = 0x444a4657;  // "WFJD"
+inline constexpr uint32_t kJournalMaxBlocks = (kBlockSize - 24) / 8;
+struct JournalCommit {
+  uint32_t magic;  // "WFJC"
+  uint32_t count;
+  uint64_t seq;
+  uint64_t data_checksum;  // xxHash64 over the descriptor block then the `count` blocks
+  uint8_t pad[kBlockSize - 32];
+  uint64_t checksum;
+};
+static_assert(sizeof(JournalCommit) == kBlockSize);
+inline constexpr uint32_t kJournalCommitMagic = 0x434a4657;  // "WFJC"
+
 // xxHash64 of `len` bytes with `seed` (FORMAT.md: every metadata checksum).
 uint64_t checksum(const void* data, size_t len, uint64_t seed);
 // The checksum of a whole 4 KiB metadata block, its checksum field (8 bytes at
