@@ -205,6 +205,7 @@ Status format(blockdev::BlockDevice& dev, const MkfsOptions& o, const Geometry& 
   root.atime_ns = root.mtime_ns = root.ctime_ns = root.crtime_ns = now;
   root.generation = 1;
   root.dir_seed = rng();
+  root.parent = kRootInode;
   root.extent_count = 1;
   root.root.extents[0] = Extent{0, kRootDirBlocks, root_dir_block};
   root.checksum = inode_checksum(root, kRootInode, seed);

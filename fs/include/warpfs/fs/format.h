@@ -109,12 +109,15 @@ struct Inode {
   uint32_t tree_depth;
   uint64_t dir_seed;
   union {
-    Extent extents[9];
-    char symlink[144];
+    Extent extents[8];
+    char symlink[128];  // NUL-terminated when shorter than 128
   } root;
+  uint64_t parent;    // directories: the parent directory (the root: itself); else 0
+  uint64_t reserved;  // zero
   uint64_t checksum;
 
-  static constexpr uint32_t kInlineExtents = 9;
+  static constexpr uint32_t kInlineExtents = 8;
+  static constexpr uint32_t kInlineSymlinkMax = 127;
   static constexpr uint32_t kFlagInlineSymlink = 1;
   bool is_free() const { return mode == 0; }
 };
@@ -123,6 +126,7 @@ static_assert(offsetof(Inode, flags) == 64);
 static_assert(offsetof(Inode, extent_count) == 88);
 static_assert(offsetof(Inode, dir_seed) == 96);
 static_assert(offsetof(Inode, root) == 104);
+static_assert(offsetof(Inode, parent) == 232);
 static_assert(offsetof(Inode, checksum) == 248);
 
 // FORMAT.md "Directories": the index root / index node header and entry.
