@@ -37,7 +37,8 @@ uint64_t inode_checksum(const Inode& ino, uint64_t ino_number, uint64_t seed) {
 
 uint64_t name_hash(const char* name, size_t len, uint64_t dir_seed) {
   const uint64_t h = XXH64(name, len, dir_seed) & ~(1ull << 63);
-  return h < 2 ? h + 2 : h;  // 0 and 1 are "." and ".."
+  if (h < 2) return h + 2;                  // 0 and 1 are "." and ".."
+  return h == kMaxNameHash + 1 ? h - 1 : h;  // readdir's cookie h + 1 must fit in an off_t
 }
 
 }  // namespace warpfs::fs

@@ -262,7 +262,9 @@ uint64_t block_checksum(const void* block, size_t field_offset, uint64_t seed);
 uint64_t superblock_checksum(const Superblock& sb);
 uint64_t group_checksum(const GroupDesc& gd, uint64_t seed);
 uint64_t inode_checksum(const Inode& ino, uint64_t ino_number, uint64_t seed);
-// The directory hash of a name (FORMAT.md: top bit clear, 0 and 1 reserved).
+// The directory hash of a name (FORMAT.md: top bit clear, 0, 1 and 2^63-1 reserved), in
+// [2, kMaxNameHash].
+inline constexpr uint64_t kMaxNameHash = (1ull << 63) - 2;
 uint64_t name_hash(const char* name, size_t len, uint64_t dir_seed);
 
 // Group geometry helpers.
