@@ -1,0 +1,144 @@
+// The warpfs filesystem core: inodes, hashed directories, extents, the group allocator and
+// the metadata journal over a BlockDevice (fs/FORMAT.md). The FUSE daemon (fs/daemon/) is a
+// thin translation of libfuse's low-level requests into these calls; tests drive it directly.
+//
+// Errors are returned as positive errno values (0 = success), the way FUSE replies carry
+// them. A metadata block that fails its checksum gives EIO and a log line naming the block.
+//
+// Thread-safety: every method may be called from any number of threads at once. Lock order
+// (outermost first), written once here:
+//   1. namespace_mu_     namespace changes (create, link, unlink, rename, inode freeing)
+//   2. Node::rw          one per inode; several only under namespace_mu_
+//   3. the journal gate  a running transaction (never held while waiting for 1 or 2)
+//   4. leaf locks        allocator groups, metadata cache, node table, Node::attr_mu
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "warpfs/blockdev/block_device.h"
+
+namespace warpfs::fs {
+
+using Ino = uint64_t;
+
+struct Attr {
+  Ino ino = 0;
+  uint32_t mode = 0, nlink = 0, uid = 0, gid = 0, generation = 0;
+  uint64_t size = 0;
+  uint64_t blocks = 0;  // 512-byte units, as st_blocks
+  uint64_t atime_ns = 0, mtime_ns = 0, ctime_ns = 0;
+  void to_stat(struct stat* st) const;
+};
+
+// setattr: which fields to change (FUSE_SET_ATTR_* in spirit).
+struct SetAttr {
+  bool mode = false, uid = false, gid = false, size = false, atime = false, mtime = false;
+  bool atime_now = false, mtime_now = false;  // UTIME_NOW
+  uint32_t new_mode = 0, new_uid = 0, new_gid = 0;
+  uint64_t new_size = 0, new_atime_ns = 0, new_mtime_ns = 0;
+};
+
+struct MountOptions {
+  bool read_only = false;
+  // Commit the running transaction at least this often (ext4's commit=5).
+  uint32_t commit_interval_ms = 5000;
+  // Issue Dataset Management (trim) for blocks once their freeing commits.
+  bool discard = true;
+  std::function<void(const std::string&)> log;  // errors and notices; default: stderr
+};
+
+// Who asks: for ownership of new inodes (permissions are checked by the kernel through
+// default_permissions).
+struct Caller {
+  uint32_t uid = 0, gid = 0;
+};
+
+// One readdir entry: name, inode, type (DT_*), and the offset to resume after it.
+struct DirEntry {
+  std::string name;
+  Ino ino;
+  uint8_t type;
+  uint64_t next_offset;
+};
+
+struct FsStats {
+  uint64_t commits = 0, journal_blocks_written = 0, checkpoint_blocks = 0;
+  uint64_t meta_reads = 0, meta_cached = 0, checksum_errors = 0;
+  uint64_t trims = 0, trimmed_blocks = 0;
+  uint64_t orphans_freed_at_mount = 0, replayed_transactions = 0;
+};
+
+class Filesystem {
+ public:
+  // Mounts the filesystem on `dev`: validates the superblock (falling back to the backup),
+  // replays the journal, frees orphans, marks the superblock dirty (unless read-only).
+  static std::unique_ptr<Filesystem> mount(blockdev::BlockDevice& dev, const MountOptions& o,
+                                           std::string* error);
+  virtual ~Filesystem() = default;
+  Filesystem(const Filesystem&) = delete;
+  Filesystem& operator=(const Filesystem&) = delete;
+
+  // Commits everything, writes the superblock (and its backup) clean. Idempotent; the
+  // destructor calls it. Returns 0 or EIO.
+  virtual int unmount() = 0;
+
+  // Names. A successful lookup/mknod/mkdir/symlink/link/create counts one kernel reference
+  // on the inode returned (FUSE's lookup count); forget() drops them.
+  virtual int lookup(Ino parent, std::string_view name, Attr* out) = 0;
+  virtual void forget(Ino ino, uint64_t n) = 0;
+  // The attributes of an inode, counting one kernel reference (readdirplus entries).
+  virtual int lookup_ino(Ino ino, Attr* out) = 0;
+  virtual int getattr(Ino ino, Attr* out) = 0;
+  virtual int setattr(Ino ino, const SetAttr& s, Attr* out) = 0;
+  virtual int mknod(Ino parent, std::string_view name, uint32_t mode, uint32_t rdev,
+                    const Caller& c, Attr* out) = 0;
+  virtual int mkdir(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
+                    Attr* out) = 0;
+  virtual int symlink(Ino parent, std::string_view name, std::string_view target,
+                      const Caller& c, Attr* out) = 0;
+  virtual int readlink(Ino ino, std::string* target) = 0;
+  virtual int link(Ino ino, Ino new_parent, std::string_view new_name, Attr* out) = 0;
+  virtual int unlink(Ino parent, std::string_view name) = 0;
+  virtual int rmdir(Ino parent, std::string_view name) = 0;
+  // flags: RENAME_NOREPLACE, RENAME_EXCHANGE (linux/fs.h values).
+  virtual int rename(Ino parent, std::string_view name, Ino new_parent,
+                     std::string_view new_name, unsigned flags) = 0;
+
+  // Files. open/release count users of an inode: an unlinked inode lives until the last.
+  virtual int open(Ino ino, int flags) = 0;
+  virtual void release(Ino ino) = 0;
+  virtual int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) = 0;
+  virtual int write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written) = 0;
+  virtual int fsync(Ino ino, bool datasync) = 0;
+  virtual int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) = 0;
+  virtual int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) = 0;
+
+  // Directories. readdir returns entries from `offset` (0 = the start; "." and ".." first)
+  // until `emit` returns false; offsets stay valid while entries come and go.
+  virtual int opendir(Ino ino) = 0;
+  virtual int readdir(Ino ino, uint64_t offset, const std::function<bool(const DirEntry&)>& emit) = 0;
+
+  // Extended attributes. getxattr/listxattr with size 0 report the size needed.
+  virtual int setxattr(Ino ino, std::string_view name, const void* value, size_t size, int flags) = 0;
+  virtual int getxattr(Ino ino, std::string_view name, std::string* value) = 0;
+  virtual int listxattr(Ino ino, std::string* names) = 0;  // NUL-separated
+  virtual int removexattr(Ino ino, std::string_view name) = 0;
+
+  virtual int statfs(struct statvfs* out) = 0;
+  virtual int sync() = 0;  // commit the running transaction and flush the device
+  virtual FsStats stats() const = 0;
+  virtual bool read_only() const = 0;
+
+ protected:
+  Filesystem() = default;
+};
+
+}  // namespace warpfs::fs

@@ -1,0 +1,294 @@
+// Block and inode allocation over per-group bitmaps (fs/FORMAT.md "Layout", "Why groups").
+// Each group has its own lock; a thread allocates near a goal (the end of the file's previous
+// extent, or the inode's group) and moves to the next group only when one is full, so
+// writers of different files rarely meet on a lock. Blocks freed by the running transaction
+// are `held` until it commits: reusing them earlier could let a crash resurrect the old owner
+// pointing at new data.
+#include <bit>
+#include <cerrno>
+#include <cstring>
+
+#include "internal.h"
+
+namespace warpfs::fs {
+
+namespace {
+
+constexpr uint32_t kWords = kBlocksPerGroup / 64;
+
+bool test_bit(const uint8_t* bm, uint32_t i) { return (bm[i / 8] >> (i % 8)) & 1; }
+void set_bit(uint8_t* bm, uint32_t i) { bm[i / 8] |= static_cast<uint8_t>(1u << (i % 8)); }
+void clear_bit(uint8_t* bm, uint32_t i) { bm[i / 8] &= static_cast<uint8_t>(~(1u << (i % 8))); }
+
+uint64_t word(const uint8_t* bm, uint32_t w) {
+  uint64_t x;
+  std::memcpy(&x, bm + w * 8, 8);  // little-endian: bit i of the word is block w*64+i
+  return x;
+}
+
+GroupDesc* desc(std::vector<MetaBuf*>& gdt, uint32_t g) {
+  return reinterpret_cast<GroupDesc*>(gdt[g / kGroupDescsPerBlock]->data) + g % kGroupDescsPerBlock;
+}
+
+}  // namespace
+
+uint32_t FsImpl::group_of_block(uint64_t b) const {
+  const uint64_t first = sb_.gdt_start + (sb_.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock;
+  if (b < first) return 0;
+  return static_cast<uint32_t>(std::min<uint64_t>((b - first) / kBlocksPerGroup, sb_.group_count - 1));
+}
+
+int FsImpl::load_groups() {
+  const uint32_t gdt_blocks = (sb_.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock;
+  gdt_.resize(gdt_blocks);
+  for (uint32_t i = 0; i < gdt_blocks; ++i) {
+    if (int rc = journal_->get(sb_.gdt_start + i, MetaKind::kGdt, 0, &gdt_[i]); rc) return rc;
+  }
+  groups_ = std::make_unique<Group[]>(sb_.group_count);
+  const uint64_t first_group = sb_.gdt_start + gdt_blocks;
+  for (uint32_t g = 0; g < sb_.group_count; ++g) {
+    GroupDesc* gd = desc(gdt_, g);
+    const uint64_t start = first_group + uint64_t{g} * kBlocksPerGroup;
+    if (gd->block_bitmap != start || gd->inode_bitmap != start + 1 || gd->inode_table != start + 2) {
+      log("group " + std::to_string(g) + ": descriptor points outside its group (run fsck.warpfs)");
+      return EIO;
+    }
+    auto verify = [&](uint64_t want) {
+      return [this, want](const MetaBuf& b) -> std::string {
+        return checksum(b.data, kBlockSize, sb_.checksum_seed) == want ? "" : "bitmap checksum mismatch";
+      };
+    };
+    Group& gr = groups_[g];
+    if (int rc = journal_->get(gd->block_bitmap, MetaKind::kBlockBitmap, g, &gr.block_bitmap,
+                               verify(gd->block_bitmap_checksum));
+        rc) {
+      return rc;
+    }
+    if (int rc = journal_->get(gd->inode_bitmap, MetaKind::kInodeBitmap, g, &gr.inode_bitmap,
+                               verify(gd->inode_bitmap_checksum));
+        rc) {
+      return rc;
+    }
+    gr.free_blocks = gd->free_blocks;
+    gr.free_inodes = gd->free_inodes;
+    gr.held.assign(kWords, 0);
+    data_blocks_total_ += std::min<uint64_t>(kBlocksPerGroup, sb_.block_count - 1 - start) - 2 - itb_;
+  }
+  return 0;
+}
+
+int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got) {
+  const uint64_t first_group = sb_.gdt_start + gdt_.size();
+  uint32_t g0 = group_of_block(goal);
+  uint32_t start_bit = goal >= first_group ? static_cast<uint32_t>((goal - first_group) % kBlocksPerGroup) : 0;
+  for (uint32_t k = 0; k < sb_.group_count; ++k) {
+    const uint32_t g = (g0 + k) % sb_.group_count;
+    Group& gr = groups_[g];
+    if (gr.free_blocks.load(std::memory_order_relaxed) == 0) continue;
+    std::lock_guard<std::mutex> lk(gr.mu);
+    uint8_t* bm = gr.block_bitmap->data;
+    // Two passes: from the goal (or the group's hint) to the end, then from the start.
+    const uint32_t from = k == 0 ? start_bit : gr.next_block_hint;
+    for (int pass = 0; pass < 2; ++pass) {
+      uint32_t lo = pass == 0 ? from : 0, hi = pass == 0 ? kBlocksPerGroup : from;
+      uint32_t i = lo;
+      while (i < hi) {
+        const uint32_t w = i / 64;
+        const uint64_t used = word(bm, w) | gr.held[w] | ((uint64_t{1} << (i % 64)) - 1);
+        if (used == ~uint64_t{0}) {
+          i = (w + 1) * 64;
+          continue;
+        }
+        i = w * 64 + static_cast<uint32_t>(std::countr_one(used));
+        if (i >= hi) break;
+        uint32_t n = 0;
+        while (n < want && i + n < kBlocksPerGroup && !test_bit(bm, i + n) &&
+               !((gr.held[(i + n) / 64] >> ((i + n) % 64)) & 1)) {
+          set_bit(bm, i + n);
+          ++n;
+        }
+        GroupDesc* gd = desc(gdt_, g);
+        gd->free_blocks -= n;
+        gr.free_blocks.fetch_sub(n, std::memory_order_relaxed);
+        gr.next_block_hint = (i + n) % kBlocksPerGroup;
+        journal_->dirty(gr.block_bitmap);
+        journal_->dirty(gdt_[g / kGroupDescsPerBlock]);
+        *first = first_group + uint64_t{g} * kBlocksPerGroup + i;
+        *got = n;
+        return 0;
+      }
+    }
+  }
+  return ENOSPC;
+}
+
+void FsImpl::free_blocks(uint64_t first, uint64_t count) {
+  const uint64_t first_group = sb_.gdt_start + gdt_.size();
+  while (count > 0) {
+    const uint32_t g = group_of_block(first);
+    const auto bit = static_cast<uint32_t>((first - first_group) % kBlocksPerGroup);
+    const auto n = static_cast<uint32_t>(std::min<uint64_t>(count, kBlocksPerGroup - bit));
+    Group& gr = groups_[g];
+    std::lock_guard<std::mutex> lk(gr.mu);
+    uint8_t* bm = gr.block_bitmap->data;
+    uint32_t freed = 0;
+    for (uint32_t i = bit; i < bit + n; ++i) {
+      if (!test_bit(bm, i)) {
+        log("block " + std::to_string(first_group + uint64_t{g} * kBlocksPerGroup + i) +
+            " freed twice (run fsck.warpfs)");
+        continue;
+      }
+      clear_bit(bm, i);
+      gr.held[i / 64] |= uint64_t{1} << (i % 64);
+      ++freed;
+    }
+    gr.freed.emplace_back(bit, n);
+    desc(gdt_, g)->free_blocks += freed;
+    gr.free_blocks.fetch_add(freed, std::memory_order_relaxed);
+    journal_->dirty(gr.block_bitmap);
+    journal_->dirty(gdt_[g / kGroupDescsPerBlock]);
+    first += n;
+    count -= n;
+  }
+}
+
+int FsImpl::alloc_inode(Ino parent, bool dir, Ino* out) {
+  const uint32_t pg = static_cast<uint32_t>(group_of_inode(parent, sb_.inodes_per_group));
+  uint32_t g0 = pg;
+  if (dir) {
+    // Spread directories (Orlov-like): of a few groups after the parent's, the one with the
+    // most free inodes, so subtrees land in different groups and allocate in parallel.
+    uint32_t best = pg, best_free = 0;
+    for (uint32_t k = 0; k < std::min<uint32_t>(sb_.group_count, 4); ++k) {
+      const uint32_t g = (pg + 1 + k * 7) % sb_.group_count;
+      const uint32_t f = groups_[g].free_inodes.load(std::memory_order_relaxed);
+      if (f > best_free) best = g, best_free = f;
+    }
+    g0 = best;
+  }
+  for (uint32_t k = 0; k < sb_.group_count; ++k) {
+    const uint32_t g = (g0 + k) % sb_.group_count;
+    Group& gr = groups_[g];
+    if (gr.free_inodes.load(std::memory_order_relaxed) == 0) continue;
+    std::lock_guard<std::mutex> lk(gr.mu);
+    uint8_t* bm = gr.inode_bitmap->data;
+    for (uint32_t j = 0; j < sb_.inodes_per_group; ++j) {
+      const uint32_t i = (gr.next_inode_hint + j) % sb_.inodes_per_group;
+      if (test_bit(bm, i)) continue;
+      set_bit(bm, i);
+      GroupDesc* gd = desc(gdt_, g);
+      gd->free_inodes -= 1;
+      if (dir) gd->used_dirs += 1;
+      gr.free_inodes.fetch_sub(1, std::memory_order_relaxed);
+      gr.next_inode_hint = i + 1;
+      journal_->dirty(gr.inode_bitmap);
+      journal_->dirty(gdt_[g / kGroupDescsPerBlock]);
+      *out = uint64_t{g} * sb_.inodes_per_group + i + 1;
+      return 0;
+    }
+  }
+  return ENOSPC;
+}
+
+void FsImpl::free_inode_bit(Ino ino, bool dir) {
+  const auto g = static_cast<uint32_t>(group_of_inode(ino, sb_.inodes_per_group));
+  const auto i = static_cast<uint32_t>((ino - 1) % sb_.inodes_per_group);
+  Group& gr = groups_[g];
+  std::lock_guard<std::mutex> lk(gr.mu);
+  if (!test_bit(gr.inode_bitmap->data, i)) {
+    log("inode " + std::to_string(ino) + " freed twice (run fsck.warpfs)");
+    return;
+  }
+  clear_bit(gr.inode_bitmap->data, i);
+  GroupDesc* gd = desc(gdt_, g);
+  gd->free_inodes += 1;
+  if (dir && gd->used_dirs > 0) gd->used_dirs -= 1;
+  gr.free_inodes.fetch_add(1, std::memory_order_relaxed);
+  journal_->dirty(gr.inode_bitmap);
+  journal_->dirty(gdt_[g / kGroupDescsPerBlock]);
+}
+
+// Under the journal's closed gate: bitmaps' checksums go into their descriptors, then every
+// touched descriptor block and header block gets its checksums, and the superblock its counts.
+void FsImpl::finish_commit(std::vector<MetaBuf*>& dirty) {
+  std::vector<bool> gdt_touched(gdt_.size(), false);
+  for (MetaBuf* b : dirty) {
+    switch (b->kind) {
+      case MetaKind::kBlockBitmap:
+        desc(gdt_, b->group)->block_bitmap_checksum = checksum(b->data, kBlockSize, sb_.checksum_seed);
+        gdt_touched[b->group / kGroupDescsPerBlock] = true;
+        break;
+      case MetaKind::kInodeBitmap:
+        desc(gdt_, b->group)->inode_bitmap_checksum = checksum(b->data, kBlockSize, sb_.checksum_seed);
+        gdt_touched[b->group / kGroupDescsPerBlock] = true;
+        break;
+      case MetaKind::kGdt:
+        gdt_touched[b->block - sb_.gdt_start] = true;
+        break;
+      case MetaKind::kHeader:
+        if (!b->dead) set_header_checksum(b);
+        break;
+      case MetaKind::kSuper:
+      case MetaKind::kInodeTable:
+        break;  // the superblock below; inodes carry their own checksums (store())
+    }
+  }
+  for (size_t i = 0; i < gdt_.size(); ++i) {
+    if (!gdt_touched[i]) continue;
+    for (uint32_t k = 0; k < kGroupDescsPerBlock; ++k) {
+      const uint64_t g = i * kGroupDescsPerBlock + k;
+      if (g >= sb_.group_count) break;
+      GroupDesc* gd = desc(gdt_, static_cast<uint32_t>(g));
+      gd->checksum = group_checksum(*gd, sb_.checksum_seed);
+    }
+    journal_->dirty(gdt_[i]);
+  }
+  if (sb_buf_->dirty) {
+    auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
+    uint64_t fb = 0, fi = 0;
+    for (uint32_t g = 0; g < sb_.group_count; ++g) {
+      fb += groups_[g].free_blocks.load(std::memory_order_relaxed);
+      fi += groups_[g].free_inodes.load(std::memory_order_relaxed);
+    }
+    s->free_blocks = fb;
+    s->free_inodes = fi;
+    s->write_time = now_ns();
+    s->checksum = superblock_checksum(*s);
+  }
+}
+
+// Under the closed gate: the blocks freed by the transaction being committed.
+void FsImpl::take_freed() {
+  const uint64_t first_group = sb_.gdt_start + gdt_.size();
+  committing_freed_.clear();
+  for (uint32_t g = 0; g < sb_.group_count; ++g) {
+    Group& gr = groups_[g];
+    std::lock_guard<std::mutex> lk(gr.mu);
+    for (auto [bit, n] : gr.freed) {
+      committing_freed_.emplace_back(first_group + uint64_t{g} * kBlocksPerGroup + bit, n);
+    }
+    gr.freed.clear();
+  }
+}
+
+// After the commit: the freed blocks are trimmed (Dataset Management, so the device learns
+// they are free) and become allocatable.
+void FsImpl::release_freed() {
+  const uint64_t first_group = sb_.gdt_start + gdt_.size();
+  for (auto [b, n] : committing_freed_) {
+    if (opts_.discard) {
+      if (dev_.trim(b, n).is_ok()) {
+        trims_.fetch_add(1, std::memory_order_relaxed);
+        trimmed_blocks_.fetch_add(n, std::memory_order_relaxed);
+      }
+    }
+    const uint32_t g = group_of_block(b);
+    const auto bit = static_cast<uint32_t>((b - first_group) % kBlocksPerGroup);
+    Group& gr = groups_[g];
+    std::lock_guard<std::mutex> lk(gr.mu);
+    for (uint64_t i = bit; i < bit + n; ++i) gr.held[i / 64] &= ~(uint64_t{1} << (i % 64));
+  }
+  committing_freed_.clear();
+}
+
+}  // namespace warpfs::fs

@@ -1,0 +1,295 @@
+// File contents: read, write, truncate, fallocate, SEEK_DATA/SEEK_HOLE. Data blocks are
+// written to the device before the transaction that maps them closes, and a commit flushes
+// before its journal writes: ordered mode (fs/FORMAT.md "Journal").
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "internal.h"
+
+namespace warpfs::fs {
+
+namespace {
+
+constexpr uint64_t kMaxFileSize = uint64_t{1} << 44;  // 2^32 blocks of 4 KiB: 16 TiB
+constexpr uint32_t kBlocksPerTxn = 256;               // a write transaction maps at most 1 MiB
+
+}  // namespace
+
+int FsImpl::read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) {
+  *got = 0;
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  {
+    std::unique_lock<std::shared_mutex> lk(n->rw);
+    if (int rc = load_map(*n); rc) return rc;
+  }
+  std::shared_lock<std::shared_mutex> lk(n->rw);
+  if (S_ISDIR(n->disk.mode)) return EISDIR;
+  if (off >= n->disk.size || len == 0) return 0;
+  len = static_cast<size_t>(std::min<uint64_t>(len, n->disk.size - off));
+  const uint64_t first = off / kBlockSize, last = (off + len - 1) / kBlockSize;
+  const uint64_t nblocks = last - first + 1;
+  // Aligned requests land in the caller's buffer; others go through a bounce buffer.
+  const bool direct = off % kBlockSize == 0 && len % kBlockSize == 0;
+  std::vector<uint8_t> bounce(direct ? 0 : nblocks * kBlockSize);
+  uint8_t* dst = direct ? reinterpret_cast<uint8_t*>(buf) : bounce.data();
+  for (uint64_t b = first; b <= last;) {
+    const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
+    const uint64_t run = std::min<uint64_t>(m.length, last - b + 1);
+    uint8_t* p = dst + (b - first) * kBlockSize;
+    if (m.hole || m.unwritten) {
+      std::memset(p, 0, run * kBlockSize);
+    } else if (auto st = dev_.read(m.physical, static_cast<uint32_t>(run), p); !st.is_ok()) {
+      log("inode " + std::to_string(ino) + ": read of blocks " + std::to_string(m.physical) + "+" +
+          std::to_string(run) + " failed: " + st.to_string());
+      return EIO;
+    }
+    b += run;
+  }
+  if (!direct) std::memcpy(buf, bounce.data() + off % kBlockSize, len);
+  *got = len;
+  return 0;
+}
+
+int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written) {
+  *written = 0;
+  if (int rc = check_writable(); rc) return rc;
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  std::unique_lock<std::shared_mutex> lk(n->rw);
+  if (S_ISDIR(n->disk.mode)) return EISDIR;
+  if (int rc = load_map(*n); rc) return rc;
+  if (off >= kMaxFileSize || len > kMaxFileSize - off) return EFBIG;
+  while (*written < len) {
+    const uint64_t pos = off + *written;
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(
+        len - *written, uint64_t{kBlocksPerTxn} * kBlockSize - pos % kBlockSize));
+    size_t done = 0;
+    const int rc = write_locked(*n, pos, chunk, buf + *written, &done);
+    *written += done;
+    if (rc) return *written > 0 ? 0 : rc;
+  }
+  return 0;
+}
+
+// One transaction's worth of a write. REQUIRES: rw exclusive, mapping loaded.
+int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, size_t* written) {
+  Journal::Txn t(*journal_);
+  const uint64_t first = off / kBlockSize, last = (off + len - 1) / kBlockSize;
+  std::vector<uint8_t> block(kBlockSize);
+  int rc = 0;
+  uint64_t b = first;
+  while (b <= last) {
+    Mapping m = map_lookup(n, static_cast<uint32_t>(b));
+    uint64_t run = std::min<uint64_t>(m.length, last - b + 1);
+    bool fresh = m.hole || m.unwritten;  // the blocks' old contents read as zeroes
+    uint64_t phys = m.physical;
+    if (m.hole) {
+      uint32_t got;
+      if ((rc = alloc_blocks(alloc_goal(n, static_cast<uint32_t>(b)), static_cast<uint32_t>(run), &phys, &got))) break;
+      run = got;
+      if ((rc = map_insert(n, Extent{static_cast<uint32_t>(b), got, phys}))) {
+        free_blocks(phys, got);
+        break;
+      }
+      n.disk.blocks += got;
+    }
+    // Write the run: whole blocks straight from the caller, partial edges merged.
+    const uint64_t run_start = b * kBlockSize, run_end = (b + run) * kBlockSize;
+    const uint64_t ws = std::max(run_start, off), we = std::min<uint64_t>(run_end, off + len);
+    uint64_t blk = b;
+    while (blk < b + run) {
+      const uint64_t bs = blk * kBlockSize;
+      const uint64_t s = std::max(bs, ws), e = std::min(bs + kBlockSize, we);
+      blockdev::Status st;
+      if (s == bs && e == bs + kBlockSize) {
+        // A stretch of whole blocks.
+        uint64_t k = 1;
+        while (blk + k < b + run && (blk + k + 1) * kBlockSize <= we) ++k;
+        st = dev_.write(phys + (blk - b), static_cast<uint32_t>(k), buf + (bs - off));
+        if (!st.is_ok()) goto io_error;
+        blk += k;
+        continue;
+      }
+      if (fresh) {
+        std::memset(block.data(), 0, kBlockSize);
+      } else if (st = dev_.read(phys + (blk - b), 1, block.data()); !st.is_ok()) {
+        goto io_error;
+      }
+      std::memcpy(block.data() + (s - bs), buf + (s - off), e - s);
+      st = dev_.write(phys + (blk - b), 1, block.data());
+      if (!st.is_ok()) goto io_error;
+      ++blk;
+      continue;
+    io_error:
+      log("inode " + std::to_string(n.ino) + ": data write failed: " + st.to_string());
+      rc = EIO;
+      break;
+    }
+    if (rc) break;
+    if (m.unwritten) {
+      // The fallocated range now holds data: split off a written extent.
+      std::vector<Extent> removed;
+      map_remove(n, static_cast<uint32_t>(b), run, &removed);
+      map_insert(n, Extent{static_cast<uint32_t>(b), static_cast<uint32_t>(run), phys});
+    }
+    *written = static_cast<size_t>(std::min<uint64_t>(we, off + len) - off);
+    b += run;
+  }
+  if (*written > 0) {
+    n.disk.size = std::max<uint64_t>(n.disk.size, off + *written);
+    n.disk.mtime_ns = n.disk.ctime_ns = now_ns();
+    // Writing clears set-user-ID (and set-group-ID when group-executable), as the kernel does.
+    if (n.disk.mode & (S_ISUID | S_ISGID)) {
+      n.disk.mode &= ~static_cast<uint32_t>(S_ISUID);
+      if (n.disk.mode & S_IXGRP) n.disk.mode &= ~static_cast<uint32_t>(S_ISGID);
+    }
+  }
+  if (int src = map_store(n); src && !rc) rc = src;
+  return rc;
+}
+
+// Zeroes [off, off + len) where it is mapped and written (the partial edge blocks of a
+// truncate or punch). REQUIRES: rw exclusive, in a transaction or not (data only).
+int FsImpl::zero_range(Node& n, uint64_t off, uint64_t len) {
+  if (len == 0) return 0;
+  std::vector<uint8_t> block(kBlockSize);
+  for (uint64_t pos = off; pos < off + len;) {
+    const uint64_t blk = pos / kBlockSize, bs = blk * kBlockSize;
+    const uint64_t e = std::min(bs + kBlockSize, off + len);
+    const Mapping m = map_lookup(n, static_cast<uint32_t>(blk));
+    if (!m.hole && !m.unwritten) {
+      if (auto st = dev_.read(m.physical, 1, block.data()); !st.is_ok()) return EIO;
+      std::memset(block.data() + (pos - bs), 0, e - pos);
+      if (auto st = dev_.write(m.physical, 1, block.data()); !st.is_ok()) return EIO;
+    }
+    pos = e;
+  }
+  return 0;
+}
+
+// REQUIRES: rw exclusive, not in a transaction.
+int FsImpl::set_size(Node& n, uint64_t size) {
+  if (size > kMaxFileSize) return EFBIG;
+  if (int rc = load_map(n); rc) return rc;
+  const uint64_t old = n.disk.size;
+  if (size < old && size % kBlockSize) {
+    // The tail of the new last block must read as zeroes if the file grows again.
+    if (int rc = zero_range(n, size, kBlockSize - size % kBlockSize); rc) return rc;
+  }
+  {
+    Journal::Txn t(*journal_);
+    n.disk.size = size;
+    n.disk.mtime_ns = n.disk.ctime_ns = now_ns();
+    if (int rc = store(n); rc) return rc;
+  }
+  return size < old ? truncate_blocks(n, size) : 0;
+}
+
+int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
+  if (int rc = check_writable(); rc) return rc;
+  if (len == 0) return EINVAL;
+  if (mode & ~(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE)) return EOPNOTSUPP;
+  if ((mode & FALLOC_FL_PUNCH_HOLE) && !(mode & FALLOC_FL_KEEP_SIZE)) return EINVAL;
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  std::unique_lock<std::shared_mutex> lk(n->rw);
+  if (S_ISDIR(n->disk.mode)) return EISDIR;
+  if (!S_ISREG(n->disk.mode)) return ENODEV;
+  if (off >= kMaxFileSize || len > kMaxFileSize - off) return EFBIG;
+  if (int rc = load_map(*n); rc) return rc;
+  const uint64_t end = off + len;
+  if (mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE)) {
+    // Partial edge blocks are zeroed in place; whole blocks are unmapped.
+    const uint64_t fb = (off + kBlockSize - 1) / kBlockSize, lb = end / kBlockSize;
+    if (fb > lb) {
+      if (int rc = zero_range(*n, off, len); rc) return rc;
+    } else {
+      if (int rc = zero_range(*n, off, fb * kBlockSize - off); rc) return rc;
+      if (int rc = zero_range(*n, lb * kBlockSize, end - lb * kBlockSize); rc) return rc;
+      for (uint64_t b = fb; b < lb;) {
+        // A bounded piece per transaction.
+        const uint64_t piece = std::min<uint64_t>(lb - b, uint64_t{kBlocksPerGroup} * 4);
+        Journal::Txn t(*journal_);
+        if (int rc = punch(*n, static_cast<uint32_t>(b), piece); rc) return rc;
+        b += piece;
+      }
+    }
+    if (mode & FALLOC_FL_PUNCH_HOLE) {
+      Journal::Txn t(*journal_);
+      n->disk.mtime_ns = n->disk.ctime_ns = now_ns();
+      return store(*n);
+    }
+  }
+  // Allocate unwritten extents over the holes (mode 0, KEEP_SIZE, ZERO_RANGE).
+  const uint64_t first = off / kBlockSize, last = (end - 1) / kBlockSize;
+  int rc = 0;
+  for (uint64_t b = first; b <= last && rc == 0;) {
+    Journal::Txn t(*journal_);
+    for (int k = 0; k < 8 && b <= last; ++k) {
+      const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
+      const uint64_t run = std::min<uint64_t>(m.length, last - b + 1);
+      if (!m.hole) {
+        b += run;
+        continue;
+      }
+      uint64_t phys;
+      uint32_t got;
+      if ((rc = alloc_blocks(alloc_goal(*n, static_cast<uint32_t>(b)), static_cast<uint32_t>(run), &phys, &got))) break;
+      if ((rc = map_insert(*n, Extent{static_cast<uint32_t>(b), got | Extent::kUnwritten, phys}))) {
+        free_blocks(phys, got);
+        break;
+      }
+      n->disk.blocks += got;
+      b += got;
+    }
+    if (rc == 0 && !(mode & FALLOC_FL_KEEP_SIZE) && b * kBlockSize > n->disk.size) {
+      n->disk.size = std::min(end, b * kBlockSize);
+    }
+    n->disk.ctime_ns = now_ns();
+    if (int src = map_store(*n); src && !rc) rc = src;
+  }
+  return rc;
+}
+
+int FsImpl::lseek(Ino ino, uint64_t off, int whence, uint64_t* out) {
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  {
+    std::unique_lock<std::shared_mutex> lk(n->rw);
+    if (int rc = load_map(*n); rc) return rc;
+  }
+  std::shared_lock<std::shared_mutex> lk(n->rw);
+  const uint64_t size = n->disk.size;
+  if (whence != SEEK_DATA && whence != SEEK_HOLE) return EINVAL;
+  if (off >= size) return ENXIO;
+  // Unwritten (fallocated) extents read as zeroes: they count as holes, as on ext4.
+  for (uint64_t b = off / kBlockSize; b * kBlockSize < size;) {
+    const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
+    const bool data = !m.hole && !m.unwritten;
+    if (data == (whence == SEEK_DATA)) {
+      *out = std::max(off, b * kBlockSize);
+      return 0;
+    }
+    b += m.length;
+  }
+  if (whence == SEEK_DATA) return ENXIO;
+  *out = size;  // the implicit hole at the end of the file
+  return 0;
+}
+
+int FsImpl::fsync(Ino ino, bool datasync) {
+  (void)ino;
+  (void)datasync;
+  if (ro_) return 0;
+  if (int rc = journal_->commit(); rc) return rc;
+  // A commit with nothing to write does not flush: overwritten data must still be durable.
+  return dev_.flush().is_ok() ? 0 : EIO;
+}
+
+}  // namespace warpfs::fs

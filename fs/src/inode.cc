@@ -1,0 +1,240 @@
+// Inodes: loading and storing them in the inode tables, the node table with FUSE's lookup
+// counts and open counts, the orphan list, and reclaiming an inode after its last user.
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "internal.h"
+
+namespace warpfs::fs {
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+int FsImpl::inode_slot(Ino ino, MetaBuf** buf, size_t* off) {
+  const uint64_t g = group_of_inode(ino, sb_.inodes_per_group);
+  const uint64_t i = (ino - 1) % sb_.inodes_per_group;
+  const auto* gd = reinterpret_cast<const GroupDesc*>(gdt_[g / kGroupDescsPerBlock]->data) +
+                   g % kGroupDescsPerBlock;
+  *off = (i % kInodesPerBlock) * kInodeSize;
+  return journal_->get(gd->inode_table + i / kInodesPerBlock, MetaKind::kInodeTable,
+                       static_cast<uint32_t>(g), buf);
+}
+
+int FsImpl::get_node(Ino ino, NodeRef* out) {
+  if (ino == 0 || ino > sb_.inode_count) return ENOENT;
+  {
+    std::lock_guard<std::mutex> g(table_mu_);
+    auto it = nodes_.find(ino);
+    if (it != nodes_.end()) {
+      *out = it->second;
+      return 0;
+    }
+  }
+  MetaBuf* buf;
+  size_t off;
+  if (int rc = inode_slot(ino, &buf, &off); rc) return rc;
+  auto n = std::make_shared<Node>(ino);
+  std::memcpy(&n->disk, buf->data + off, sizeof(Inode));
+  if (n->disk.mode == 0) return ENOENT;
+  if (n->disk.checksum != inode_checksum(n->disk, ino, sb_.checksum_seed)) {
+    log("inode " + std::to_string(ino) + ": checksum mismatch (run fsck.warpfs)");
+    return EIO;
+  }
+  n->pub = n->disk;
+  std::lock_guard<std::mutex> g(table_mu_);
+  auto [it, inserted] = nodes_.try_emplace(ino, std::move(n));
+  *out = it->second;
+  return 0;
+}
+
+int FsImpl::store(Node& n) {
+  MetaBuf* buf;
+  size_t off;
+  if (int rc = inode_slot(n.ino, &buf, &off); rc) return rc;
+  n.disk.checksum = inode_checksum(n.disk, n.ino, sb_.checksum_seed);
+  std::memcpy(buf->data + off, &n.disk, sizeof(Inode));
+  journal_->dirty(buf);
+  publish(n);
+  return 0;
+}
+
+void FsImpl::publish(Node& n) {
+  std::lock_guard<std::mutex> g(n.attr_mu);
+  n.pub = n.disk;
+}
+
+void FsImpl::fill_attr(const Inode& d, Ino ino, Attr* out) const {
+  out->ino = ino;
+  out->mode = d.mode;
+  out->nlink = d.links;
+  out->uid = d.uid;
+  out->gid = d.gid;
+  out->generation = d.generation;
+  out->size = d.size;
+  out->blocks = d.blocks * (kBlockSize / 512);
+  out->atime_ns = d.atime_ns;
+  out->mtime_ns = d.mtime_ns;
+  out->ctime_ns = d.ctime_ns;
+}
+
+void Attr::to_stat(struct stat* st) const {
+  std::memset(st, 0, sizeof *st);
+  st->st_ino = ino;
+  st->st_mode = mode;
+  st->st_nlink = nlink;
+  st->st_uid = uid;
+  st->st_gid = gid;
+  st->st_size = static_cast<off_t>(size);
+  st->st_blocks = static_cast<blkcnt_t>(blocks);
+  st->st_blksize = kBlockSize;
+  st->st_atim.tv_sec = static_cast<time_t>(atime_ns / 1000000000);
+  st->st_atim.tv_nsec = static_cast<long>(atime_ns % 1000000000);
+  st->st_mtim.tv_sec = static_cast<time_t>(mtime_ns / 1000000000);
+  st->st_mtim.tv_nsec = static_cast<long>(mtime_ns % 1000000000);
+  st->st_ctim.tv_sec = static_cast<time_t>(ctime_ns / 1000000000);
+  st->st_ctim.tv_nsec = static_cast<long>(ctime_ns % 1000000000);
+}
+
+int FsImpl::new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out) {
+  Ino ino;
+  if (int rc = alloc_inode(parent, S_ISDIR(mode), &ino); rc) return rc;
+  MetaBuf* buf;
+  size_t off;
+  if (int rc = inode_slot(ino, &buf, &off); rc) {
+    free_inode_bit(ino, S_ISDIR(mode));
+    return rc;
+  }
+  Inode old;
+  std::memcpy(&old, buf->data + off, sizeof old);
+  auto n = std::make_shared<Node>(ino);
+  Inode& d = n->disk;
+  d = Inode{};
+  d.mode = mode;
+  d.uid = c.uid;
+  d.gid = c.gid;
+  d.links = 1;
+  d.atime_ns = d.mtime_ns = d.ctime_ns = d.crtime_ns = now_ns();
+  d.generation = old.generation + 1;  // FUSE: a reused inode number is a new file
+  n->mapped = true;
+  n->leaves.assign(1, ExtentLeaf{});
+  {
+    std::lock_guard<std::mutex> g(table_mu_);
+    auto& slot = nodes_[ino];
+    if (slot) {
+      // A stale node of a freed inode (kept only while some operation still held it).
+      log("inode " + std::to_string(ino) + " reused while still cached");
+    }
+    slot = n;
+  }
+  *out = n;
+  return 0;
+}
+
+void FsImpl::ref(Node& n, uint64_t lookups, uint32_t opens) {
+  std::lock_guard<std::mutex> g(table_mu_);
+  n.nlookup += lookups;
+  n.opens += opens;
+}
+
+// Drops a node nobody references from the table, or reclaims it if it has no links.
+void FsImpl::maybe_reclaim(Ino ino) {
+  NodeRef n;
+  {
+    std::lock_guard<std::mutex> g(table_mu_);
+    auto it = nodes_.find(ino);
+    if (it == nodes_.end()) return;
+    n = it->second;
+    if (n->nlookup != 0 || n->opens != 0) return;
+  }
+  bool unlinked;
+  {
+    std::lock_guard<std::mutex> g(n->attr_mu);
+    unlinked = n->pub.links == 0;
+  }
+  if (!unlinked) {
+    std::lock_guard<std::mutex> g(table_mu_);
+    // Only the table and `n` hold it: nobody is inside an operation on it.
+    if (n->nlookup == 0 && n->opens == 0 && n.use_count() == 2) nodes_.erase(ino);
+    return;
+  }
+  if (ro_) return;  // reclaimed at the next read-write mount (it is on the orphan list)
+  std::lock_guard<std::mutex> ns(namespace_mu_);
+  {
+    std::lock_guard<std::mutex> g(table_mu_);
+    if (n->nlookup != 0 || n->opens != 0) return;  // looked up again meanwhile
+  }
+  reclaim(n);
+}
+
+int FsImpl::reclaim(const NodeRef& n) {
+  std::unique_lock<std::shared_mutex> lk(n->rw);
+  if (n->disk.mode == 0 || n->disk.links != 0) return 0;
+  if (int rc = truncate_blocks(*n, 0); rc) return rc;
+  if (int rc = orphan_remove(*n); rc) return rc;
+  {
+    Journal::Txn t(*journal_);
+    if (n->disk.xattr_block) {
+      journal_->forget_block(n->disk.xattr_block);
+      free_blocks(n->disk.xattr_block, 1);
+    }
+    const bool dir = S_ISDIR(n->disk.mode);
+    const uint32_t gen = n->disk.generation;
+    n->disk = Inode{};
+    n->disk.generation = gen;
+    if (int rc = store(*n); rc) return rc;
+    free_inode_bit(n->ino, dir);
+  }
+  std::lock_guard<std::mutex> g(table_mu_);
+  auto it = nodes_.find(n->ino);
+  if (it != nodes_.end() && it->second == n) nodes_.erase(it);
+  return 0;
+}
+
+int FsImpl::orphan_add(Node& n) {
+  auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
+  std::lock_guard<std::mutex> g(orphan_mu_);
+  n.disk.next_orphan = s->orphan_head;
+  s->orphan_head = n.ino;
+  n.on_orphan_list = true;
+  journal_->dirty(sb_buf_);
+  return store(n);
+}
+
+int FsImpl::orphan_remove(Node& n) {
+  auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
+  if (s->orphan_head == n.ino) {
+    Journal::Txn t(*journal_);
+    std::lock_guard<std::mutex> g(orphan_mu_);
+    s->orphan_head = n.disk.next_orphan;
+    journal_->dirty(sb_buf_);
+    n.disk.next_orphan = 0;
+    n.on_orphan_list = false;
+    return store(n);
+  }
+  // Walk to the predecessor (the list holds the few files unlinked while open).
+  Ino cur = s->orphan_head;
+  for (uint64_t steps = 0; cur != 0 && steps < sb_.inode_count; ++steps) {
+    NodeRef p;
+    if (int rc = get_node(cur, &p); rc) {
+      log("orphan list: inode " + std::to_string(cur) + " unreadable (run fsck.warpfs)");
+      return rc;
+    }
+    if (p->disk.next_orphan == n.ino) {
+      std::unique_lock<std::shared_mutex> plk(p->rw);
+      Journal::Txn t(*journal_);
+      p->disk.next_orphan = n.disk.next_orphan;
+      if (int rc = store(*p); rc) return rc;
+      n.disk.next_orphan = 0;
+      n.on_orphan_list = false;
+      return store(n);
+    }
+    cur = p->disk.next_orphan;
+  }
+  return 0;  // not on the list (it was never opened after its unlink was journalled)
+}
+
+}  // namespace warpfs::fs

@@ -1,0 +1,217 @@
+// The filesystem core's private types. See filesystem.h for the contract and lock order.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "journal.h"
+#include "warpfs/fs/filesystem.h"
+#include "warpfs/fs/format.h"
+
+namespace warpfs::fs {
+
+uint64_t now_ns();
+
+// One block group's allocation state. Bitmaps live in journal buffers; `held` marks blocks
+// freed by the running transaction, which may not be reused until it commits (FORMAT.md).
+struct Group {
+  std::mutex mu;  // leaf: bitmap bits, the descriptor, held
+  MetaBuf* block_bitmap = nullptr;
+  MetaBuf* inode_bitmap = nullptr;
+  std::vector<uint64_t> held;  // 512 words, lazily sized
+  std::vector<std::pair<uint32_t, uint32_t>> freed;  // (first, count) freed this transaction
+  std::atomic<uint32_t> free_blocks{0}, free_inodes{0};
+  uint32_t next_inode_hint = 0, next_block_hint = 0;
+};
+
+// The in-memory mapping of a file: its extents, in leaves of at most kExtentNodeCapacity.
+// A file with at most Inode::kInlineExtents extents keeps them in the inode (one leaf with
+// block 0); larger ones have leaf blocks under an index (in the inode at depth 1, in index
+// blocks at depth 2).
+struct ExtentLeaf {
+  uint64_t block = 0;  // 0: inline in the inode
+  std::vector<Extent> ext;
+  bool dirty = false;
+};
+
+struct Node {
+  explicit Node(Ino i) : ino(i) {}
+  const Ino ino;
+  // Operation lock (filesystem.h level 2): shared for reads of contents, exclusive for
+  // changes. `disk`, `leaves` and `index_blocks` are guarded by it.
+  std::shared_mutex rw;
+  Inode disk{};
+  bool mapped = false;  // leaves loaded
+  std::vector<ExtentLeaf> leaves;
+  std::vector<uint64_t> index_blocks;  // depth 2
+  bool index_dirty = false;
+
+  // Published attributes for getattr without `rw` (leaf lock).
+  std::mutex attr_mu;
+  Inode pub{};
+
+  // Kernel references and open handles: NodeTable's mutex.
+  uint64_t nlookup = 0;
+  uint32_t opens = 0;
+  bool on_orphan_list = false;  // namespace_mu_
+};
+
+class FsImpl final : public Filesystem {
+ public:
+  FsImpl(blockdev::BlockDevice& dev, const Superblock& sb, const MountOptions& o);
+  ~FsImpl() override;
+  int start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* error);
+
+  int unmount() override;
+  int lookup(Ino parent, std::string_view name, Attr* out) override;
+  void forget(Ino ino, uint64_t n) override;
+  int lookup_ino(Ino ino, Attr* out) override;
+  int getattr(Ino ino, Attr* out) override;
+  int setattr(Ino ino, const SetAttr& s, Attr* out) override;
+  int mknod(Ino parent, std::string_view name, uint32_t mode, uint32_t rdev, const Caller& c,
+            Attr* out) override;
+  int mkdir(Ino parent, std::string_view name, uint32_t mode, const Caller& c, Attr* out) override;
+  int symlink(Ino parent, std::string_view name, std::string_view target, const Caller& c,
+              Attr* out) override;
+  int readlink(Ino ino, std::string* target) override;
+  int link(Ino ino, Ino new_parent, std::string_view new_name, Attr* out) override;
+  int unlink(Ino parent, std::string_view name) override;
+  int rmdir(Ino parent, std::string_view name) override;
+  int rename(Ino parent, std::string_view name, Ino new_parent, std::string_view new_name,
+             unsigned flags) override;
+  int open(Ino ino, int flags) override;
+  void release(Ino ino) override;
+  int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) override;
+  int write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written) override;
+  int fsync(Ino ino, bool datasync) override;
+  int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) override;
+  int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) override;
+  int opendir(Ino ino) override;
+  int readdir(Ino ino, uint64_t offset, const std::function<bool(const DirEntry&)>& emit) override;
+  int setxattr(Ino ino, std::string_view name, const void* value, size_t size, int flags) override;
+  int getxattr(Ino ino, std::string_view name, std::string* value) override;
+  int listxattr(Ino ino, std::string* names) override;
+  int removexattr(Ino ino, std::string_view name) override;
+  int statfs(struct statvfs* out) override;
+  int sync() override;
+  FsStats stats() const override;
+  bool read_only() const override { return ro_; }
+
+ private:
+  friend struct DirOps;
+  using NodeRef = std::shared_ptr<Node>;
+
+  // --- inodes (inode.cc)
+  int get_node(Ino ino, NodeRef* out);  // loads and verifies; EIO, ENOENT (free inode)
+  int store(Node& n);                   // REQUIRES: rw exclusive, in a transaction
+  void publish(Node& n);
+  void fill_attr(const Inode& d, Ino ino, Attr* out) const;
+  int inode_slot(Ino ino, MetaBuf** buf, size_t* off);
+  int alloc_inode(Ino parent, bool dir, Ino* out);  // in a transaction
+  void free_inode_bit(Ino ino, bool dir);
+  int new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out);  // in a transaction
+  void ref(Node& n, uint64_t lookups, uint32_t opens);
+  // Frees an inode whose links, lookups and opens are all zero. REQUIRES: namespace_mu_.
+  int reclaim(const NodeRef& n);
+  int orphan_add(Node& n);     // REQUIRES: namespace_mu_, n.rw exclusive, in a transaction
+  int orphan_remove(Node& n);  // REQUIRES: namespace_mu_, n.rw exclusive (takes others' rw)
+  void maybe_reclaim(Ino ino);
+
+  // --- allocation (alloc.cc); in a transaction
+  int alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got);
+  void free_blocks(uint64_t first, uint64_t count);
+  uint32_t group_of_block(uint64_t b) const;
+  int load_groups();
+  void finish_commit(std::vector<MetaBuf*>& dirty);
+  void take_freed();
+  void release_freed();
+
+  // --- extents (extents.cc); REQUIRES: rw held (exclusive for changes)
+  int load_map(Node& n);
+  // Finds the extent covering `lblk`, or the hole up to the next extent.
+  struct Mapping {
+    bool hole;
+    uint32_t logical, length;  // the run starting at lblk
+    uint64_t physical;        // hole: 0
+    bool unwritten;
+  };
+  Mapping map_lookup(Node& n, uint32_t lblk);
+  // Removes [l, l + count) from the mapping; removed runs go to `removed`.
+  int map_remove(Node& n, uint32_t l, uint64_t count, std::vector<Extent>* removed);
+  int map_insert(Node& n, Extent e);  // REQUIRES: [e.logical, +blocks) is a hole
+  int map_store(Node& n);             // writes changed leaves/index, then the inode
+  // Frees the mapped blocks in [l, end) and their accounting. In a transaction.
+  int punch(Node& n, uint32_t l, uint64_t count);
+  int truncate_blocks(Node& n, uint64_t new_size);  // frees beyond; its own transactions
+  uint64_t alloc_goal(Node& n, uint32_t lblk);
+  int alloc_meta_block(Node& n, uint64_t* out);
+
+  // --- file data (file.cc)
+  int write_locked(Node& n, uint64_t off, size_t len, const char* buf, size_t* written);
+  int zero_range(Node& n, uint64_t off, uint64_t len);  // within mapped blocks
+  int set_size(Node& n, uint64_t size);
+
+  // --- directories (dir.cc); REQUIRES: dir rw held
+  int dir_find(Node& dir, std::string_view name, Ino* ino, uint8_t* type);
+  int dir_add(Node& dir, std::string_view name, Ino ino, uint8_t type);  // in a transaction
+  int dir_remove(Node& dir, std::string_view name);                     // in a transaction
+  int dir_set(Node& dir, std::string_view name, Ino ino, uint8_t type);  // replace target
+  int dir_is_empty(Node& dir, bool* empty);
+  int dir_init(Node& dir, Ino parent);  // a new directory's index root and first leaf
+  int dir_block(Node& dir, uint32_t lblk, MetaBuf** out);
+  int dir_readdir(Node& dir, uint64_t offset, const std::function<bool(const DirEntry&)>& emit);
+
+  // --- xattrs (xattr.cc)
+  int xattr_load(Node& n, MetaBuf** out);
+
+  // --- helpers
+  static int check_name(std::string_view name);
+  int check_writable() const;
+  void log(const std::string& s) const { log_(s); }
+  int meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner);
+  void set_header_checksum(MetaBuf* b);
+  int create_common(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
+                    std::string_view symlink_target, Attr* out);
+  int unlink_common(Ino parent, std::string_view name, bool dir);
+  void commit_loop();
+
+  blockdev::BlockDevice& dev_;
+  Superblock sb_;
+  MountOptions opts_;
+  std::function<void(const std::string&)> log_;
+  bool ro_;
+  std::unique_ptr<Journal> journal_;
+  MetaBuf* sb_buf_ = nullptr;
+  std::vector<MetaBuf*> gdt_;
+  std::unique_ptr<Group[]> groups_;
+  uint32_t itb_ = 0;  // inode table blocks per group
+  uint64_t data_blocks_total_ = 0;
+
+  std::mutex namespace_mu_;  // level 1
+  std::mutex table_mu_;      // leaf: nodes_, and Node::nlookup/opens
+  std::unordered_map<Ino, NodeRef> nodes_;
+  std::mutex orphan_mu_;     // leaf: sb_.orphan_head under the superblock buffer
+
+  // Blocks freed by the transaction being committed: trimmed, then reusable.
+  std::vector<std::pair<uint64_t, uint64_t>> committing_freed_;
+
+  std::thread committer_;
+  std::mutex committer_mu_;
+  std::condition_variable committer_cv_;
+  bool stopping_ = false;
+  bool unmounted_ = false;
+  std::atomic<uint64_t> trims_{0}, trimmed_blocks_{0};
+  uint64_t orphans_freed_ = 0, replayed_ = 0;
+
+};
+
+}  // namespace warpfs::fs

@@ -1,0 +1,302 @@
+#include "journal.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "warpfs/fs/replay.h"
+
+namespace warpfs::fs {
+
+Journal::Journal(blockdev::BlockDevice& dev, const Superblock& sb, uint64_t pos, uint64_t seq,
+                 Log log)
+    : dev_(dev), sb_(sb), log_(std::move(log)), pos_(pos), seq_(seq) {
+  // One descriptor per transaction, and the transaction (descriptor + blocks + commit) must
+  // fit in the ring of journal_blocks - 1 positions.
+  capacity_ = std::min<uint32_t>(kJournalMaxBlocks, sb.journal_blocks - 3);
+}
+
+Journal::~Journal() = default;
+
+int Journal::get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
+                 const std::function<std::string(const MetaBuf&)>& verify) {
+  Shard& s = shard(block);
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    auto it = s.map.find(block);
+    if (it != s.map.end()) {
+      meta_cached.fetch_add(1, std::memory_order_relaxed);
+      *out = it->second.get();
+      return 0;
+    }
+  }
+  if (block == 0 || block >= sb_.block_count) {
+    log_("metadata block " + std::to_string(block) + " is outside the filesystem");
+    return EIO;
+  }
+  // Read outside the shard lock; a concurrent reader of the same block keeps the first copy.
+  // Nobody modifies a block that is not cached, so both copies are equal.
+  auto b = std::make_unique<MetaBuf>();
+  b->block = block;
+  b->kind = kind;
+  b->group = group;
+  meta_reads.fetch_add(1, std::memory_order_relaxed);
+  if (blockdev::Status st = dev_.read(block, 1, b->data); !st.is_ok()) {
+    log_("read of metadata block " + std::to_string(block) + " failed: " + st.to_string());
+    return EIO;
+  }
+  std::string bad;
+  if (kind == MetaKind::kHeader) {
+    uint64_t stored;
+    std::memcpy(&stored, b->data + kHeaderChecksumOffset, 8);
+    if (stored != block_checksum(b->data, kHeaderChecksumOffset, sb_.checksum_seed)) {
+      bad = "checksum mismatch";
+    }
+  } else if (kind == MetaKind::kGdt) {
+    const uint64_t first = (block - sb_.gdt_start) * kGroupDescsPerBlock;
+    for (uint32_t k = 0; k < kGroupDescsPerBlock && first + k < sb_.group_count; ++k) {
+      GroupDesc gd;
+      std::memcpy(&gd, b->data + k * sizeof gd, sizeof gd);
+      if (gd.checksum != group_checksum(gd, sb_.checksum_seed)) {
+        bad = "group descriptor " + std::to_string(first + k) + " checksum mismatch";
+        break;
+      }
+    }
+  }
+  if (bad.empty() && verify) bad = verify(*b);
+  if (!bad.empty()) {
+    checksum_errors.fetch_add(1, std::memory_order_relaxed);
+    log_("metadata block " + std::to_string(block) + ": " + bad + " (run fsck.warpfs)");
+    return EIO;
+  }
+  std::lock_guard<std::mutex> g(s.mu);
+  auto [it, inserted] = s.map.try_emplace(block, std::move(b));
+  *out = it->second.get();
+  return 0;
+}
+
+MetaBuf* Journal::create(uint64_t block, MetaKind kind) {
+  auto b = std::make_unique<MetaBuf>();
+  b->block = block;
+  b->kind = kind;
+  std::memset(b->data, 0, kBlockSize);
+  Shard& s = shard(block);
+  std::lock_guard<std::mutex> g(s.mu);
+  auto& slot = s.map[block];
+  if (slot) {
+    // A stale cached copy of a block that was freed and is now reused (forget_block missed
+    // it only if it was never cached): replace it.
+    std::lock_guard<std::mutex> gy(graveyard_mu_);
+    slot->dead = true;
+    graveyard_.push_back(std::move(slot));
+  }
+  slot = std::move(b);
+  return slot.get();
+}
+
+void Journal::forget_block(uint64_t block) {
+  Shard& s = shard(block);
+  std::unique_ptr<MetaBuf> victim;
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    auto it = s.map.find(block);
+    if (it == s.map.end()) return;
+    victim = std::move(it->second);
+    s.map.erase(it);
+  }
+  {
+    std::lock_guard<std::mutex> g(dirty_mu_);
+    victim->dead = true;  // commit skips it; the pointer in dirty_ stays valid until then
+  }
+  std::lock_guard<std::mutex> g(graveyard_mu_);
+  graveyard_.push_back(std::move(victim));
+}
+
+void Journal::dirty(MetaBuf* b) {
+  std::lock_guard<std::mutex> g(dirty_mu_);
+  if (!b->dirty) {
+    b->dirty = true;
+    dirty_.push_back(b);
+    dirty_count_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void Journal::enter() {
+  // A transaction over half its capacity is committed before more operations join it: the
+  // other half is headroom for the operations already inside (each dirties a few blocks).
+  if (dirty_count_.load(std::memory_order_relaxed) >= capacity_ / 2) commit();
+  std::unique_lock<std::mutex> g(gate_mu_);
+  gate_cv_.wait(g, [&] { return !closed_; });
+  ++active_;
+}
+
+void Journal::leave() {
+  std::lock_guard<std::mutex> g(gate_mu_);
+  if (--active_ == 0 && closed_) gate_cv_.notify_all();
+}
+
+int Journal::commit() {
+  std::lock_guard<std::mutex> c(commit_mu_);
+  if (failed_.load()) return EIO;
+  // Close the gate and wait for the operations inside to leave.
+  std::vector<MetaBuf*> dirty;
+  std::vector<uint8_t> copy;
+  std::vector<std::pair<uint64_t, const uint8_t*>> blocks;
+  {
+    std::unique_lock<std::mutex> g(gate_mu_);
+    closed_ = true;
+    gate_cv_.wait(g, [&] { return active_ == 0; });
+  }
+  {
+    std::lock_guard<std::mutex> g(dirty_mu_);
+    dirty.swap(dirty_);
+    dirty_count_.store(0, std::memory_order_relaxed);
+  }
+  if (precommit) precommit();
+  if (finish) finish(dirty);  // may dirty descriptor blocks: they go through dirty()
+  {
+    std::lock_guard<std::mutex> g(dirty_mu_);
+    dirty.insert(dirty.end(), dirty_.begin(), dirty_.end());
+    dirty_.clear();
+    dirty_count_.store(0, std::memory_order_relaxed);
+    dirty.erase(std::remove_if(dirty.begin(), dirty.end(), [](MetaBuf* b) {
+                  b->dirty = false;
+                  return b->dead;
+                }),
+                dirty.end());
+  }
+  copy.resize(dirty.size() * kBlockSize);
+  for (size_t i = 0; i < dirty.size(); ++i) {
+    std::memcpy(copy.data() + i * kBlockSize, dirty[i]->data, kBlockSize);
+    blocks.emplace_back(dirty[i]->block, copy.data() + i * kBlockSize);
+  }
+  {
+    std::lock_guard<std::mutex> g(gate_mu_);
+    closed_ = false;
+  }
+  gate_cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> g(graveyard_mu_);
+    graveyard_.clear();  // dead buffers: nobody points at them any more (dirty list pruned)
+  }
+
+  int rc = 0;
+  if (!blocks.empty()) {
+    if (blocks.size() > capacity_) {
+      log_("journal: a transaction of " + std::to_string(blocks.size()) +
+           " blocks exceeds the journal's capacity of " + std::to_string(capacity_) +
+           "; the filesystem is now read-only");
+      failed_ = true;
+      return EIO;
+    }
+    rc = write_transaction(blocks);
+    if (rc != 0) {
+      failed_ = true;
+      return rc;
+    }
+  }
+  if (committed) committed();
+  return rc;
+}
+
+int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks) {
+  auto fail = [&](const char* what, const blockdev::Status& st) {
+    log_(std::string("journal: ") + what + " failed: " + st.to_string() +
+         "; the filesystem is now read-only");
+    return EIO;
+  };
+  auto jblock = [&](uint64_t p) { return 1 + p; };  // position -> device block
+  // (1) Data of this transaction and the previous checkpoint become durable.
+  if (auto st = dev_.flush(); !st.is_ok()) return fail("flush before commit", st);
+  // (2) The previous transaction is checkpointed: the tail moves to this one.
+  JournalHeader h{};
+  h.magic = kJournalHeaderMagic;
+  h.tail_block = pos_;
+  h.tail_seq = seq_;
+  h.checksum = block_checksum(&h, offsetof(JournalHeader, checksum), sb_.checksum_seed);
+  if (auto st = dev_.write(1, 1, &h); !st.is_ok()) return fail("journal header write", st);
+  // (3) Descriptor, blocks, commit.
+  const auto n = static_cast<uint32_t>(blocks.size());
+  std::vector<uint8_t> ring((n + 2) * size_t{kBlockSize});
+  auto* d = reinterpret_cast<JournalDescriptor*>(ring.data());
+  d->magic = kJournalDescriptorMagic;
+  d->count = n;
+  d->seq = seq_;
+  for (uint32_t i = 0; i < n; ++i) d->targets[i] = blocks[i].first;
+  d->checksum = block_checksum(d, offsetof(JournalDescriptor, checksum), sb_.checksum_seed);
+  XXH64_state_t* xs = XXH64_createState();
+  XXH64_reset(xs, sb_.checksum_seed);
+  XXH64_update(xs, d, kBlockSize);
+  for (uint32_t i = 0; i < n; ++i) {
+    std::memcpy(ring.data() + (i + 1) * size_t{kBlockSize}, blocks[i].second, kBlockSize);
+    XXH64_update(xs, blocks[i].second, kBlockSize);
+  }
+  auto* c = reinterpret_cast<JournalCommit*>(ring.data() + (n + 1) * size_t{kBlockSize});
+  c->magic = kJournalCommitMagic;
+  c->count = n;
+  c->seq = seq_;
+  c->data_checksum = XXH64_digest(xs);
+  XXH64_freeState(xs);
+  c->checksum = block_checksum(c, offsetof(JournalCommit, checksum), sb_.checksum_seed);
+  // Write in contiguous runs up to the ring's end, then from position 1.
+  uint64_t p = pos_;
+  for (uint32_t i = 0; i < n + 2;) {
+    const uint32_t run = static_cast<uint32_t>(
+        std::min<uint64_t>(n + 2 - i, sb_.journal_blocks - p));
+    if (auto st = dev_.write(jblock(p), run, ring.data() + i * size_t{kBlockSize}); !st.is_ok()) {
+      return fail("journal write", st);
+    }
+    i += run;
+    p = p + run >= sb_.journal_blocks ? 1 : p + run;
+  }
+  // (4) The commit is durable.
+  if (auto st = dev_.flush(); !st.is_ok()) return fail("flush after commit", st);
+  journal_blocks_written.fetch_add(n + 2, std::memory_order_relaxed);
+  pos_ = p;
+  ++seq_;
+  commits.fetch_add(1, std::memory_order_relaxed);
+  // (5) Checkpoint: home locations (durable at the next commit's flush, or at unmount).
+  std::vector<blockdev::BlockDevice::Io> ios;
+  for (size_t i = 0; i < blocks.size(); i += 32) {
+    ios.clear();
+    for (size_t k = i; k < std::min(blocks.size(), i + 32); ++k) {
+      blockdev::BlockDevice::Io io{};
+      io.block = blocks[k].first;
+      io.lines = 1;
+      io.write = true;
+      io.data = const_cast<uint8_t*>(blocks[k].second);
+      ios.push_back(io);
+    }
+    dev_.submit(ios.data(), static_cast<int>(ios.size()));
+    for (auto& io : ios) {
+      if (!io.status.is_ok()) return fail("checkpoint write", io.status);
+    }
+  }
+  checkpoint_blocks.fetch_add(n, std::memory_order_relaxed);
+  return 0;
+}
+
+int Journal::close() {
+  if (int rc = commit(); rc) return rc;
+  std::lock_guard<std::mutex> c(commit_mu_);
+  if (auto st = dev_.flush(); !st.is_ok()) return EIO;
+  JournalHeader h{};
+  h.magic = kJournalHeaderMagic;
+  h.tail_block = pos_;
+  h.tail_seq = seq_;
+  h.checksum = block_checksum(&h, offsetof(JournalHeader, checksum), sb_.checksum_seed);
+  if (int rc = write_direct(1, &h); rc) return rc;
+  return dev_.flush().is_ok() ? 0 : EIO;
+}
+
+int Journal::write_direct(uint64_t block, const void* data) {
+  if (auto st = dev_.write(block, 1, data); !st.is_ok()) {
+    log_("write of block " + std::to_string(block) + " failed: " + st.to_string());
+    return EIO;
+  }
+  return 0;
+}
+
+}  // namespace warpfs::fs

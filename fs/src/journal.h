@@ -1,0 +1,139 @@
+// The metadata cache and the journal (fs/FORMAT.md "Journal").
+//
+// Every metadata block the filesystem reads lives in a MetaBuf for the life of the mount;
+// changes are made in place, inside a transaction, and the buffer is marked dirty. A commit
+// closes the gate (no operation is inside a transaction), lets the filesystem finish the
+// checksums, copies the dirty blocks, reopens the gate, and then writes the copies: journal
+// first, home locations after (ordered mode, one live transaction; see FORMAT.md).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "warpfs/blockdev/block_device.h"
+#include "warpfs/fs/format.h"
+
+namespace warpfs::fs {
+
+enum class MetaKind : uint8_t {
+  kSuper,        // superblock: its own checksum
+  kGdt,          // group descriptor table block: a checksum per descriptor
+  kBlockBitmap,  // checksummed in the group descriptor
+  kInodeBitmap,
+  kInodeTable,   // a checksum per inode
+  kHeader,       // directory, extent-tree and xattr blocks: checksum at byte 24
+};
+
+struct MetaBuf {
+  uint64_t block = 0;
+  MetaKind kind = MetaKind::kHeader;
+  uint32_t group = 0;  // bitmaps: their group
+  bool dirty = false;  // in the running transaction (journal's dirty_mu_)
+  bool dead = false;   // freed: never written again
+  alignas(64) uint8_t data[kBlockSize];
+};
+
+class Journal {
+ public:
+  using Log = std::function<void(const std::string&)>;
+  // `pos`/`seq`: where the next transaction goes (after replay).
+  Journal(blockdev::BlockDevice& dev, const Superblock& sb, uint64_t pos, uint64_t seq, Log log);
+  ~Journal();
+  Journal(const Journal&) = delete;
+  Journal& operator=(const Journal&) = delete;
+
+  // The cached buffer of `block`, read and verified on first use. A checksum failure is
+  // EIO, logged with the block and kind; `verify` checks kinds that need context (bitmaps
+  // against their descriptor, header magic): it returns "" or the problem.
+  int get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
+          const std::function<std::string(const MetaBuf&)>& verify = nullptr);
+  // A zeroed buffer for a newly allocated metadata block (no read).
+  MetaBuf* create(uint64_t block, MetaKind kind);
+  // A freed metadata block: dropped from the cache and from the running transaction.
+  void forget_block(uint64_t block);
+  // REQUIRES: inside a transaction.
+  void dirty(MetaBuf* b);
+
+  // A transaction: operations enter it (shared) and leave; commit waits until none is
+  // inside. REQUIRES: the caller holds no lock an operation inside a transaction may wait
+  // for (filesystem.h's order: no namespace or inode lock is taken inside).
+  class Txn {
+   public:
+    explicit Txn(Journal& j) : j_(&j) { j.enter(); }
+    ~Txn() { if (j_) j_->leave(); }
+    Txn(const Txn&) = delete;
+    Txn& operator=(const Txn&) = delete;
+   private:
+    Journal* j_;
+  };
+
+  // Commits the running transaction (if it has anything) and makes it durable. Returns 0 or
+  // EIO. Serialised; a caller arriving during a commit waits for it and commits again only if
+  // more was dirtied.
+  int commit();
+  // Blocks a transaction may still dirty before a commit is forced.
+  uint32_t capacity() const { return capacity_; }
+
+  // Hooks, set once before use:
+  // finish(dirty): under the closed gate, before the copy: compute derived checksums (may
+  // dirty more blocks: bitmaps dirty their descriptor block).
+  std::function<void(std::vector<MetaBuf*>&)> finish;
+  // committed(): after the transaction is durable and checkpointed (frees become reusable).
+  std::function<void()> committed;
+  // precommit(): under the closed gate, before finish: take the transaction's private
+  // lists (e.g. the blocks it freed).
+  std::function<void()> precommit;
+
+  // Commits, makes every checkpoint durable and leaves the journal empty (the header's tail
+  // at the next position): a later replay finds nothing. For unmount.
+  int close();
+  // Writes a block directly (superblock at unmount), bypassing the journal.
+  int write_direct(uint64_t block, const void* data);
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+
+  std::atomic<uint64_t> commits{0}, journal_blocks_written{0}, checkpoint_blocks{0};
+  std::atomic<uint64_t> meta_reads{0}, meta_cached{0}, checksum_errors{0};
+
+ private:
+  void enter();
+  void leave();
+  int write_transaction(const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks);
+
+  blockdev::BlockDevice& dev_;
+  Superblock sb_;  // geometry and seed (immutable while mounted)
+  Log log_;
+  uint32_t capacity_;
+
+  // The gate. closed_ stops new entries; a commit waits for active_ == 0.
+  std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  int active_ = 0;
+  bool closed_ = false;
+
+  std::mutex commit_mu_;  // one commit at a time; outside the gate
+  uint64_t pos_, seq_;    // commit_mu_
+  std::atomic<bool> failed_{false};
+
+  std::mutex dirty_mu_;
+  std::vector<MetaBuf*> dirty_;
+  std::atomic<uint32_t> dirty_count_{0};
+
+  static constexpr int kShards = 64;
+  struct Shard {
+    std::mutex mu;
+    std::unordered_map<uint64_t, std::unique_ptr<MetaBuf>> map;
+  };
+  Shard shards_[kShards];
+  Shard& shard(uint64_t block) { return shards_[block % kShards]; }
+  std::mutex graveyard_mu_;
+  std::vector<std::unique_ptr<MetaBuf>> graveyard_;  // dead buffers, freed after a commit
+};
+
+}  // namespace warpfs::fs

@@ -1,0 +1,264 @@
+// Mount and unmount: superblock validation (with the backup as fallback), journal replay,
+// orphan recovery, the periodic committer, and the clean unmount.
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+
+#include "internal.h"
+#include "warpfs/fs/replay.h"
+
+namespace warpfs::fs {
+
+namespace {
+
+// "" or why `sb` cannot describe a filesystem on a device of `dev_blocks` blocks.
+std::string check_superblock(const Superblock& sb, uint64_t dev_blocks) {
+  if (sb.magic != kMagic) return "no warpfs magic";
+  if (sb.checksum != superblock_checksum(sb)) return "superblock checksum mismatch";
+  if (sb.version != kVersion) return "unsupported version " + std::to_string(sb.version);
+  if (sb.features != kFeaturesV1) return "unsupported feature flags " + std::to_string(sb.features);
+  if (sb.block_size != kBlockSize || sb.blocks_per_group != kBlocksPerGroup) return "unsupported block geometry";
+  if (sb.block_count > dev_blocks) {
+    return "the filesystem has " + std::to_string(sb.block_count) + " blocks but the device only " +
+           std::to_string(dev_blocks);
+  }
+  const uint64_t gdt_blocks = (uint64_t{sb.group_count} + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock;
+  if (sb.group_count == 0 || sb.inodes_per_group == 0 || sb.inodes_per_group % kInodesPerBlock ||
+      sb.inodes_per_group > kBlockSize * 8 || sb.journal_blocks < 8 ||
+      sb.gdt_start != 1 + uint64_t{sb.journal_blocks} ||
+      sb.gdt_start + gdt_blocks + uint64_t{sb.group_count - 1} * kBlocksPerGroup >= sb.block_count ||
+      sb.inode_count != uint64_t{sb.group_count} * sb.inodes_per_group || sb.root_inode != kRootInode) {
+    return "inconsistent geometry";
+  }
+  return "";
+}
+
+bool read_sb(blockdev::BlockDevice& dev, uint64_t block, Superblock* sb) {
+  return dev.read(block, 1, sb).is_ok();
+}
+
+}  // namespace
+
+std::unique_ptr<Filesystem> Filesystem::mount(blockdev::BlockDevice& dev, const MountOptions& o,
+                                              std::string* error) {
+  if (dev.block_bytes() != kBlockSize) {
+    *error = "the device's block size is " + std::to_string(dev.block_bytes()) + ", warpfs needs 4096";
+    return nullptr;
+  }
+  auto log = o.log ? o.log : [](const std::string& s) { std::cerr << "warpfs: " << s << "\n"; };
+  const uint64_t dev_blocks = dev.block_count();
+  auto sb = std::make_unique<Superblock>();
+  if (!read_sb(dev, 0, sb.get())) {
+    *error = "cannot read the superblock (I/O error)";
+    return nullptr;
+  }
+  std::string why = check_superblock(*sb, dev_blocks);
+  if (!why.empty()) {
+    // The backup sits in the last block of the filesystem: at the device's end, or up to a
+    // group earlier when mkfs left a partial group out.
+    auto backup = std::make_unique<Superblock>();
+    bool found = false;
+    std::vector<uint8_t> chunk(256 * size_t{kBlockSize});
+    for (uint64_t end = dev_blocks; end > 1 && dev_blocks - end <= kBlocksPerGroup + 256 && !found;) {
+      const uint64_t n = std::min<uint64_t>(256, end - 1);
+      if (!dev.read(end - n, static_cast<uint32_t>(n), chunk.data()).is_ok()) break;
+      for (uint64_t i = n; i-- > 0;) {
+        std::memcpy(backup.get(), chunk.data() + i * kBlockSize, kBlockSize);
+        if (backup->magic == kMagic && check_superblock(*backup, dev_blocks).empty() &&
+            backup->block_count == end - n + i + 1) {
+          found = true;
+          break;
+        }
+      }
+      end -= n;
+    }
+    if (!found) {
+      *error = why == "no warpfs magic" ? "not a warpfs filesystem (no warpfs superblock)"
+                                        : "the superblock is damaged (" + why + ") and no valid backup was found";
+      return nullptr;
+    }
+    log("primary superblock damaged (" + why + "): using the backup at block " +
+        std::to_string(backup->block_count - 1) + "; run fsck.warpfs");
+    sb = std::move(backup);
+  }
+  if (sb->state == kStateDirty) log("the filesystem was not cleanly unmounted: replaying the journal");
+  ReplayResult rr;
+  if (blockdev::Status st = replay_journal(dev, *sb, false, &rr); !st.is_ok()) {
+    *error = "journal replay failed: " + st.to_string() + (rr.stopped.empty() ? "" : " (" + rr.stopped + ")");
+    return nullptr;
+  }
+  if (rr.transactions > 0) {
+    log("replayed " + std::to_string(rr.transactions) + " journal transaction(s), " +
+        std::to_string(rr.blocks) + " blocks");
+    // Block 0 may have been among them.
+    Superblock again;
+    if (read_sb(dev, 0, &again) && check_superblock(again, dev_blocks).empty()) *sb = again;
+  }
+  MountOptions mo = o;
+  mo.log = log;
+  auto fs = std::make_unique<FsImpl>(dev, *sb, mo);
+  if (fs->start(rr.next_pos, rr.next_seq, rr.transactions, error) != 0) return nullptr;
+  return fs;
+}
+
+FsImpl::FsImpl(blockdev::BlockDevice& dev, const Superblock& sb, const MountOptions& o)
+    : dev_(dev), sb_(sb), opts_(o), log_(o.log), ro_(o.read_only) {
+  itb_ = sb.inodes_per_group / kInodesPerBlock;
+}
+
+int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* error) {
+  replayed_ = replayed;
+  journal_ = std::make_unique<Journal>(dev_, sb_, jpos, jseq, log_);
+  journal_->precommit = [this] { take_freed(); };
+  journal_->finish = [this](std::vector<MetaBuf*>& d) { finish_commit(d); };
+  journal_->committed = [this] { release_freed(); };
+  sb_buf_ = journal_->create(0, MetaKind::kSuper);
+  std::memcpy(sb_buf_->data, &sb_, sizeof sb_);
+  if (int rc = load_groups(); rc) {
+    *error = "cannot load the block groups (see the log above; run fsck.warpfs)";
+    return rc;
+  }
+  NodeRef root;
+  if (int rc = get_node(kRootInode, &root); rc || !S_ISDIR(root->disk.mode)) {
+    *error = "the root directory (inode 1) is unreadable or not a directory; run fsck.warpfs";
+    return rc ? rc : EIO;
+  }
+  if (!ro_) {
+    // Inodes unlinked while open when the last mount ended: free them now.
+    auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
+    std::lock_guard<std::mutex> ns(namespace_mu_);
+    for (uint64_t steps = 0; s->orphan_head != 0 && steps < sb_.inode_count; ++steps) {
+      NodeRef n;
+      const Ino ino = s->orphan_head;
+      if (int rc = get_node(ino, &n); rc) {
+        log("orphan list: inode " + std::to_string(ino) + " unreadable; the list is dropped (run fsck.warpfs)");
+        Journal::Txn t(*journal_);
+        s->orphan_head = 0;
+        journal_->dirty(sb_buf_);
+        break;
+      }
+      if (n->disk.links != 0) {
+        // Linked again: just take it off the list.
+        std::unique_lock<std::shared_mutex> lk(n->rw);
+        if (int rc = orphan_remove(*n); rc) break;
+        continue;
+      }
+      if (int rc = reclaim(n); rc) {
+        *error = "cannot free orphan inode " + std::to_string(ino);
+        return rc;
+      }
+      ++orphans_freed_;
+    }
+    {
+      Journal::Txn t(*journal_);
+      s->state = kStateDirty;
+      s->mount_time = now_ns();
+      s->mount_count += 1;
+      journal_->dirty(sb_buf_);
+    }
+    if (int rc = journal_->commit(); rc) {
+      *error = "cannot write to the device (journal commit failed)";
+      return rc;
+    }
+    committer_ = std::thread([this] { commit_loop(); });
+  }
+  return 0;
+}
+
+void FsImpl::commit_loop() {
+  std::unique_lock<std::mutex> lk(committer_mu_);
+  while (!stopping_) {
+    committer_cv_.wait_for(lk, std::chrono::milliseconds(opts_.commit_interval_ms));
+    if (stopping_) break;
+    lk.unlock();
+    journal_->commit();
+    lk.lock();
+  }
+}
+
+FsImpl::~FsImpl() { unmount(); }
+
+int FsImpl::unmount() {
+  if (unmounted_) return 0;
+  unmounted_ = true;
+  {
+    std::lock_guard<std::mutex> lk(committer_mu_);
+    stopping_ = true;
+  }
+  committer_cv_.notify_all();
+  if (committer_.joinable()) committer_.join();
+  if (ro_ || !journal_) return 0;
+  if (journal_->failed()) {
+    log("unmount: the journal failed earlier; the superblock stays dirty (run fsck.warpfs)");
+    return EIO;
+  }
+  if (int rc = journal_->close(); rc) return rc;
+  // The superblock, clean, last: primary then backup.
+  Superblock s;
+  std::memcpy(&s, sb_buf_->data, sizeof s);
+  uint64_t fb = 0, fi = 0;
+  for (uint32_t g = 0; g < sb_.group_count; ++g) {
+    fb += groups_[g].free_blocks.load();
+    fi += groups_[g].free_inodes.load();
+  }
+  s.free_blocks = fb;
+  s.free_inodes = fi;
+  s.state = kStateClean;
+  s.write_time = now_ns();
+  s.checksum = superblock_checksum(s);
+  if (int rc = journal_->write_direct(0, &s); rc) return rc;
+  if (int rc = journal_->write_direct(sb_.block_count - 1, &s); rc) return rc;
+  return dev_.flush().is_ok() ? 0 : EIO;
+}
+
+int FsImpl::lookup_ino(Ino ino, Attr* out) {
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  ref(*n, 1, 0);
+  std::lock_guard<std::mutex> g(n->attr_mu);
+  fill_attr(n->pub, ino, out);
+  return 0;
+}
+
+int FsImpl::statfs(struct statvfs* out) {
+  std::memset(out, 0, sizeof *out);
+  uint64_t fb = 0, fi = 0;
+  for (uint32_t g = 0; g < sb_.group_count; ++g) {
+    fb += groups_[g].free_blocks.load(std::memory_order_relaxed);
+    fi += groups_[g].free_inodes.load(std::memory_order_relaxed);
+  }
+  out->f_bsize = kBlockSize;
+  out->f_frsize = kBlockSize;
+  out->f_blocks = data_blocks_total_;
+  out->f_bfree = fb;
+  out->f_bavail = fb;
+  out->f_files = sb_.inode_count;
+  out->f_ffree = fi;
+  out->f_favail = fi;
+  out->f_namemax = kMaxName;
+  std::memcpy(&out->f_fsid, sb_.uuid, sizeof out->f_fsid);
+  return 0;
+}
+
+int FsImpl::sync() {
+  if (ro_) return 0;
+  if (int rc = journal_->commit(); rc) return rc;
+  return dev_.flush().is_ok() ? 0 : EIO;
+}
+
+FsStats FsImpl::stats() const {
+  FsStats s;
+  s.commits = journal_->commits.load();
+  s.journal_blocks_written = journal_->journal_blocks_written.load();
+  s.checkpoint_blocks = journal_->checkpoint_blocks.load();
+  s.meta_reads = journal_->meta_reads.load();
+  s.meta_cached = journal_->meta_cached.load();
+  s.checksum_errors = journal_->checksum_errors.load();
+  s.trims = trims_.load();
+  s.trimmed_blocks = trimmed_blocks_.load();
+  s.orphans_freed_at_mount = orphans_freed_;
+  s.replayed_transactions = replayed_;
+  return s;
+}
+
+}  // namespace warpfs::fs

@@ -1,0 +1,196 @@
+// Extended attributes: one block per inode (fs/FORMAT.md "Extended attributes").
+#include <sys/xattr.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "internal.h"
+
+namespace warpfs::fs {
+
+namespace {
+
+struct Xattr {
+  uint8_t index;
+  std::string name;  // without the namespace prefix
+  std::string value;
+};
+
+constexpr struct {
+  const char* prefix;
+  uint8_t index;
+} kPrefixes[] = {{"user.", kXattrUser}, {"trusted.", kXattrTrusted}, {"security.", kXattrSecurity}};
+
+// Splits "user.foo" into (kXattrUser, "foo"). system.* (POSIX ACLs) is not supported: the
+// kernel would not enforce them through default_permissions.
+int split_name(std::string_view full, uint8_t* index, std::string_view* name) {
+  for (const auto& p : kPrefixes) {
+    const size_t len = std::strlen(p.prefix);
+    if (full.substr(0, len) == p.prefix) {
+      *index = p.index;
+      *name = full.substr(len);
+      if (name->empty()) return EINVAL;
+      if (name->size() > 255) return ERANGE;
+      return 0;
+    }
+  }
+  return EOPNOTSUPP;
+}
+
+std::string full_name(uint8_t index, const std::string& name) {
+  for (const auto& p : kPrefixes) {
+    if (p.index == index) return p.prefix + name;
+  }
+  return "unknown." + name;
+}
+
+size_t entry_size(size_t name_len, size_t value_len) {
+  return (sizeof(XattrEntryHeader) + name_len + value_len + 3) & ~size_t{3};
+}
+
+std::vector<Xattr> parse(const MetaBuf* b) {
+  std::vector<Xattr> v;
+  XattrHeader h;
+  std::memcpy(&h, b->data, sizeof h);
+  size_t off = sizeof h;
+  for (uint16_t i = 0; i < h.count; ++i) {
+    XattrEntryHeader e;
+    if (off + sizeof e > kBlockSize) break;
+    std::memcpy(&e, b->data + off, sizeof e);
+    const size_t sz = entry_size(e.name_len, e.value_len);
+    if (off + sz > kBlockSize) break;
+    const char* p = reinterpret_cast<const char*>(b->data + off + sizeof e);
+    v.push_back(Xattr{e.name_index, std::string(p, e.name_len), std::string(p + e.name_len, e.value_len)});
+    off += sz;
+  }
+  return v;
+}
+
+bool fits(const std::vector<Xattr>& v) {
+  size_t total = sizeof(XattrHeader);
+  for (const Xattr& x : v) total += entry_size(x.name.size(), x.value.size());
+  return total <= kBlockSize;
+}
+
+void serialize(MetaBuf* b, Ino owner, const std::vector<Xattr>& v) {
+  std::memset(b->data, 0, kBlockSize);
+  size_t off = sizeof(XattrHeader);
+  for (const Xattr& x : v) {
+    XattrEntryHeader e{static_cast<uint8_t>(x.name.size()), x.index, static_cast<uint16_t>(x.value.size())};
+    std::memcpy(b->data + off, &e, sizeof e);
+    std::memcpy(b->data + off + sizeof e, x.name.data(), x.name.size());
+    std::memcpy(b->data + off + sizeof e + x.name.size(), x.value.data(), x.value.size());
+    off += entry_size(x.name.size(), x.value.size());
+  }
+  XattrHeader h{kXattrMagic, static_cast<uint16_t>(v.size()),
+                static_cast<uint16_t>(off - sizeof(XattrHeader)), owner, 0, 0};
+  std::memcpy(b->data, &h, sizeof h);
+}
+
+}  // namespace
+
+int FsImpl::xattr_load(Node& n, MetaBuf** out) {
+  *out = nullptr;
+  if (n.disk.xattr_block == 0) return 0;
+  return meta_get(n.disk.xattr_block, out, kXattrMagic, n.ino);
+}
+
+int FsImpl::setxattr(Ino ino, std::string_view name, const void* value, size_t size, int flags) {
+  if (int rc = check_writable(); rc) return rc;
+  uint8_t index;
+  std::string_view short_name;
+  if (int rc = split_name(name, &index, &short_name); rc) return rc;
+  if (size > kBlockSize) return E2BIG;
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  std::unique_lock<std::shared_mutex> lk(n->rw);
+  MetaBuf* b;
+  if (int rc = xattr_load(*n, &b); rc) return rc;
+  std::vector<Xattr> v = b ? parse(b) : std::vector<Xattr>{};
+  auto it = std::find_if(v.begin(), v.end(), [&](const Xattr& x) { return x.index == index && x.name == short_name; });
+  if ((flags & XATTR_CREATE) && it != v.end()) return EEXIST;
+  if ((flags & XATTR_REPLACE) && it == v.end()) return ENODATA;
+  const std::string val(static_cast<const char*>(value), size);
+  if (it != v.end()) {
+    it->value = val;
+  } else {
+    v.push_back(Xattr{index, std::string(short_name), val});
+  }
+  if (!fits(v)) return ENOSPC;
+  Journal::Txn t(*journal_);
+  if (!b) {
+    uint64_t blk;
+    if (int rc = alloc_meta_block(*n, &blk); rc) return rc;
+    b = journal_->create(blk, MetaKind::kHeader);
+    n->disk.xattr_block = blk;
+  }
+  serialize(b, ino, v);
+  journal_->dirty(b);
+  n->disk.ctime_ns = now_ns();
+  return store(*n);
+}
+
+int FsImpl::getxattr(Ino ino, std::string_view name, std::string* value) {
+  uint8_t index;
+  std::string_view short_name;
+  if (int rc = split_name(name, &index, &short_name); rc) return rc == EOPNOTSUPP ? ENODATA : rc;
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  std::shared_lock<std::shared_mutex> lk(n->rw);
+  MetaBuf* b;
+  if (int rc = xattr_load(*n, &b); rc) return rc;
+  if (!b) return ENODATA;
+  for (const Xattr& x : parse(b)) {
+    if (x.index == index && x.name == short_name) {
+      *value = x.value;
+      return 0;
+    }
+  }
+  return ENODATA;
+}
+
+int FsImpl::listxattr(Ino ino, std::string* names) {
+  names->clear();
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  std::shared_lock<std::shared_mutex> lk(n->rw);
+  MetaBuf* b;
+  if (int rc = xattr_load(*n, &b); rc) return rc;
+  if (!b) return 0;
+  for (const Xattr& x : parse(b)) {
+    *names += full_name(x.index, x.name);
+    names->push_back('\0');
+  }
+  return 0;
+}
+
+int FsImpl::removexattr(Ino ino, std::string_view name) {
+  if (int rc = check_writable(); rc) return rc;
+  uint8_t index;
+  std::string_view short_name;
+  if (int rc = split_name(name, &index, &short_name); rc) return rc == EOPNOTSUPP ? ENODATA : rc;
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  std::unique_lock<std::shared_mutex> lk(n->rw);
+  MetaBuf* b;
+  if (int rc = xattr_load(*n, &b); rc) return rc;
+  if (!b) return ENODATA;
+  std::vector<Xattr> v = parse(b);
+  auto it = std::find_if(v.begin(), v.end(), [&](const Xattr& x) { return x.index == index && x.name == short_name; });
+  if (it == v.end()) return ENODATA;
+  v.erase(it);
+  Journal::Txn t(*journal_);
+  if (v.empty()) {
+    journal_->forget_block(n->disk.xattr_block);
+    free_blocks(n->disk.xattr_block, 1);
+    n->disk.blocks -= 1;
+    n->disk.xattr_block = 0;
+  } else {
+    serialize(b, ino, v);
+    journal_->dirty(b);
+  }
+  n->disk.ctime_ns = now_ns();
+  return store(*n);
+}
+
+}  // namespace warpfs::fs
