@@ -1,0 +1,23 @@
+# cmake -DFSX=<warpfs-fsx> -DNAME=<test> -DEXPECT=<exit status> -DARGS="<options>" -P run_fsx.cmake
+# Runs warpfs-fsx on a file in a fresh directory under $TMPDIR (or /tmp), removes the
+# directory, and fails unless the exit status is EXPECT.
+foreach(var FSX NAME EXPECT)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "run_fsx.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+if(DEFINED ENV{TMPDIR} AND IS_DIRECTORY "$ENV{TMPDIR}")
+  set(base "$ENV{TMPDIR}")
+else()
+  set(base /tmp)
+endif()
+string(RANDOM LENGTH 12 ALPHABET abcdefghijklmnopqrstuvwxyz0123456789 suffix)
+set(dir "${base}/warpfs-${NAME}-${suffix}")
+file(MAKE_DIRECTORY "${dir}")
+separate_arguments(args UNIX_COMMAND "${ARGS}")
+execute_process(COMMAND "${FSX}" ${args} "${dir}/fsx.dat" RESULT_VARIABLE rc)
+file(REMOVE_RECURSE "${dir}")
+if(NOT "${rc}" STREQUAL "${EXPECT}")
+  message(FATAL_ERROR "warpfs-fsx exited with '${rc}', expected ${EXPECT}")
+endif()
+message(STATUS "warpfs-fsx exited with ${rc} as expected")
