@@ -1,0 +1,69 @@
+// The filesystem checker (fs/FORMAT.md "Invariants"): used by fsck.warpfs and by tests.
+//
+// fsck() reads every piece of metadata of an unmounted warpfs, reports each violation of
+// FORMAT.md's invariants 1-10 (and of the orphan list) as one line naming the object
+// ("inode 12: link count 2, but 1 directory entry names it", "block 5678: owned by inode 12
+// and inode 40"), and with `repair` fixes them the way e2fsck -y would. Passes, in order:
+//   0  superblock: the primary, else the backup (the last block of the filesystem)
+//   J  journal: header; committed transactions are replayed first (repair) or reported
+//   1  inodes: checksums, fields, extent trees, xattr blocks; block ownership
+//   1B blocks with several owners: who owns them; with repair each later owner gets a copy
+//   2  directories: index root, leaves, entries (names, hashes, targets, types)
+//   3  reachability from the root and the orphan list; parent fields; /lost+found
+//   4  link counts
+//   5  block and inode bitmaps, their checksums, free counts, group descriptors, superblock
+//
+// Thread-safety: one call at a time per device, and nothing else may use the device while
+// it runs (the filesystem must not be mounted). Without `repair` nothing is ever written.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "warpfs/blockdev/block_device.h"
+
+namespace warpfs::fs {
+
+struct FsckOptions {
+  bool repair = false;          // fix what is found (fsck -y); false: check only (fsck -n)
+  bool replay_journal = true;   // with repair: replay committed transactions before checking
+                                // (false: they are discarded, and reported)
+  bool skip_if_clean = false;   // a clean filesystem with an empty journal is not checked
+                                // further (fsck.warpfs without -f)
+  bool verbose = false;         // also report what each pass found, not only problems
+  // Called as the inode pass advances (groups done, groups in all).
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+// e2fsck's exit codes; a result ORs them (1 | 4: some errors fixed, some left).
+enum FsckExit : int {
+  kFsckClean = 0,
+  kFsckCorrected = 1,
+  kFsckUncorrected = 4,
+  kFsckOperational = 8,  // cannot read the device, not a warpfs, I/O error while repairing
+  kFsckUsage = 16,       // (fsck.warpfs only)
+};
+
+struct FsckResult {
+  int exit_code = kFsckClean;
+  uint64_t problems = 0;   // problems found (each also reported)
+  uint64_t corrected = 0;  // of those, repaired
+  std::vector<std::string> lines;  // the problem lines, as reported (the first 10000)
+  std::string error;       // the operational error, when exit_code has kFsckOperational
+  bool skipped = false;    // skip_if_clean applied: only the superblock and journal were read
+  bool used_backup = false;  // the primary superblock was unusable
+  // Totals after repair (or as found, without repair), for the summary line.
+  uint64_t inodes_used = 0, inode_count = 0, directories = 0;
+  uint64_t blocks_used = 0, block_count = 0;
+  uint64_t journal_transactions = 0;  // committed transactions replayed (or pending)
+};
+
+// Checks (and with o.repair, repairs) the warpfs on `dev`. Every problem line and, with
+// o.verbose, every informational line goes to `report` (may be null). Flushes the device
+// after repairing.
+FsckResult fsck(blockdev::BlockDevice& dev, const FsckOptions& o,
+                const std::function<void(const std::string&)>& report);
+
+}  // namespace warpfs::fs

@@ -1,0 +1,105 @@
+// fsck.warpfs: checks a warpfs on DEVICE (an emulated NVMe image or a VFIO controller) and,
+// with -y, repairs it (fs/FORMAT.md "Invariants"; what is checked and repaired is in
+// fs/src/fsck.cc). Without -y nothing is written: the device stays byte-identical.
+//
+// Exit codes are e2fsck's: 0 clean, 1 errors corrected, 4 errors left uncorrected,
+// 8 operational error (no device, not a warpfs, I/O error), 16 usage error.
+#include <getopt.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+
+#include "warpfs/fs/fsck.h"
+#include "warpfs/fs/stack.h"
+
+using namespace warpfs;
+
+namespace {
+
+void usage(FILE* f) {
+  std::fprintf(f,
+               "usage: fsck.warpfs [-y | -n] [-f] [-v] DEVICE\n"
+               "  DEVICE  emu:PATH or PATH (an image file), or vfio:DDDD:BB:DD.F\n"
+               "  -y      repair what is found (answer yes to every question)\n"
+               "  -n      check only, write nothing (the default)\n"
+               "  -f      check even a filesystem that was cleanly unmounted\n"
+               "  -v      verbose: also say what each pass found\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool yes = false, no = false, force = false, verbose = false;
+  int c;
+  while ((c = getopt(argc, argv, "ynfvph")) != -1) {
+    switch (c) {
+      case 'y': case 'p': yes = true; break;
+      case 'n': no = true; break;
+      case 'f': force = true; break;
+      case 'v': verbose = true; break;
+      case 'h': usage(stdout); return fs::kFsckClean;
+      default: usage(stderr); return fs::kFsckUsage;
+    }
+  }
+  if (optind + 1 != argc || (yes && no)) {
+    if (yes && no) std::fprintf(stderr, "fsck.warpfs: -y and -n exclude each other\n");
+    usage(stderr);
+    return fs::kFsckUsage;
+  }
+  const std::string device = argv[optind];
+  nvme::DeviceSpec spec;
+  std::string err;
+  if (!nvme::parse_device(device, &spec, &err)) {
+    std::fprintf(stderr, "fsck.warpfs: %s\n", err.c_str());
+    return fs::kFsckUsage;
+  }
+  if (spec.kind == nvme::DeviceSpec::Kind::kEmulated && access(spec.path.c_str(), F_OK) != 0) {
+    std::fprintf(stderr, "fsck.warpfs: %s: no such device or image file\n", spec.path.c_str());
+    return fs::kFsckOperational;
+  }
+  auto stack = fs::DeviceStack::open(device, fs::StackOptions{}, &err);
+  if (!stack) {
+    std::fprintf(stderr, "fsck.warpfs: %s\n", err.c_str());
+    return fs::kFsckOperational;
+  }
+
+  fs::FsckOptions o;
+  o.repair = yes;
+  o.skip_if_clean = !force;
+  o.verbose = verbose;
+  const bool tty = isatty(STDOUT_FILENO);
+  if (tty) {
+    o.progress = [](uint64_t done, uint64_t total) {
+      if (total < 16) return;
+      std::printf("\r  inodes: group %" PRIu64 "/%" PRIu64, done, total);
+      if (done == total) std::printf("\r\033[K");
+      std::fflush(stdout);
+    };
+  }
+  const fs::FsckResult r = fs::fsck(stack->device(), o, [](const std::string& line) {
+    std::printf("%s\n", line.c_str());
+  });
+  if (r.exit_code & fs::kFsckOperational) {
+    std::fprintf(stderr, "fsck.warpfs: %s: %s\n", device.c_str(), r.error.c_str());
+    return r.exit_code;
+  }
+  if (r.skipped) {
+    std::printf("warpfs %s: clean, %" PRIu64 "/%" PRIu64 " files, %" PRIu64 "/%" PRIu64 " blocks\n",
+                device.c_str(), r.inodes_used, r.inode_count, r.blocks_used, r.block_count);
+  } else {
+    std::printf("warpfs %s: %" PRIu64 "/%" PRIu64 " files (%" PRIu64 " directories), %" PRIu64 "/%" PRIu64
+                " blocks\n",
+                device.c_str(), r.inodes_used, r.inode_count, r.directories, r.blocks_used, r.block_count);
+  }
+  if (r.journal_transactions > 0 && !yes) {
+    std::printf("warpfs %s: the journal holds %" PRIu64 " committed transaction(s); a mount replays them\n",
+                device.c_str(), r.journal_transactions);
+  }
+  if (r.exit_code & fs::kFsckCorrected) std::printf("***** the filesystem was modified *****\n");
+  if (r.exit_code & fs::kFsckUncorrected) {
+    std::printf("***** %s *****\n", yes ? "errors left uncorrected" : "errors found: run fsck.warpfs -y");
+  }
+  return r.exit_code;
+}
