@@ -113,9 +113,8 @@ int FsImpl::dir_block(Node& dir, uint32_t lblk, MetaBuf** out) {
   }
   auto verify = [&dir](const MetaBuf& b) -> std::string {
     uint32_t magic;
-    uint64_t owner;
     std::memcpy(&magic, b.data, 4);
-    std::memcpy(&owner, b.data + 8, 8);
+    const uint64_t owner = header_owner(b.data);
     if (magic != kDirIndexMagic && magic != kDirLeafMagic) return "not a directory block";
     if (owner != dir.ino) return "directory block of inode " + std::to_string(owner);
     return "";
@@ -239,7 +238,7 @@ int FsImpl::dir_add(Node& dir, std::string_view name, Ino ino, uint8_t type) {
       v.insert(it, Entry{h, ino, type, std::string(name)});
       write_leaf(leaf, dir.ino, v);
       journal_->dirty(leaf);
-      return store(dir);
+      return map_store(dir);
     }
     // The leaf is full. Make room in its parent index first, then split the leaf.
     MetaBuf* parent = index ? index : root;
@@ -319,7 +318,7 @@ int FsImpl::dir_remove(Node& dir, std::string_view name) {
   v.erase(it);
   write_leaf(leaf, dir.ino, v);
   journal_->dirty(leaf);
-  return store(dir);
+  return map_store(dir);
 }
 
 int FsImpl::dir_set(Node& dir, std::string_view name, Ino ino, uint8_t type) {
@@ -341,7 +340,7 @@ int FsImpl::dir_set(Node& dir, std::string_view name, Ino ino, uint8_t type) {
   });
   if (rc == 0) {
     journal_->dirty(leaf);
-    return store(dir);
+    return map_store(dir);
   }
   return rc;
 }

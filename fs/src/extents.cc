@@ -40,9 +40,8 @@ size_t leaf_for(const std::vector<ExtentLeaf>& leaves, uint64_t lblk) {
 int FsImpl::meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner) {
   auto verify = [magic, owner](const MetaBuf& b) -> std::string {
     uint32_t m;
-    uint64_t o;
     std::memcpy(&m, b.data, 4);
-    std::memcpy(&o, b.data + 8, 8);
+    const uint64_t o = header_owner(b.data);
     if (m != magic) return "wrong magic";
     if (o != owner) return "owned by inode " + std::to_string(o) + ", not " + std::to_string(owner);
     return "";

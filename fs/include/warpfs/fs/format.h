@@ -231,6 +231,18 @@ static_assert(offsetof(DirLeafHeader, checksum) == kHeaderChecksumOffset);
 static_assert(offsetof(ExtentNodeHeader, checksum) == kHeaderChecksumOffset);
 static_assert(offsetof(XattrHeader, checksum) == kHeaderChecksumOffset);
 
+// The owner inode of a header block: at byte 16 in index-shaped headers (directory index,
+// extent node), at byte 8 in the others (directory leaf, xattr block).
+inline uint64_t header_owner(const uint8_t* block) {
+  uint32_t magic;
+  uint64_t owner;
+  __builtin_memcpy(&magic, block, 4);
+  __builtin_memcpy(&owner, block + ((magic == kDirIndexMagic || magic == kExtentMagic) ? 16 : 8), 8);
+  return owner;
+}
+static_assert(offsetof(DirIndexHeader, owner) == 16 && offsetof(ExtentNodeHeader, owner) == 16);
+static_assert(offsetof(DirLeafHeader, owner) == 8 && offsetof(XattrHeader, owner) == 8);
+
 // FORMAT.md "Journal": a transaction is a descriptor, `count` blocks, and a commit. Journal
 // positions are journal-relative (0 is the header) and wrap from journal_blocks-1 to 1.
 struct JournalDescriptor {

@@ -1,0 +1,648 @@
+// warpfs [options] DEVICE MOUNTPOINT: the FUSE daemon. A thin translation of libfuse's
+// low-level requests (multithreaded loop) into fs::Filesystem calls; the filesystem does the
+// work and the locking. See the README for the options.
+#define FUSE_USE_VERSION 34
+#include <fuse_lowlevel.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "warpfs/blockdev/devices.h"
+#include "warpfs/fs/filesystem.h"
+#include "warpfs/fs/stack.h"
+
+namespace {
+
+using warpfs::fs::Attr;
+using warpfs::fs::Filesystem;
+using warpfs::fs::Ino;
+
+struct Options {
+  char* device = nullptr;
+  unsigned cache_mb = 64;
+  unsigned queues = 4;
+  unsigned latency_us = 0;
+  unsigned workers = 1;
+  unsigned commit_s = 5;
+  char* stats = nullptr;
+  int ro = 0;
+  int nodiscard = 0;
+  int help = 0;
+};
+
+#define WARPFS_OPT(t, p) {t, offsetof(Options, p), 1}
+const fuse_opt kOpts[] = {
+    WARPFS_OPT("cache_mb=%u", cache_mb),     WARPFS_OPT("queues=%u", queues),
+    WARPFS_OPT("latency_us=%u", latency_us), WARPFS_OPT("workers=%u", workers),
+    WARPFS_OPT("commit=%u", commit_s),       WARPFS_OPT("stats=%s", stats),
+    WARPFS_OPT("nodiscard", nodiscard),      FUSE_OPT_KEY("ro", FUSE_OPT_KEY_KEEP),
+    WARPFS_OPT("-h", help),                  WARPFS_OPT("--help", help),
+    FUSE_OPT_END};
+
+int opt_proc(void* data, const char* arg, int key, fuse_args*) {
+  auto* o = static_cast<Options*>(data);
+  if (key == FUSE_OPT_KEY_NONOPT && o->device == nullptr) {
+    o->device = strdup(arg);
+    return 0;  // consumed: the mountpoint is the next non-option, left to libfuse
+  }
+  if (key == FUSE_OPT_KEY_KEEP && std::strcmp(arg, "ro") == 0) o->ro = 1;
+  return 1;
+}
+
+struct Daemon {
+  std::unique_ptr<warpfs::fs::DeviceStack> stack;
+  std::unique_ptr<warpfs::blockdev::CachedBlockDevice> cached;
+  std::unique_ptr<Filesystem> fs;
+  std::string stats_path;
+  double timeout = 1.0;
+};
+
+Daemon* daemon_of(fuse_req_t req) { return static_cast<Daemon*>(fuse_req_userdata(req)); }
+Filesystem& fs_of(fuse_req_t req) { return *daemon_of(req)->fs; }
+
+void fill_entry(fuse_req_t req, const Attr& a, fuse_entry_param* e) {
+  std::memset(e, 0, sizeof *e);
+  e->ino = a.ino;
+  e->generation = a.generation;
+  a.to_stat(&e->attr);
+  e->attr_timeout = daemon_of(req)->timeout;
+  e->entry_timeout = daemon_of(req)->timeout;
+}
+
+void reply_entry_or_err(fuse_req_t req, int rc, const Attr& a) {
+  if (rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  fuse_entry_param e;
+  fill_entry(req, a, &e);
+  fuse_reply_entry(req, &e);
+}
+
+void reply_attr_or_err(fuse_req_t req, int rc, const Attr& a) {
+  if (rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  struct stat st;
+  a.to_stat(&st);
+  fuse_reply_attr(req, &st, daemon_of(req)->timeout);
+}
+
+warpfs::fs::Caller caller(fuse_req_t req) {
+  const fuse_ctx* c = fuse_req_ctx(req);
+  return warpfs::fs::Caller{c->uid, c->gid};
+}
+
+uint32_t masked(fuse_req_t req, mode_t mode) {
+  return static_cast<uint32_t>(mode & ~fuse_req_ctx(req)->umask);
+}
+
+// ---- the operations -----------------------------------------------------------------------
+
+void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  Attr a;
+  reply_entry_or_err(req, fs_of(req).lookup(parent, name, &a), a);
+}
+
+void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t n) {
+  fs_of(req).forget(ino, n);
+  fuse_reply_none(req);
+}
+
+void op_forget_multi(fuse_req_t req, size_t count, fuse_forget_data* f) {
+  for (size_t i = 0; i < count; ++i) fs_of(req).forget(f[i].ino, f[i].nlookup);
+  fuse_reply_none(req);
+}
+
+void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  Attr a;
+  reply_attr_or_err(req, fs_of(req).getattr(ino, &a), a);
+}
+
+void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int to_set, fuse_file_info*) {
+  warpfs::fs::SetAttr s;
+  s.mode = to_set & FUSE_SET_ATTR_MODE;
+  s.uid = to_set & FUSE_SET_ATTR_UID;
+  s.gid = to_set & FUSE_SET_ATTR_GID;
+  s.size = to_set & FUSE_SET_ATTR_SIZE;
+  s.atime = to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW);
+  s.mtime = to_set & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW);
+  s.atime_now = to_set & FUSE_SET_ATTR_ATIME_NOW;
+  s.mtime_now = to_set & FUSE_SET_ATTR_MTIME_NOW;
+  s.new_mode = st->st_mode;
+  s.new_uid = st->st_uid;
+  s.new_gid = st->st_gid;
+  s.new_size = static_cast<uint64_t>(st->st_size);
+  s.new_atime_ns = static_cast<uint64_t>(st->st_atim.tv_sec) * 1000000000ull + static_cast<uint64_t>(st->st_atim.tv_nsec);
+  s.new_mtime_ns = static_cast<uint64_t>(st->st_mtim.tv_sec) * 1000000000ull + static_cast<uint64_t>(st->st_mtim.tv_nsec);
+  Attr a;
+  reply_attr_or_err(req, fs_of(req).setattr(ino, s, &a), a);
+}
+
+void op_readlink(fuse_req_t req, fuse_ino_t ino) {
+  std::string t;
+  if (int rc = fs_of(req).readlink(ino, &t); rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  fuse_reply_readlink(req, t.c_str());
+}
+
+void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  Attr a;
+  reply_entry_or_err(req, fs_of(req).mknod(parent, name, masked(req, mode), static_cast<uint32_t>(rdev), caller(req), &a), a);
+}
+
+void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  Attr a;
+  reply_entry_or_err(req, fs_of(req).mkdir(parent, name, masked(req, mode), caller(req), &a), a);
+}
+
+void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  fuse_reply_err(req, fs_of(req).unlink(parent, name));
+}
+
+void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  fuse_reply_err(req, fs_of(req).rmdir(parent, name));
+}
+
+void op_symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
+  Attr a;
+  reply_entry_or_err(req, fs_of(req).symlink(parent, name, link, caller(req), &a), a);
+}
+
+void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
+               const char* newname, unsigned int flags) {
+  fuse_reply_err(req, fs_of(req).rename(parent, name, newparent, newname, flags));
+}
+
+void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
+  Attr a;
+  reply_entry_or_err(req, fs_of(req).link(ino, newparent, newname, &a), a);
+}
+
+void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (int rc = fs_of(req).open(ino, fi->flags); rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  fi->keep_cache = 1;  // nobody else changes the file behind the kernel's back
+  if (fuse_reply_open(req, fi) == -ENOENT) fs_of(req).release(ino);  // interrupted
+}
+
+void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  Attr a;
+  Filesystem& fs = fs_of(req);
+  int rc = fs.mknod(parent, name, S_IFREG | (masked(req, mode) & 07777), 0, caller(req), &a);
+  if (rc == 0) rc = fs.open(a.ino, fi->flags);
+  if (rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  fuse_entry_param e;
+  fill_entry(req, a, &e);
+  fi->keep_cache = 1;
+  if (fuse_reply_create(req, &e, fi) == -ENOENT) {
+    fs.release(a.ino);
+    fs.forget(a.ino, 1);
+  }
+}
+
+void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  std::unique_ptr<char[]> buf(new char[size]);
+  size_t got = 0;
+  if (int rc = fs_of(req).read(ino, static_cast<uint64_t>(off), size, buf.get(), &got); rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  fuse_reply_buf(req, buf.get(), got);
+}
+
+void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info*) {
+  size_t written = 0;
+  if (int rc = fs_of(req).write(ino, static_cast<uint64_t>(off), size, buf, &written); rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  fuse_reply_write(req, written);
+}
+
+void op_flush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+
+void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  fs_of(req).release(ino);
+  fuse_reply_err(req, 0);
+}
+
+void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info*) {
+  fuse_reply_err(req, fs_of(req).fsync(ino, datasync != 0));
+}
+
+void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  if (int rc = fs_of(req).opendir(ino); rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  fi->cache_readdir = 0;
+  if (fuse_reply_open(req, fi) == -ENOENT) fs_of(req).release(ino);
+}
+
+void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool plus) {
+  std::vector<char> buf(size);
+  size_t pos = 0;
+  Filesystem& fs = fs_of(req);
+  const int rc = fs.readdir(ino, static_cast<uint64_t>(off), [&](const warpfs::fs::DirEntry& e) {
+    const auto next = static_cast<off_t>(e.next_offset);
+    if (!plus) {
+      struct stat st {};
+      st.st_ino = e.ino;
+      st.st_mode = static_cast<mode_t>(e.type) << 12;
+      const size_t need = fuse_add_direntry(req, buf.data() + pos, size - pos, e.name.c_str(), &st, next);
+      if (need > size - pos) return false;
+      pos += need;
+      return true;
+    }
+    // readdirplus: each entry returned with attributes counts a lookup, so check the room
+    // first and count only what goes out ("." and ".." are not counted).
+    const size_t need = fuse_add_direntry_plus(req, nullptr, 0, e.name.c_str(), nullptr, next);
+    if (need > size - pos) return false;
+    fuse_entry_param ep{};
+    if (e.name != "." && e.name != "..") {
+      Attr a;
+      if (fs.lookup_ino(e.ino, &a) != 0) return true;  // vanished meanwhile: skip it
+      fill_entry(req, a, &ep);
+    } else {
+      ep.attr.st_ino = e.ino;
+      ep.attr.st_mode = S_IFDIR;
+    }
+    pos += fuse_add_direntry_plus(req, buf.data() + pos, size - pos, e.name.c_str(), &ep, next);
+    return true;
+  });
+  if (rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  fuse_reply_buf(req, buf.data(), pos);
+}
+
+void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  readdir_common(req, ino, size, off, false);
+}
+
+void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+  readdir_common(req, ino, size, off, true);
+}
+
+void op_releasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  fs_of(req).release(ino);
+  fuse_reply_err(req, 0);
+}
+
+void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info*) {
+  fuse_reply_err(req, fs_of(req).fsync(ino, datasync != 0));
+}
+
+void op_statfs(fuse_req_t req, fuse_ino_t) {
+  struct statvfs st;
+  if (int rc = fs_of(req).statfs(&st); rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  fuse_reply_statfs(req, &st);
+}
+
+void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size, int flags) {
+  fuse_reply_err(req, fs_of(req).setxattr(ino, name, value, size, flags));
+}
+
+void reply_sized(fuse_req_t req, int rc, const std::string& v, size_t size) {
+  if (rc) {
+    fuse_reply_err(req, rc);
+  } else if (size == 0) {
+    fuse_reply_xattr(req, v.size());
+  } else if (v.size() > size) {
+    fuse_reply_err(req, ERANGE);
+  } else {
+    fuse_reply_buf(req, v.data(), v.size());
+  }
+}
+
+void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  std::string v;
+  const int rc = fs_of(req).getxattr(ino, name, &v);
+  reply_sized(req, rc, v, size);
+}
+
+void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  std::string v;
+  const int rc = fs_of(req).listxattr(ino, &v);
+  reply_sized(req, rc, v, size);
+}
+
+void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  fuse_reply_err(req, fs_of(req).removexattr(ino, name));
+}
+
+void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info*) {
+  if (off < 0 || len <= 0) {
+    fuse_reply_err(req, EINVAL);
+    return;
+  }
+  fuse_reply_err(req, fs_of(req).fallocate(ino, mode, static_cast<uint64_t>(off), static_cast<uint64_t>(len)));
+}
+
+void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
+  uint64_t out = 0;
+  if (off < 0) {
+    fuse_reply_err(req, ENXIO);
+    return;
+  }
+  if (int rc = fs_of(req).lseek(ino, static_cast<uint64_t>(off), whence, &out); rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  fuse_reply_lseek(req, static_cast<off_t>(out));
+}
+
+void op_init(void*, fuse_conn_info* conn) {
+  // Larger writes move more per request (FUSE's default is 128 KiB).
+  if (conn->capable & FUSE_CAP_SPLICE_READ) conn->want &= ~FUSE_CAP_SPLICE_READ;
+  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;  // the kernel must not reorder writes past fsync
+  conn->max_write = 1 << 20;
+}
+
+void op_destroy(void*) {}
+
+fuse_lowlevel_ops make_ops() {
+  fuse_lowlevel_ops o{};
+  o.init = op_init;
+  o.destroy = op_destroy;
+  o.lookup = op_lookup;
+  o.forget = op_forget;
+  o.forget_multi = op_forget_multi;
+  o.getattr = op_getattr;
+  o.setattr = op_setattr;
+  o.readlink = op_readlink;
+  o.mknod = op_mknod;
+  o.mkdir = op_mkdir;
+  o.unlink = op_unlink;
+  o.rmdir = op_rmdir;
+  o.symlink = op_symlink;
+  o.rename = op_rename;
+  o.link = op_link;
+  o.open = op_open;
+  o.read = op_read;
+  o.write = op_write;
+  o.flush = op_flush;
+  o.release = op_release;
+  o.fsync = op_fsync;
+  o.opendir = op_opendir;
+  o.readdir = op_readdir;
+  o.readdirplus = op_readdirplus;
+  o.releasedir = op_releasedir;
+  o.fsyncdir = op_fsyncdir;
+  o.statfs = op_statfs;
+  o.setxattr = op_setxattr;
+  o.getxattr = op_getxattr;
+  o.listxattr = op_listxattr;
+  o.removexattr = op_removexattr;
+  o.create = op_create;
+  o.fallocate = op_fallocate;
+  o.lseek = op_lseek;
+  return o;
+}
+
+// ---- stats dump -----------------------------------------------------------------------------
+
+std::string stats_json(const Daemon& d) {
+  std::ostringstream j;
+  const warpfs::fs::FsStats s = d.fs->stats();
+  j << "{\"fs\":{\"commits\":" << s.commits << ",\"journal_blocks\":" << s.journal_blocks_written
+    << ",\"checkpoint_blocks\":" << s.checkpoint_blocks << ",\"meta_reads\":" << s.meta_reads
+    << ",\"meta_cached\":" << s.meta_cached << ",\"checksum_errors\":" << s.checksum_errors
+    << ",\"trims\":" << s.trims << ",\"trimmed_blocks\":" << s.trimmed_blocks
+    << ",\"replayed_transactions\":" << s.replayed_transactions
+    << ",\"orphans_freed_at_mount\":" << s.orphans_freed_at_mount << "}";
+  if (d.cached) {
+    const warpfs::cache::CacheStats c = d.cached->cache().stats();
+    j << ",\"cache\":{\"hits\":" << c.hits << ",\"misses\":" << c.misses << ",\"evictions\":" << c.evictions
+      << ",\"writebacks\":" << c.writebacks << ",\"coalesced_lanes\":" << c.coalesced_lanes
+      << ",\"readahead_lines\":" << c.readahead_lines << ",\"readahead_hits\":" << c.readahead_hits
+      << ",\"bypassed_bytes\":" << c.bypassed_bytes << ",\"set_full\":" << c.set_full << "}";
+  }
+  j << "}";
+  return j.str();
+}
+
+void write_stats(const Daemon& d) {
+  if (d.stats_path.empty()) return;
+  std::ofstream f(d.stats_path, std::ios::trunc);
+  f << stats_json(d) << "\n";
+}
+
+std::atomic<bool> g_dump{false};
+std::atomic<bool> g_detached{false};  // logs go to syslog once stderr is /dev/null
+void on_usr1(int) { g_dump = true; }
+
+void usage(const char* prog) {
+  std::printf(
+      "usage: %s [options] DEVICE MOUNTPOINT\n"
+      "  DEVICE: emu:PATH (an emulated NVMe controller over the image PATH; a bare path is the\n"
+      "          same) or vfio:DDDD:BB:DD.F\n"
+      "options (-o name=value,...):\n"
+      "  cache_mb=N      software cache size in MiB (default 64; 0: no cache)\n"
+      "  queues=N        NVMe I/O queue pairs (default 4)\n"
+      "  latency_us=N    emulated device: completion latency in microseconds (default 0)\n"
+      "  workers=N       emulated device: controller worker threads (default 1)\n"
+      "  commit=N        commit the journal at least every N seconds (default 5)\n"
+      "  stats=FILE      write cache and journal counters as JSON to FILE at unmount and on SIGUSR1\n"
+      "  nodiscard       do not trim freed blocks\n"
+      "  ro              read-only\n"
+      "  and the FUSE options (-f foreground, -d debug, -s single-threaded, allow_other, ...)\n",
+      prog);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fuse_args args = FUSE_ARGS_INIT(argc, argv);
+  Options o;
+  if (fuse_opt_parse(&args, &o, kOpts, opt_proc) != 0) return 1;
+  if (o.help) {
+    usage(argv[0]);
+    fuse_opt_free_args(&args);
+    return 0;
+  }
+  fuse_cmdline_opts cl{};
+  if (fuse_parse_cmdline(&args, &cl) != 0) return 1;
+  if (o.device == nullptr || cl.mountpoint == nullptr) {
+    usage(argv[0]);
+    return 1;
+  }
+  if (o.queues == 0 || o.queues > 64 || o.workers == 0 || o.workers > 64 || o.commit_s == 0) {
+    std::fprintf(stderr, "warpfs: queues and workers must be 1..64, commit at least 1\n");
+    return 1;
+  }
+  // Permissions are checked by the kernel; the daemon names itself in /proc/mounts.
+  const std::string fsname = std::string("-ofsname=") + o.device + ",subtype=warpfs,default_permissions";
+  fuse_opt_add_arg(&args, fsname.c_str());
+
+  // Daemonize before the device stack starts its threads (a fork keeps only the caller's),
+  // but report failures of the mount to the caller: the child writes one status byte.
+  int status_pipe[2] = {-1, -1};
+  if (!cl.foreground) {
+    if (pipe(status_pipe) != 0) return 1;
+    const pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid > 0) {
+      close(status_pipe[1]);
+      char st = 1;
+      if (::read(status_pipe[0], &st, 1) != 1) st = 1;
+      return st;
+    }
+    close(status_pipe[0]);
+    setsid();
+  }
+  auto report_ready = [&](char st) {
+    if (status_pipe[1] < 0) return;
+    if (::write(status_pipe[1], &st, 1) != 1) {
+      // The parent is gone: nothing to tell.
+    }
+    close(status_pipe[1]);
+    status_pipe[1] = -1;
+  };
+
+  Daemon d;
+  d.stats_path = o.stats ? o.stats : "";
+  warpfs::fs::StackOptions so;
+  so.io_queues = static_cast<uint16_t>(o.queues);
+  so.emulated.latency_ns = o.latency_us * 1000;
+  so.emulated.worker_threads = o.workers;
+  std::string err;
+  d.stack = warpfs::fs::DeviceStack::open(o.device, so, &err);
+  if (!d.stack) {
+    std::fprintf(stderr, "warpfs: %s\n", err.c_str());
+    report_ready(1);
+    return 1;
+  }
+  warpfs::blockdev::BlockDevice* dev = &d.stack->device();
+  if (o.cache_mb > 0) {
+    warpfs::cache::CacheOptions co;
+    const uint64_t lines = uint64_t{o.cache_mb} << 20 >> 12;
+    co.ways = 8;
+    uint32_t sets = 1;
+    while (uint64_t{sets} * 2 * co.ways <= lines) sets *= 2;
+    co.sets = sets;
+    d.cached = warpfs::blockdev::CachedBlockDevice::create(*dev, co, &err);
+    if (!d.cached) {
+      std::fprintf(stderr, "warpfs: cache: %s\n", err.c_str());
+      report_ready(1);
+      return 1;
+    }
+    dev = d.cached.get();
+  }
+  warpfs::fs::MountOptions mo;
+  mo.read_only = o.ro;
+  mo.discard = !o.nodiscard;
+  mo.commit_interval_ms = o.commit_s * 1000;
+  mo.log = [](const std::string& s) {
+    if (g_detached) {
+      syslog(LOG_ERR, "%s", s.c_str());
+    } else {
+      std::fprintf(stderr, "warpfs: %s\n", s.c_str());
+    }
+  };
+  d.fs = Filesystem::mount(*dev, mo, &err);
+  if (!d.fs) {
+    std::fprintf(stderr, "warpfs: %s: %s\n", o.device, err.c_str());
+    report_ready(1);
+    return 1;
+  }
+
+  const fuse_lowlevel_ops ops = make_ops();
+  fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, &d);
+  int rc = 1;
+  if (se != nullptr) {
+    if (fuse_set_signal_handlers(se) == 0) {
+      signal(SIGUSR1, on_usr1);
+      if (fuse_session_mount(se, cl.mountpoint) == 0) {
+        report_ready(0);
+        if (!cl.foreground) {
+          // Detached: stdio to /dev/null, as fuse_daemonize() would.
+          if (chdir("/") != 0) {
+            // stays where it was
+          }
+          openlog("warpfs", LOG_PID, LOG_DAEMON);
+          g_detached = true;
+          const int nul = ::open("/dev/null", O_RDWR);
+          if (nul >= 0) {
+            dup2(nul, 0);
+            dup2(nul, 1);
+            dup2(nul, 2);
+            if (nul > 2) close(nul);
+          }
+        }
+        // SIGUSR1 asks for a stats dump; a signal handler may not write files, so a small
+        // thread does it.
+        std::atomic<bool> done{false};
+        std::thread dumper([&] {
+          while (!done) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            if (g_dump.exchange(false)) write_stats(d);
+          }
+        });
+        if (cl.singlethread) {
+          rc = fuse_session_loop(se);
+        } else {
+          fuse_loop_config* lc = fuse_loop_cfg_create();
+          fuse_loop_cfg_set_clone_fd(lc, cl.clone_fd);
+          fuse_loop_cfg_set_max_threads(lc, cl.max_threads ? cl.max_threads : 16);
+          fuse_loop_cfg_set_idle_threads(lc, cl.max_idle_threads ? cl.max_idle_threads : 8);
+          rc = fuse_session_loop_mt(se, lc);
+          fuse_loop_cfg_destroy(lc);
+        }
+        done = true;
+        dumper.join();
+        fuse_session_unmount(se);
+      }
+      fuse_remove_signal_handlers(se);
+    }
+    fuse_session_destroy(se);
+  }
+  report_ready(1);  // no-op after success: the mount itself failed
+  // Everything to the device, the superblock clean (also after SIGTERM / fusermount3 -u).
+  const int urc = d.fs->unmount();
+  write_stats(d);
+  if (urc != 0) {
+    std::fprintf(stderr, "warpfs: %s: unmount failed (%s); run fsck.warpfs\n", o.device, std::strerror(urc));
+    rc = 1;
+  }
+  d.fs.reset();
+  if (d.cached) {
+    d.cached->flush();
+    d.cached.reset();
+  }
+  d.stack.reset();
+  free(cl.mountpoint);
+  free(o.device);
+  fuse_opt_free_args(&args);
+  return rc ? 1 : 0;
+}
