@@ -466,7 +466,6 @@ class Checker {
   std::vector<uint32_t> extra_names_;  // check mode: names /lost+found would give
   uint64_t lost_found_ = 0;
   uint32_t alloc_group_ = 0;
-  bool reachability_ = true;
 };
 
 // --- block claims ------------------------------------------------------------------------
@@ -1158,8 +1157,20 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
   std::vector<uint8_t> kind(n, kNone);
   bool salvage_all = false;
 
-  // Parses a leaf. With `salvage` (its checksum failed, or no index reaches it) only the
-  // entries whose hash matches their name are kept, silently.
+  // Parses a leaf. With `salvage` (its checksum failed, an entry is malformed, or no index
+  // reaches it) only entries whose hash matches their name are kept, silently: the whole
+  // block is searched, resynchronising at 8-byte boundaries after anything unparsable.
+  auto bad_name = [](const std::string& name) {
+    return name.find_first_of(std::string("/\0", 2)) != std::string::npos || name == "." || name == "..";
+  };
+  // The entry at `off` if it parses and, when `verify`, its hash matches its name.
+  auto entry_at = [&](const uint8_t* b, size_t off, size_t end, bool verify, DirEntryHeader* e, std::string* name) {
+    if (off + sizeof *e > end) return false;
+    std::memcpy(e, b + off, sizeof *e);
+    if (e->name_len == 0 || e->rec_len != rec_len(e->name_len) || off + e->rec_len > end) return false;
+    name->assign(reinterpret_cast<const char*>(b + off + sizeof *e), e->name_len);
+    return !verify || e->hash == name_hash(name->data(), name->size(), d.dir_seed);
+  };
   auto scan_leaf = [&](uint64_t k, uint64_t lo, uint64_t hi, bool salvage) {
     const uint8_t* b = blk(k);
     DirLeafHeader h;
@@ -1173,36 +1184,33 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
       if (!salvage) flag(bname("leaf ", k) + ": checksum mismatch");
       salvage = true;
     }
-    const size_t used = std::min<size_t>(h.used, kLeafSpace);
     if (h.used > kLeafSpace && !salvage) flag(bname("leaf ", k) + ": used bytes " + num(h.used) + " overflow the block");
-    const size_t end = sizeof h + used;
+    const size_t end = salvage ? kBlockSize : sizeof h + std::min<size_t>(h.used, kLeafSpace);
     size_t off = sizeof h;
     uint64_t prev = 0;
-    bool sorted = true, broken = false;
+    bool sorted = true;
     uint16_t found = 0;
-    for (uint16_t i = 0; i < h.count; ++i) {
-      DirEntryHeader e;
-      if (off + sizeof e > end) {
-        broken = true;
-        break;
+    DirEntryHeader e;
+    std::string name;
+    while (off < end && (salvage || found < h.count)) {
+      if (!entry_at(b, off, end, salvage, &e, &name)) {
+        if (!salvage) {
+          flag(bname("leaf ", k) + ": entry " + num(found) + " is malformed");
+          salvage = true;
+        }
+        // Resynchronise: the next aligned offset holding an entry that verifies.
+        for (off += 8; off < kBlockSize && !entry_at(b, off, kBlockSize, true, &e, &name); off += 8) {
+        }
+        continue;
       }
-      std::memcpy(&e, b + off, sizeof e);
-      if (e.name_len == 0 || e.rec_len != rec_len(e.name_len) || off + e.rec_len > end) {
-        broken = true;
-        break;
-      }
-      const std::string name(reinterpret_cast<const char*>(b + off + sizeof e), e.name_len);
       off += e.rec_len;
       ++found;
       const uint64_t hash = name_hash(name.data(), name.size(), d.dir_seed);
       if (salvage) {
-        if (e.hash == hash && name.find_first_of(std::string("/\0", 2)) == std::string::npos && name != "." &&
-            name != "..") {
-          out.push_back(Ent{hash, e.inode, e.type, false, name});
-        }
+        if (!bad_name(name)) out.push_back(Ent{hash, e.inode, e.type, false, name});
         continue;
       }
-      if (name.find_first_of(std::string("/\0", 2)) != std::string::npos || name == "." || name == "..") {
+      if (bad_name(name)) {
         problem(where + ": entry '" + printable(name) + "' has an invalid name", "removed");
         d.rebuild = true;
         continue;
@@ -1223,9 +1231,7 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
       out.push_back(Ent{hash, e.inode, e.type, false, name});
     }
     if (salvage) return;
-    if (broken) {
-      flag(bname("leaf ", k) + ": entry " + num(found) + " is malformed");
-    } else if (off != end) {
+    if (off != end) {
       flag(bname("leaf ", k) + ": " + num(h.count) + " entries end at byte " + num(off) + ", the header says " +
            num(end));
     }
@@ -1303,14 +1309,16 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
       }
     }
   }
+  // Blocks no index entry reaches. The core never abandons a leaf (directory blocks are
+  // never freed, and a new one is referenced in the transaction that adds it), so a valid
+  // leaf here lost its index entry: its entries are salvaged.
   for (uint64_t k = 1; k < n; ++k) {
     if (kind[k] != kNone || phys[k] == 0) continue;
-    if (salvage_all) {
-      // Without a sound index every leaf of this directory is a source of entries.
-      scan_leaf(k, 0, kHashEnd, true);
-    } else {
-      flag(bname("", k) + " is not referenced by the index");
-    }
+    uint64_t j = k;
+    while (j + 1 < n && kind[j + 1] == kNone && phys[j + 1] != 0) ++j;
+    if (!salvage_all) flag(span_str("directory block", k, j) + " not referenced by the index");
+    for (uint64_t i = k; i <= j; ++i) scan_leaf(i, 0, kHashEnd, true);
+    k = j;
   }
   // One name, one entry.
   std::unordered_set<std::string> seen;
@@ -1505,12 +1513,7 @@ void Checker::pass3() {
                             : root->state != State::kLive    ? "corrupt"
                             : !is_dir(*root)                 ? "not a directory"
                                                              : "on the orphan list";
-    if (!o_.repair) {
-      problem("root directory (inode 1): " + why);
-      notice("without a root directory reachability is not checked");
-      reachability_ = false;
-      return;
-    }
+    // Check mode models the new root too, so that both modes report the same problems.
     problem("root directory (inode 1): " + why, "recreated empty (what it held goes to /lost+found)");
     if (root != nullptr && root->on_orphan_list) {
       // The list is rebuilt without it: everything on it is freed below anyway.
@@ -1629,7 +1632,6 @@ void Checker::pass3() {
 // --- pass 4: link counts -----------------------------------------------------------------
 
 void Checker::pass4() {
-  if (!reachability_) return;
   for (Info& n : infos_) n.names = n.subdirs = 0;
   for (size_t k = 0; k < infos_.size(); ++k) {
     Info& d = infos_[k];

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <random>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -838,6 +839,240 @@ TEST(FsckJournal, BadJournalHeaderIsReset) {
   raw.put(1, b.data());
   found_repaired_clean(*r, {"journal header (block 1): checksum mismatch"});
   EXPECT_EQ(r->check_and_remount(), "");
+}
+
+// --- random damage -----------------------------------------------------------------------
+
+// Walks the whole tree through the core: every directory listed, every file read.
+void walk_everything(Filesystem& fs, Ino dir, int depth = 0) {
+  std::vector<DirEntry> v;
+  ASSERT_EQ(fs.readdir(dir, 0, [&](const DirEntry& e) {
+    v.push_back(e);
+    return true;
+  }), 0);
+  for (const DirEntry& e : v) {
+    if (e.name == "." || e.name == "..") continue;
+    Attr a;
+    ASSERT_EQ(fs.lookup(dir, e.name, &a), 0) << e.name;
+    if (S_ISDIR(a.mode) && depth < 16) walk_everything(fs, a.ino, depth + 1);
+    if (S_ISREG(a.mode)) {
+      std::string buf(std::min<uint64_t>(a.size, 1 << 16), '\0');
+      size_t got;
+      EXPECT_EQ(fs.read(a.ino, 0, buf.size(), buf.data(), &got), 0) << e.name;
+    }
+    if (S_ISLNK(a.mode)) {
+      std::string t;
+      EXPECT_EQ(fs.readlink(a.ino, &t), 0) << e.name;
+    }
+    fs.forget(a.ino, 1);
+  }
+}
+
+// What a fuzz round may damage.
+enum class Damage { kInodes, kHeader, kGdt, kBitmap, kSuper, kJournalHeader };
+using Targets = std::vector<std::pair<uint64_t, Damage>>;
+
+// The metadata blocks of an unmounted filesystem: descriptors, bitmaps and inode tables of
+// group 0, the superblock and journal header, and every directory, extent-tree and xattr
+// block of the first `inodes` inodes.
+Targets metadata_targets(Raw& raw, uint64_t inodes) {
+  Targets t;
+  const GroupDesc g0 = raw.gd(0);
+  t.emplace_back(0, Damage::kSuper);
+  t.emplace_back(1, Damage::kJournalHeader);
+  t.emplace_back(raw.sb.gdt_start, Damage::kGdt);
+  t.emplace_back(g0.block_bitmap, Damage::kBitmap);
+  t.emplace_back(g0.inode_bitmap, Damage::kBitmap);
+  for (uint64_t b = 0; b < (inodes + kInodesPerBlock - 1) / kInodesPerBlock; ++b) {
+    t.emplace_back(g0.inode_table + b, Damage::kInodes);
+  }
+  auto add_tree = [&](uint64_t block, auto&& self) -> void {
+    t.emplace_back(block, Damage::kHeader);
+    auto b = raw.get(block);
+    ExtentNodeHeader h;
+    std::memcpy(&h, b.data(), sizeof h);
+    for (uint16_t i = 0; h.depth > 0 && i < h.count; ++i) {
+      ExtentIndex x;
+      std::memcpy(&x, b.data() + sizeof h + i * sizeof x, sizeof x);
+      self(x.child, self);
+    }
+  };
+  for (uint64_t ino = 1; ino <= inodes; ++ino) {
+    const Inode d = raw.inode(ino);
+    if (d.mode == 0) continue;
+    if (d.xattr_block) t.emplace_back(d.xattr_block, Damage::kHeader);
+    for (uint32_t i = 0; i < d.extent_count && i < 8; ++i) {
+      if (d.tree_depth > 0) {
+        ExtentIndex x;
+        std::memcpy(&x, &d.root.extents[i], sizeof x);
+        add_tree(x.child, add_tree);
+      } else if (S_ISDIR(d.mode)) {
+        for (uint32_t k = 0; k < d.root.extents[i].blocks(); ++k) {
+          t.emplace_back(d.root.extents[i].physical + k, Damage::kHeader);
+        }
+      }
+    }
+  }
+  return t;
+}
+
+// Flips one random bit of `blk`; with `fix`, makes its checksum valid again.
+void damage(Raw& raw, std::mt19937_64& rng, uint64_t blk, Damage kind, bool fix) {
+  auto b = raw.get(blk);
+  auto flip = [&](size_t bits) {
+    const size_t bit = rng() % bits;
+    b[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+  };
+  const GroupDesc g0 = raw.gd(0);
+  switch (kind) {
+    case Damage::kInodes: {
+      const size_t slot = rng() % kInodesPerBlock;
+      const size_t bit = rng() % (248 * 8);  // not the checksum itself
+      b[slot * kInodeSize + bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+      if (fix) {
+        Inode d;
+        std::memcpy(&d, b.data() + slot * kInodeSize, sizeof d);
+        d.checksum = inode_checksum(d, (blk - g0.inode_table) * kInodesPerBlock + slot + 1, raw.seed());
+        std::memcpy(b.data() + slot * kInodeSize, &d, sizeof d);
+      }
+      raw.put(blk, b.data());
+      return;
+    }
+    case Damage::kHeader:
+      flip(rng() % 2 == 0 ? 512 * 8 : kBlockSize * 8);  // headers and first entries, more often
+      if (fix) raw.fix_header(b);
+      raw.put(blk, b.data());
+      return;
+    case Damage::kGdt:
+      flip(56 * 8);
+      raw.put(blk, b.data());
+      if (fix) raw.put_gd(0, raw.gd(0));
+      return;
+    case Damage::kBitmap: {
+      flip(kBlockSize * 8);
+      raw.put(blk, b.data());
+      if (!fix) return;
+      GroupDesc d = raw.gd(0);
+      (blk == d.block_bitmap ? d.block_bitmap_checksum : d.inode_bitmap_checksum) =
+          checksum(b.data(), kBlockSize, raw.seed());
+      raw.put_gd(0, d);
+      return;
+    }
+    case Damage::kSuper: {
+      // The dynamic fields (counts, orphan head, state, times, journal_seq) or anything.
+      const size_t bit = rng() % 2 == 0 ? 56 * 8 + rng() % (168 * 8) : rng() % (4088 * 8);
+      b[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+      Superblock sb;
+      std::memcpy(&sb, b.data(), sizeof sb);
+      if (fix) sb.checksum = superblock_checksum(sb);
+      raw.put(0, &sb);
+      return;
+    }
+    case Damage::kJournalHeader:
+      flip(32 * 8);
+      if (fix) {
+        const uint64_t c = block_checksum(b.data(), offsetof(JournalHeader, checksum), raw.seed());
+        std::memcpy(b.data() + offsetof(JournalHeader, checksum), &c, 8);
+      }
+      raw.put(blk, b.data());
+      return;
+  }
+}
+
+// Rounds of random damage to the unmounted filesystem of `r` (restored between rounds):
+// whatever fsck finds, check mode and repair mode agree on it, one repair leaves a
+// filesystem that checks clean, mounts, can be walked completely, takes new files, and
+// still checks clean after the core used it.
+void fuzz(Rig& r, const Targets& targets, int rounds, int max_damage) {
+  Raw raw(*r.dev);
+  const uint64_t nblocks = raw.sb.block_count;
+  std::vector<uint8_t> image(nblocks * kBlockSize);
+  ASSERT_TRUE(r.dev->read(0, static_cast<uint32_t>(nblocks), image.data()).is_ok());
+  for (int round = 0; round < rounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    ASSERT_TRUE(r.dev->write(0, static_cast<uint32_t>(nblocks), image.data()).is_ok());
+    std::mt19937_64 rng(round);
+    const int n = 1 + static_cast<int>(rng() % max_damage);
+    for (int k = 0; k < n; ++k) {
+      const auto [blk, kind] = targets[rng() % targets.size()];
+      damage(raw, rng, blk, kind, rng() % 3 != 0);
+    }
+    const FsckRun a = run_fsck(*r.dev, false);
+    EXPECT_TRUE(a.r.exit_code == kFsckClean || a.r.exit_code == kFsckUncorrected) << a.text;
+    const FsckRun b = run_fsck(*r.dev, true);
+    EXPECT_TRUE(b.r.exit_code == kFsckClean || b.r.exit_code == kFsckCorrected) << b.text;
+    EXPECT_EQ(a.r.problems, b.r.problems) << "check:\n" << a.text << "repair:\n" << b.text;
+    const FsckRun c = run_fsck(*r.dev, false);
+    ASSERT_EQ(c.r.exit_code, kFsckClean) << "after repair:\n" << c.text << "repair said:\n" << b.text;
+    if (std::getenv("WARPFS_FSCK_TEST_VERBOSE")) std::printf("round %d:\n%s", round, b.text.c_str());
+    ASSERT_TRUE(r.mount()) << r.log << "repair said:\n" << b.text;
+    walk_everything(*r.fs, kRootInode);
+    Attr at;
+    if (r.fs->mknod(kRootInode, "new-after-repair", S_IFREG | 0644, 0, Caller{}, &at) == 0) {
+      EXPECT_EQ(r.write(at.ino, 0, pattern(round, 0, 9000)), 0);
+      r.fs->forget(at.ino, 1);
+    }
+    EXPECT_EQ(r.check_and_remount(), "") << "repair said:\n" << b.text;
+    unmount(r);
+  }
+}
+
+int fuzz_rounds(int dflt) {
+  const char* env = std::getenv("WARPFS_FSCK_FUZZ_ROUNDS");
+  return env ? std::atoi(env) : dflt;
+}
+
+TEST(FsckFuzz, RandomMetadataDamageIsRepairedInOneRun) {
+  auto r = Rig::make(16);
+  ASSERT_TRUE(r);
+  const Tree t = populate_small(*r);
+  std::vector<Ino> dirs{kRootInode, t.dir, t.sub};
+  for (int i = 0; i < 4; ++i) dirs.push_back(r->mkdir(dirs[i % dirs.size()], "x" + std::to_string(i)));
+  for (int i = 0; i < 300; ++i) {
+    const Ino f = r->create(dirs[i % dirs.size()], "f" + std::to_string(i));
+    if (i % 7 == 0) {
+      ASSERT_EQ(r->write(f, 0, pattern(i, 0, 1 + i * 97)), 0);
+    }
+    if (i % 50 == 0) {
+      ASSERT_EQ(r->fs->setxattr(f, "user.k", "v", 1, 0), 0);
+    }
+    r->fs->forget(f, 1);
+  }
+  const Ino frag = r->create(kRootInode, "frag");
+  for (uint32_t i = 0; i < 40; ++i) ASSERT_EQ(r->write(frag, uint64_t{i} * 2 * 4096, pattern(i, 0, 100)), 0);
+  unmount(*r);
+  ASSERT_EQ(run_fsck(*r->dev, false).r.exit_code, kFsckClean);
+  Raw raw(*r->dev);
+  fuzz(*r, metadata_targets(raw, 400), fuzz_rounds(60), 4);
+}
+
+TEST(FsckFuzz, DeepTreesAndBigDirectories) {
+  MkfsOptions mo;
+  mo.inodes = 16384;
+  auto r = Rig::make(64, mo);
+  ASSERT_TRUE(r);
+  const Ino big = r->mkdir(kRootInode, "big");
+  for (int i = 0; i < 12000; ++i) {  // more than 254 leaves: a depth-2 index
+    Attr a;
+    ASSERT_EQ(r->fs->mknod(big, "a-rather-long-file-name-to-fill-leaves-" + std::to_string(i), S_IFREG | 0600, 0,
+                           Caller{}, &a), 0);
+    r->fs->forget(a.ino, 1);
+  }
+  const Ino frag = r->create(kRootInode, "frag");
+  for (uint32_t i = 0; i < 2100; ++i) ASSERT_EQ(r->write(frag, uint64_t{i} * 2 * 4096, pattern(i, 0, 64)), 0);
+  unmount(*r);
+  Raw raw(*r->dev);
+  ASSERT_EQ(raw.inode(frag).tree_depth, 2u);
+  auto root = raw.get(raw.dir_block(big, 0));
+  DirIndexHeader h;
+  std::memcpy(&h, root.data(), sizeof h);
+  ASSERT_EQ(h.depth, 2);
+  ASSERT_EQ(run_fsck(*r->dev, false).r.exit_code, kFsckClean);
+  // Only the big directory's and the fragmented file's blocks, and the fixed metadata.
+  Targets t;
+  for (const auto& x : metadata_targets(raw, 3)) t.push_back(x);
+  t.emplace_back(raw.inode_block(frag), Damage::kInodes);
+  fuzz(*r, t, fuzz_rounds(6), 3);
 }
 
 // --- scale -------------------------------------------------------------------------------
