@@ -405,8 +405,7 @@ class Checker {
     uint64_t prev_end = 0;
     bool changed = false;
   };
-  void walk_leaf(const Info& n, Walk& w, const Extent* e, uint32_t count, uint64_t lo, uint64_t hi,
-                 const std::string& where);
+  void walk_leaf(Walk& w, const Extent* e, uint32_t count, uint64_t lo, uint64_t hi, const std::string& where);
   void walk_index(const Info& n, Walk& w, const ExtentIndex* e, uint32_t count, uint16_t child_depth,
                   uint64_t lo, uint64_t hi, const std::string& where);
   void walk_node(const Info& n, Walk& w, uint64_t block, uint16_t depth, uint64_t lo, uint64_t hi);
@@ -752,7 +751,7 @@ void Checker::check_inode(uint64_t ino, const Inode& d) {
       }
       Extent e[Inode::kInlineExtents];
       std::memcpy(e, d.root.extents, sizeof e);
-      walk_leaf(n, w, e, count, 0, kNoLogical, where);
+      walk_leaf(w, e, count, 0, kNoLogical, where);
     } else if (d.tree_depth <= 2) {
       uint32_t count = d.extent_count;
       if (count == 0 || count > Inode::kInlineExtents) {
@@ -802,7 +801,7 @@ void Checker::check_inode(uint64_t ino, const Inode& d) {
 
 // Extents of one node (the inode's root or a leaf block) covering [lo, hi): kept in
 // `w.ext` when sound, reported and dropped when not.
-void Checker::walk_leaf(const Info& n, Walk& w, const Extent* e, uint32_t count, uint64_t lo, uint64_t hi,
+void Checker::walk_leaf(Walk& w, const Extent* e, uint32_t count, uint64_t lo, uint64_t hi,
                         const std::string& where) {
   for (uint32_t i = 0; i < count; ++i) {
     const Extent x = e[i];
@@ -829,7 +828,6 @@ void Checker::walk_leaf(const Info& n, Walk& w, const Extent* e, uint32_t count,
     w.ext.push_back(x);
     w.prev_end = end;
   }
-  (void)n;
 }
 
 void Checker::walk_index(const Info& n, Walk& w, const ExtentIndex* e, uint32_t count, uint16_t child_depth,
@@ -890,7 +888,7 @@ void Checker::walk_node(const Info& n, Walk& w, uint64_t block, uint16_t depth, 
   if (depth == 0) {
     std::vector<Extent> e(h.count);
     std::memcpy(e.data(), buf.data() + sizeof h, e.size() * sizeof(Extent));
-    walk_leaf(n, w, e.data(), h.count, lo, hi, where);
+    walk_leaf(w, e.data(), h.count, lo, hi, where);
   } else {
     std::vector<ExtentIndex> e(h.count);
     std::memcpy(e.data(), buf.data() + sizeof h, e.size() * sizeof(ExtentIndex));
@@ -1461,8 +1459,7 @@ Checker::Info* Checker::lost_found() {
     return nullptr;
   }
   Info* lf = make_directory(ino, kRootInode);
-  lf->mode = S_IFDIR | 0700;
-  Info& r = *info(kRootInode);  // make_directory may have moved nothing (reserved), but be exact
+  Info& r = *info(kRootInode);
   ents_[index_of(r)].push_back(Ent{name_hash(name.data(), name.size(), r.dir_seed), ino, dtype(lf->mode), false, name});
   r.rebuild = true;
   r.links += 1;
@@ -1515,10 +1512,6 @@ void Checker::pass3() {
                                                              : "on the orphan list";
     // Check mode models the new root too, so that both modes report the same problems.
     problem("root directory (inode 1): " + why, "recreated empty (what it held goes to /lost+found)");
-    if (root != nullptr && root->on_orphan_list) {
-      // The list is rebuilt without it: everything on it is freed below anyway.
-      root->on_orphan_list = false;
-    }
     root = make_directory(kRootInode, kRootInode);
   }
   if (root->parent != kRootInode) {
@@ -1606,6 +1599,11 @@ void Checker::pass3() {
     Info& x = infos_[k];
     if (x.state == State::kLive && !x.reached && !x.on_orphan_list && !is_dir(x)) connect(x, false);
   }
+  uint64_t lost = 0;
+  if (lost_found_ != 0) lost = ents_[index_of(*info(lost_found_))].size();
+  verbose("pass 3: " + num(static_cast<uint64_t>(std::count_if(infos_.begin(), infos_.end(), [](const Info& n) {
+            return n.reached;
+          }))) + " inodes reachable from the root" + (lost ? ", " + num(lost) + " names in /lost+found" : ""));
   // Parent fields agree with the names.
   for (Info& x : infos_) {
     if (!dir_live(x) || x.ino == kRootInode || x.namer == 0 || x.parent == x.namer) continue;
@@ -1944,7 +1942,7 @@ void Checker::write_mapping(Info& n) {
   const size_t E = ext.size();
   bool ok = true;
   if (E <= Inode::kInlineExtents) {
-    std::memcpy(rp->root, ext.data(), E * sizeof(Extent));
+    if (E > 0) std::memcpy(rp->root, ext.data(), E * sizeof(Extent));
     rp->count = static_cast<uint32_t>(E);
     rp->depth = 0;
   } else {

@@ -13,8 +13,14 @@
 //   4  link counts
 //   5  block and inode bitmaps, their checksums, free counts, group descriptors, superblock
 //
+// What a crash leaves (a dirty superblock, committed transactions in the journal, inodes on
+// the orphan list) is not a problem: it is reported as a notice, replayed and freed with
+// `repair`. Exit codes and the other policy choices (/lost+found, shared blocks, directory
+// rebuilds) are written at the top of fs/src/fsck.cc.
+//
 // Thread-safety: one call at a time per device, and nothing else may use the device while
-// it runs (the filesystem must not be mounted). Without `repair` nothing is ever written.
+// it runs (the filesystem must not be mounted). Without `repair` nothing is ever written:
+// the journal is replayed into memory, and the check sees what a mount would see.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +34,9 @@ namespace warpfs::fs {
 
 struct FsckOptions {
   bool repair = false;          // fix what is found (fsck -y); false: check only (fsck -n)
-  bool replay_journal = true;   // with repair: replay committed transactions before checking
-                                // (false: they are discarded, and reported)
+  bool replay_journal = true;   // replay committed transactions before checking (without
+                                // repair: into memory only); false: with repair they are
+                                // discarded, without it the filesystem is checked as found
   bool skip_if_clean = false;   // a clean filesystem with an empty journal is not checked
                                 // further (fsck.warpfs without -f)
   bool verbose = false;         // also report what each pass found, not only problems
@@ -50,7 +57,8 @@ struct FsckResult {
   int exit_code = kFsckClean;
   uint64_t problems = 0;   // problems found (each also reported)
   uint64_t corrected = 0;  // of those, repaired
-  std::vector<std::string> lines;  // the problem lines, as reported (the first 10000)
+  std::vector<std::string> lines;  // the problem lines, as reported (the first 10000); notices
+                                   // (journal replayed, orphans freed) go to `report` only
   std::string error;       // the operational error, when exit_code has kFsckOperational
   bool skipped = false;    // skip_if_clean applied: only the superblock and journal were read
   bool used_backup = false;  // the primary superblock was unusable
