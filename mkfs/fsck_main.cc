@@ -35,12 +35,25 @@ int main(int argc, char** argv) {
   int c;
   while ((c = getopt(argc, argv, "ynfvph")) != -1) {
     switch (c) {
-      case 'y': case 'p': yes = true; break;
-      case 'n': no = true; break;
-      case 'f': force = true; break;
-      case 'v': verbose = true; break;
-      case 'h': usage(stdout); return fs::kFsckClean;
-      default: usage(stderr); return fs::kFsckUsage;
+      case 'y':
+      case 'p':
+        yes = true;
+        break;
+      case 'n':
+        no = true;
+        break;
+      case 'f':
+        force = true;
+        break;
+      case 'v':
+        verbose = true;
+        break;
+      case 'h':
+        usage(stdout);
+        return fs::kFsckClean;
+      default:
+        usage(stderr);
+        return fs::kFsckUsage;
     }
   }
   if (optind + 1 != argc || (yes && no)) {
@@ -78,9 +91,8 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     };
   }
-  const fs::FsckResult r = fs::fsck(stack->device(), o, [](const std::string& line) {
-    std::printf("%s\n", line.c_str());
-  });
+  const fs::FsckResult r = fs::fsck(
+      stack->device(), o, [](const std::string& line) { std::printf("%s\n", line.c_str()); });
   if (r.exit_code & fs::kFsckOperational) {
     std::fprintf(stderr, "fsck.warpfs: %s: %s\n", device.c_str(), r.error.c_str());
     return r.exit_code;
@@ -89,17 +101,20 @@ int main(int argc, char** argv) {
     std::printf("warpfs %s: clean, %" PRIu64 "/%" PRIu64 " files, %" PRIu64 "/%" PRIu64 " blocks\n",
                 device.c_str(), r.inodes_used, r.inode_count, r.blocks_used, r.block_count);
   } else {
-    std::printf("warpfs %s: %" PRIu64 "/%" PRIu64 " files (%" PRIu64 " directories), %" PRIu64 "/%" PRIu64
-                " blocks\n",
-                device.c_str(), r.inodes_used, r.inode_count, r.directories, r.blocks_used, r.block_count);
+    std::printf("warpfs %s: %" PRIu64 "/%" PRIu64 " files (%" PRIu64 " directories), %" PRIu64
+                "/%" PRIu64 " blocks\n",
+                device.c_str(), r.inodes_used, r.inode_count, r.directories, r.blocks_used,
+                r.block_count);
   }
   if (r.journal_transactions > 0 && !yes) {
-    std::printf("warpfs %s: the journal holds %" PRIu64 " committed transaction(s); a mount replays them\n",
+    std::printf("warpfs %s: the journal holds %" PRIu64
+                " committed transaction(s); a mount replays them\n",
                 device.c_str(), r.journal_transactions);
   }
   if (r.exit_code & fs::kFsckCorrected) std::printf("***** the filesystem was modified *****\n");
   if (r.exit_code & fs::kFsckUncorrected) {
-    std::printf("***** %s *****\n", yes ? "errors left uncorrected" : "errors found: run fsck.warpfs -y");
+    std::printf("***** %s *****\n",
+                yes ? "errors left uncorrected" : "errors found: run fsck.warpfs -y");
   }
   return r.exit_code;
 }

@@ -60,17 +60,28 @@ constexpr uint64_t kNoLogical = uint64_t{1} << 32;  // one past the last file bl
 constexpr uint64_t kHashEnd = uint64_t{1} << 63;    // above every name hash
 constexpr size_t kLeafSpace = kBlockSize - sizeof(DirLeafHeader);
 constexpr uint32_t kChunk = 256;  // blocks per big read: 1 MiB
-constexpr uint64_t kMaxDirBlocks = 1 + kDirIndexCapacity + uint64_t{kDirIndexCapacity} * kDirIndexCapacity;
+constexpr uint64_t kMaxDirBlocks =
+    1 + kDirIndexCapacity + uint64_t{kDirIndexCapacity} * kDirIndexCapacity;
 constexpr size_t kMaxLines = 10000;
 
-std::string num(uint64_t v) { return std::to_string(v); }
-uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+std::string num(uint64_t v) {
+  return std::to_string(v);
+}
+uint64_t div_up(uint64_t a, uint64_t b) {
+  return (a + b - 1) / b;
+}
 uint16_t rec_len(size_t name_len) {
   return static_cast<uint16_t>((sizeof(DirEntryHeader) + name_len + 7) & ~size_t{7});
 }
-uint8_t dtype(uint32_t mode) { return static_cast<uint8_t>((mode >> 12) & 017); }
-bool test_bit(const uint8_t* bm, uint64_t i) { return (bm[i / 8] >> (i % 8)) & 1; }
-void set_bit(uint8_t* bm, uint64_t i) { bm[i / 8] |= static_cast<uint8_t>(1u << (i % 8)); }
+uint8_t dtype(uint32_t mode) {
+  return static_cast<uint8_t>((mode >> 12) & 017);
+}
+bool test_bit(const uint8_t* bm, uint64_t i) {
+  return (bm[i / 8] >> (i % 8)) & 1;
+}
+void set_bit(uint8_t* bm, uint64_t i) {
+  bm[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+}
 uint64_t zero_bits(const std::vector<uint8_t>& bm) {
   uint64_t used = 0;
   for (uint8_t x : bm) used += static_cast<uint64_t>(std::popcount(x));
@@ -79,7 +90,13 @@ uint64_t zero_bits(const std::vector<uint8_t>& bm) {
 
 bool valid_type(uint32_t mode) {
   switch (mode & S_IFMT) {
-    case S_IFREG: case S_IFDIR: case S_IFLNK: case S_IFCHR: case S_IFBLK: case S_IFIFO: case S_IFSOCK:
+    case S_IFREG:
+    case S_IFDIR:
+    case S_IFLNK:
+    case S_IFCHR:
+    case S_IFBLK:
+    case S_IFIFO:
+    case S_IFSOCK:
       return true;
     default:
       return false;
@@ -88,13 +105,20 @@ bool valid_type(uint32_t mode) {
 
 const char* type_name(uint32_t mode) {
   switch (mode & S_IFMT) {
-    case S_IFDIR: return "a directory";
-    case S_IFREG: return "a regular file";
-    case S_IFLNK: return "a symlink";
-    case S_IFCHR: return "a character device";
-    case S_IFBLK: return "a block device";
-    case S_IFIFO: return "a fifo";
-    default: return "a socket";
+    case S_IFDIR:
+      return "a directory";
+    case S_IFREG:
+      return "a regular file";
+    case S_IFLNK:
+      return "a symlink";
+    case S_IFCHR:
+      return "a character device";
+    case S_IFBLK:
+      return "a block device";
+    case S_IFIFO:
+      return "a fifo";
+    default:
+      return "a socket";
   }
 }
 
@@ -114,13 +138,14 @@ std::string printable(std::string_view s) {
 }
 
 std::string extent_str(const Extent& e) {
-  return "(logical " + num(e.logical) + ", " + num(e.blocks()) + " block" + (e.blocks() == 1 ? "" : "s") +
-         " at " + num(e.physical) + ")";
+  return "(logical " + num(e.logical) + ", " + num(e.blocks()) + " block" +
+         (e.blocks() == 1 ? "" : "s") + " at " + num(e.physical) + ")";
 }
 
 // "block 7" or "blocks 7-9" (inclusive).
 std::string span_str(const char* what, uint64_t a, uint64_t b) {
-  return a == b ? std::string(what) + " " + num(a) : std::string(what) + "s " + num(a) + "-" + num(b);
+  return a == b ? std::string(what) + " " + num(a)
+                : std::string(what) + "s " + num(a) + "-" + num(b);
 }
 
 // "" or why `sb` cannot describe a warpfs on a device of `dev_blocks` blocks.
@@ -129,11 +154,14 @@ std::string superblock_problem(const Superblock& sb, uint64_t dev_blocks) {
   if (sb.checksum != superblock_checksum(sb)) return "checksum mismatch";
   if (sb.version != kVersion) return "unsupported version " + num(sb.version);
   if (sb.features != kFeaturesV1) return "unsupported feature flags " + num(sb.features);
-  if (sb.block_size != kBlockSize || sb.blocks_per_group != kBlocksPerGroup) return "unsupported block geometry";
+  if (sb.block_size != kBlockSize || sb.blocks_per_group != kBlocksPerGroup)
+    return "unsupported block geometry";
   if (sb.block_count > dev_blocks) {
-    return "the filesystem has " + num(sb.block_count) + " blocks, the device only " + num(dev_blocks);
+    return "the filesystem has " + num(sb.block_count) + " blocks, the device only " +
+           num(dev_blocks);
   }
-  if (sb.journal_blocks < 8 || sb.gdt_start != 1 + uint64_t{sb.journal_blocks}) return "inconsistent journal geometry";
+  if (sb.journal_blocks < 8 || sb.gdt_start != 1 + uint64_t{sb.journal_blocks})
+    return "inconsistent journal geometry";
   if (sb.inodes_per_group == 0 || sb.inodes_per_group % kInodesPerBlock != 0 ||
       sb.inodes_per_group > kBlockSize * 8) {
     return "bad inodes_per_group " + num(sb.inodes_per_group);
@@ -151,20 +179,22 @@ std::string superblock_problem(const Superblock& sb, uint64_t dev_blocks) {
     return num(sb.group_count) + " groups do not match " + num(sb.block_count) + " blocks";
   }
   const uint64_t last = span - uint64_t{sb.group_count - 1} * kBlocksPerGroup;
-  if (last <= 2 + sb.inodes_per_group / kInodesPerBlock) return "the last group is too short for its metadata";
+  if (last <= 2 + sb.inodes_per_group / kInodesPerBlock)
+    return "the last group is too short for its metadata";
   return "";
 }
 
 // Whether two superblocks describe the same filesystem: identical up to the geometry, the
 // same seed and uuid (the dynamic fields differ between the primary and the backup).
 bool same_filesystem(const Superblock& a, const Superblock& b) {
-  return std::memcmp(&a, &b, offsetof(Superblock, free_blocks)) == 0 && a.checksum_seed == b.checksum_seed &&
-         std::memcmp(a.uuid, b.uuid, sizeof a.uuid) == 0;
+  return std::memcmp(&a, &b, offsetof(Superblock, free_blocks)) == 0 &&
+         a.checksum_seed == b.checksum_seed && std::memcmp(a.uuid, b.uuid, sizeof a.uuid) == 0;
 }
 
 // FORMAT.md "Layout", from a validated superblock.
 struct Layout {
-  uint64_t block_count = 0, inode_count = 0, gdt_start = 0, gdt_blocks = 0, first_group = 0, seed = 0;
+  uint64_t block_count = 0, inode_count = 0, gdt_start = 0, gdt_blocks = 0, first_group = 0,
+           seed = 0;
   uint32_t groups = 0, ipg = 0, itb = 0, journal_blocks = 0;
 
   void init(const Superblock& sb) {
@@ -183,13 +213,17 @@ struct Layout {
   uint64_t group_size(uint32_t g) const {
     return std::min<uint64_t>(kBlocksPerGroup, block_count - 1 - group_start(g));
   }
-  uint32_t group_of(uint64_t b) const { return static_cast<uint32_t>((b - first_group) / kBlocksPerGroup); }
+  uint32_t group_of(uint64_t b) const {
+    return static_cast<uint32_t>((b - first_group) / kBlocksPerGroup);
+  }
   uint64_t meta_end(uint32_t g) const { return group_start(g) + 2 + itb; }  // first data block
   uint64_t inode_block(uint64_t ino) const {
     const uint64_t i = (ino - 1) % ipg;
     return group_start(static_cast<uint32_t>((ino - 1) / ipg)) + 2 + i / kInodesPerBlock;
   }
-  size_t inode_offset(uint64_t ino) const { return ((ino - 1) % ipg % kInodesPerBlock) * kInodeSize; }
+  size_t inode_offset(uint64_t ino) const {
+    return ((ino - 1) % ipg % kInodesPerBlock) * kInodeSize;
+  }
   // A block a file may own: inside a group's data area.
   bool is_data(uint64_t b) const {
     if (b < first_group || b >= block_count - 1) return false;
@@ -218,8 +252,10 @@ class OverlayDevice final : public BlockDevice {
   uint64_t block_count() const override { return d_.block_count(); }
   Status read(uint64_t block, uint32_t count, void* buf) override {
     if (Status s = d_.read(block, count, buf); !s.is_ok()) return s;
-    for (auto it = blocks_.lower_bound(block); it != blocks_.end() && it->first < block + count; ++it) {
-      std::memcpy(static_cast<uint8_t*>(buf) + (it->first - block) * kBlockSize, it->second.data(), kBlockSize);
+    for (auto it = blocks_.lower_bound(block); it != blocks_.end() && it->first < block + count;
+         ++it) {
+      std::memcpy(static_cast<uint8_t*>(buf) + (it->first - block) * kBlockSize, it->second.data(),
+                  kBlockSize);
     }
     return Status::ok();
   }
@@ -283,8 +319,13 @@ std::vector<std::pair<size_t, size_t>> pack_leaves(const std::vector<Ent>& v) {
 
 class Checker {
  public:
-  Checker(BlockDevice& dev, const FsckOptions& o, const std::function<void(const std::string&)>& report)
-      : dev_(dev), o_(o), report_(report), overlay_(dev), io_(o.repair ? &dev : static_cast<BlockDevice*>(&overlay_)) {}
+  Checker(BlockDevice& dev, const FsckOptions& o,
+          const std::function<void(const std::string&)>& report)
+      : dev_(dev),
+        o_(o),
+        report_(report),
+        overlay_(dev),
+        io_(o.repair ? &dev : static_cast<BlockDevice*>(&overlay_)) {}
   FsckResult run();
 
  private:
@@ -383,7 +424,9 @@ class Checker {
   static bool dir_live(const Info& n) {
     return S_ISDIR(n.mode) && n.state == State::kLive && !n.on_orphan_list;
   }
-  std::string iname(const Info& n) const { return (is_dir(n) ? "directory " : "inode ") + num(n.ino); }
+  std::string iname(const Info& n) const {
+    return (is_dir(n) ? "directory " : "inode ") + num(n.ino);
+  }
 
   // --- block claims
   bool claimed(uint64_t b) const { return (claimed_[b / 64] >> (b % 64)) & 1; }
@@ -405,9 +448,10 @@ class Checker {
     uint64_t prev_end = 0;
     bool changed = false;
   };
-  void walk_leaf(Walk& w, const Extent* e, uint32_t count, uint64_t lo, uint64_t hi, const std::string& where);
-  void walk_index(const Info& n, Walk& w, const ExtentIndex* e, uint32_t count, uint16_t child_depth,
-                  uint64_t lo, uint64_t hi, const std::string& where);
+  void walk_leaf(Walk& w, const Extent* e, uint32_t count, uint64_t lo, uint64_t hi,
+                 const std::string& where);
+  void walk_index(const Info& n, Walk& w, const ExtentIndex* e, uint32_t count,
+                  uint16_t child_depth, uint64_t lo, uint64_t hi, const std::string& where);
   void walk_node(const Info& n, Walk& w, uint64_t block, uint16_t depth, uint64_t lo, uint64_t hi);
   std::string check_xattr(const Info& n, uint64_t block);
   void orphan_list();
@@ -428,7 +472,8 @@ class Checker {
   bool copy_blocks(uint64_t from, uint64_t to, uint64_t n);
   void write_directory(Info& d);
   void write_mapping(Info& n);
-  bool write_node(uint64_t block, uint16_t depth, const void* entries, size_t count, uint64_t owner);
+  bool write_node(uint64_t block, uint16_t depth, const void* entries, size_t count,
+                  uint64_t owner);
   void write_inodes();
   void build_bitmaps(std::vector<std::vector<uint8_t>>* bb, std::vector<std::vector<uint8_t>>* ib,
                      std::vector<uint32_t>* dirs);
@@ -475,7 +520,8 @@ void Checker::claim(uint64_t first, uint64_t n) {
     const uint64_t w = b / 64, bit = b % 64, take = std::min<uint64_t>(64 - bit, first + n - b);
     const uint64_t mask = (take == 64 ? ~uint64_t{0} : ((uint64_t{1} << take) - 1)) << bit;
     if (uint64_t both = claimed_[w] & mask; both != 0) {
-      for (; both != 0; both &= both - 1) dups_.push_back(w * 64 + static_cast<uint64_t>(std::countr_zero(both)));
+      for (; both != 0; both &= both - 1)
+        dups_.push_back(w * 64 + static_cast<uint64_t>(std::countr_zero(both)));
     }
     claimed_[w] |= mask;
     b += take;
@@ -503,7 +549,8 @@ bool Checker::find_backup(Superblock* out, uint64_t* at) {
     if (!read(end - n, n, chunk.data())) return false;
     for (uint64_t i = n; i-- > 0;) {
       std::memcpy(out, chunk.data() + i * kBlockSize, kBlockSize);
-      if (out->magic == kMagic && superblock_problem(*out, dev_blocks).empty() && out->block_count == end - n + i + 1) {
+      if (out->magic == kMagic && superblock_problem(*out, dev_blocks).empty() &&
+          out->block_count == end - n + i + 1) {
         *at = end - n + i;
         return true;
       }
@@ -521,10 +568,12 @@ bool Checker::load_superblock() {
     auto backup = std::make_unique<Superblock>();
     if (!read(sb_->block_count - 1, 1, backup.get())) return false;
     std::string bwhy = superblock_problem(*backup, dev_blocks);
-    if (bwhy.empty() && !same_filesystem(*backup, *sb_)) bwhy = "it does not match the primary's geometry";
+    if (bwhy.empty() && !same_filesystem(*backup, *sb_))
+      bwhy = "it does not match the primary's geometry";
     if (!bwhy.empty()) {
       backup_bad_ = true;
-      problem("backup superblock (block " + num(sb_->block_count - 1) + "): " + bwhy, "rewritten from the primary");
+      problem("backup superblock (block " + num(sb_->block_count - 1) + "): " + bwhy,
+              "rewritten from the primary");
     }
     return true;
   }
@@ -532,14 +581,16 @@ bool Checker::load_superblock() {
   auto backup = std::make_unique<Superblock>();
   if (!find_backup(backup.get(), &at)) {
     if (failed()) return false;
-    return fail(why == "no warpfs magic"
-                    ? "not a warpfs filesystem (no superblock at block 0 and no backup near the end)"
-                    : "the superblock (block 0) is damaged (" + why + ") and no valid backup was found");
+    return fail(
+        why == "no warpfs magic"
+            ? "not a warpfs filesystem (no superblock at block 0 and no backup near the end)"
+            : "the superblock (block 0) is damaged (" + why + ") and no valid backup was found");
   }
   *sb_ = *backup;
   used_backup_ = primary_bad_ = true;
   res_.used_backup = true;
-  problem("superblock (block 0): " + why + "; using the backup at block " + num(at), "restored from the backup");
+  problem("superblock (block 0): " + why + "; using the backup at block " + num(at),
+          "restored from the backup");
   return true;
 }
 
@@ -551,7 +602,8 @@ bool Checker::check_journal() {
   std::string why;
   if (jh->magic != kJournalHeaderMagic) {
     why = "bad magic";
-  } else if (jh->checksum != block_checksum(jh.get(), offsetof(JournalHeader, checksum), sb_->checksum_seed)) {
+  } else if (jh->checksum !=
+             block_checksum(jh.get(), offsetof(JournalHeader, checksum), sb_->checksum_seed)) {
     why = "checksum mismatch";
   } else if (jh->tail_block == 0 || jh->tail_block >= sb_->journal_blocks) {
     why = "tail " + num(jh->tail_block) + " lies outside the journal";
@@ -636,9 +688,11 @@ void Checker::load_groups() {
     gd_ok_[g] = d.checksum == group_checksum(d, L_.seed);
     if (!gd_ok_[g]) {
       problem(where + ": descriptor checksum mismatch", "rewritten");
-    } else if (d.block_bitmap != start || d.inode_bitmap != start + 1 || d.inode_table != start + 2) {
-      problem(where + ": descriptor points at blocks " + num(d.block_bitmap) + ", " + num(d.inode_bitmap) + ", " +
-                  num(d.inode_table) + ", expected " + num(start) + ", " + num(start + 1) + ", " + num(start + 2),
+    } else if (d.block_bitmap != start || d.inode_bitmap != start + 1 ||
+               d.inode_table != start + 2) {
+      problem(where + ": descriptor points at blocks " + num(d.block_bitmap) + ", " +
+                  num(d.inode_bitmap) + ", " + num(d.inode_table) + ", expected " + num(start) +
+                  ", " + num(start + 1) + ", " + num(start + 2),
               "rewritten");
     } else if (d.flags != 0) {
       problem(where + ": descriptor flags " + num(d.flags) + " (reserved, 0)", "cleared");
@@ -650,8 +704,10 @@ void Checker::load_groups() {
     if (!gd_ok_[g]) continue;  // no checksums to compare with: the bitmaps are not trusted
     bb_ok_[g] = checksum(bb_[g].data(), kBlockSize, L_.seed) == d.block_bitmap_checksum;
     ib_ok_[g] = checksum(ib_[g].data(), kBlockSize, L_.seed) == d.inode_bitmap_checksum;
-    if (!bb_ok_[g]) problem(where + ": block bitmap (block " + num(start) + ") checksum mismatch", "rebuilt");
-    if (!ib_ok_[g]) problem(where + ": inode bitmap (block " + num(start + 1) + ") checksum mismatch", "rebuilt");
+    if (!bb_ok_[g])
+      problem(where + ": block bitmap (block " + num(start) + ") checksum mismatch", "rebuilt");
+    if (!ib_ok_[g])
+      problem(where + ": inode bitmap (block " + num(start + 1) + ") checksum mismatch", "rebuilt");
   }
 }
 
@@ -734,8 +790,8 @@ void Checker::check_inode(uint64_t ino, const Inode& d) {
   }
   if (lnk && (n.flags & Inode::kFlagInlineSymlink)) {
     // FORMAT.md "Names, links and the orphan list": up to 127 bytes in the inode.
-    if (d.size == 0 || d.size > Inode::kInlineSymlinkMax || d.extent_count != 0 || d.tree_depth != 0 ||
-        strnlen(d.root.symlink, sizeof d.root.symlink) < d.size) {
+    if (d.size == 0 || d.size > Inode::kInlineSymlinkMax || d.extent_count != 0 ||
+        d.tree_depth != 0 || strnlen(d.root.symlink, sizeof d.root.symlink) < d.size) {
       n.state = State::kBad;
       problem(where + ": malformed inline symlink (" + num(d.size) + " bytes)", "cleared");
       return;
@@ -745,7 +801,8 @@ void Checker::check_inode(uint64_t ino, const Inode& d) {
     if (d.tree_depth == 0) {
       uint32_t count = d.extent_count;
       if (count > Inode::kInlineExtents) {
-        problem(where + ": " + num(count) + " inline extents (at most 8)", "extents past the 8th removed");
+        problem(where + ": " + num(count) + " inline extents (at most 8)",
+                "extents past the 8th removed");
         count = Inode::kInlineExtents;
         w.changed = true;
       }
@@ -755,7 +812,8 @@ void Checker::check_inode(uint64_t ino, const Inode& d) {
     } else if (d.tree_depth <= 2) {
       uint32_t count = d.extent_count;
       if (count == 0 || count > Inode::kInlineExtents) {
-        problem(where + ": extent tree root with " + num(count) + " entries (1 to 8)", "tree rebuilt");
+        problem(where + ": extent tree root with " + num(count) + " entries (1 to 8)",
+                "tree rebuilt");
         count = std::min(count, Inode::kInlineExtents);
         w.changed = true;
       }
@@ -763,7 +821,8 @@ void Checker::check_inode(uint64_t ino, const Inode& d) {
       std::memcpy(e, d.root.extents, sizeof e);
       walk_index(n, w, e, count, static_cast<uint16_t>(d.tree_depth - 1), 0, kNoLogical, where);
     } else {
-      problem(where + ": extent tree depth " + num(d.tree_depth) + " (at most 2)", "mapping cleared");
+      problem(where + ": extent tree depth " + num(d.tree_depth) + " (at most 2)",
+              "mapping cleared");
       w.changed = true;
     }
     if (lnk) {
@@ -771,7 +830,8 @@ void Checker::check_inode(uint64_t ino, const Inode& d) {
                              !w.ext[0].unwritten() && w.tree.empty();
       if (!one_block || d.size == 0 || d.size >= kBlockSize) {
         n.state = State::kBad;
-        problem(where + ": malformed symlink (" + num(d.size) + " bytes, " + num(w.ext.size()) + " extents)",
+        problem(where + ": malformed symlink (" + num(d.size) + " bytes, " + num(w.ext.size()) +
+                    " extents)",
                 "cleared");
         return;
       }
@@ -782,7 +842,8 @@ void Checker::check_inode(uint64_t ino, const Inode& d) {
   }
   if (n.xattr != 0) {
     if (const std::string why = check_xattr(n, n.xattr); !why.empty()) {
-      problem(where + ": xattr block " + num(n.xattr) + ": " + why, "detached (its attributes are lost)");
+      problem(where + ": xattr block " + num(n.xattr) + ": " + why,
+              "detached (its attributes are lost)");
       n.xattr = 0;
       n.dirty = true;
     }
@@ -791,7 +852,8 @@ void Checker::check_inode(uint64_t ino, const Inode& d) {
   for (const Extent& e : n.ext) blocks += e.blocks();
   if (blocks != n.blocks) {
     if (!n.remap && n.xattr == d.xattr_block) {
-      problem(where + ": blocks " + num(n.blocks) + ", but " + num(blocks) + " are allocated", "set to " + num(blocks));
+      problem(where + ": blocks " + num(n.blocks) + ", but " + num(blocks) + " are allocated",
+              "set to " + num(blocks));
     }
     n.blocks = blocks;
     n.dirty = true;
@@ -811,7 +873,8 @@ void Checker::walk_leaf(Walk& w, const Extent* e, uint32_t count, uint64_t lo, u
       why = "is empty";
     } else if (end > kNoLogical) {
       why = "maps past the 16 TiB limit";
-    } else if (x.physical == 0 || x.physical >= L_.block_count || x.blocks() > L_.block_count - x.physical) {
+    } else if (x.physical == 0 || x.physical >= L_.block_count ||
+               x.blocks() > L_.block_count - x.physical) {
       why = "lies outside the filesystem (blocks 1-" + num(L_.block_count - 1) + ")";
     } else if (x.logical < w.prev_end) {
       why = "overlaps or precedes the extent before it";
@@ -822,7 +885,8 @@ void Checker::walk_leaf(Walk& w, const Extent* e, uint32_t count, uint64_t lo, u
       continue;
     }
     if (x.logical < lo || end > hi) {
-      problem(where + ": extent " + extent_str(x) + " lies outside its index entry's range", "tree rebuilt");
+      problem(where + ": extent " + extent_str(x) + " lies outside its index entry's range",
+              "tree rebuilt");
       w.changed = true;
     }
     w.ext.push_back(x);
@@ -830,11 +894,12 @@ void Checker::walk_leaf(Walk& w, const Extent* e, uint32_t count, uint64_t lo, u
   }
 }
 
-void Checker::walk_index(const Info& n, Walk& w, const ExtentIndex* e, uint32_t count, uint16_t child_depth,
-                         uint64_t lo, uint64_t hi, const std::string& where) {
+void Checker::walk_index(const Info& n, Walk& w, const ExtentIndex* e, uint32_t count,
+                         uint16_t child_depth, uint64_t lo, uint64_t hi, const std::string& where) {
   bool ordered = true;
   if (count > 0 && e[0].logical != lo) {
-    problem(where + ": the first index entry starts at " + num(e[0].logical) + ", not " + num(lo), "tree rebuilt");
+    problem(where + ": the first index entry starts at " + num(e[0].logical) + ", not " + num(lo),
+            "tree rebuilt");
     w.changed = true;
   }
   for (uint32_t i = 1; i < count; ++i) {
@@ -851,7 +916,8 @@ void Checker::walk_index(const Info& n, Walk& w, const ExtentIndex* e, uint32_t 
   }
 }
 
-void Checker::walk_node(const Info& n, Walk& w, uint64_t block, uint16_t depth, uint64_t lo, uint64_t hi) {
+void Checker::walk_node(const Info& n, Walk& w, uint64_t block, uint16_t depth, uint64_t lo,
+                        uint64_t hi) {
   const std::string where = "inode " + num(n.ino) + ": extent tree block " + num(block);
   if (!L_.is_data(block)) {
     problem(where + " lies outside the data area", "dropped (the extents under it are lost)");
@@ -905,7 +971,8 @@ std::string Checker::check_xattr(const Info& n, uint64_t block) {
   std::memcpy(&h, buf.data(), sizeof h);
   if (h.magic != kXattrMagic) return "bad magic";
   if (h.owner != n.ino) return "owned by inode " + num(h.owner);
-  if (h.checksum != block_checksum(buf.data(), kHeaderChecksumOffset, L_.seed)) return "checksum mismatch";
+  if (h.checksum != block_checksum(buf.data(), kHeaderChecksumOffset, L_.seed))
+    return "checksum mismatch";
   if (sizeof h + h.used > kBlockSize) return "used bytes " + num(h.used) + " overflow the block";
   const size_t end = sizeof h + h.used;
   size_t off = sizeof h;
@@ -948,7 +1015,8 @@ void Checker::orphan_list() {
       return;
     }
     if (n->links != 0) {
-      problem("orphan list: inode " + num(cur) + " has link count " + num(n->links) + " (0 on the list)",
+      problem("orphan list: inode " + num(cur) + " has link count " + num(n->links) +
+                  " (0 on the list)",
               "taken off the list");
       n->dirty = true;
     } else {
@@ -971,7 +1039,8 @@ void Checker::pass1b() {
     if (!L_.is_data(dups_[i])) owners[i].push_back(0);
   }
   auto each_dup = [&](uint64_t first, uint64_t count, const auto& f) {
-    for (auto it = std::lower_bound(dups_.begin(), dups_.end(), first); it != dups_.end() && *it < first + count; ++it) {
+    for (auto it = std::lower_bound(dups_.begin(), dups_.end(), first);
+         it != dups_.end() && *it < first + count; ++it) {
       f(static_cast<size_t>(it - dups_.begin()));
     }
   };
@@ -982,15 +1051,21 @@ void Checker::pass1b() {
       each_dup(first, count, [&](size_t i) { owners[i].push_back(n.ino); });
     });
   }
-  auto owner_name = [&](uint64_t o, uint64_t block) { return o == 0 ? L_.metadata_name(block) : "inode " + num(o); };
+  auto owner_name = [&](uint64_t o, uint64_t block) {
+    return o == 0 ? L_.metadata_name(block) : "inode " + num(o);
+  };
   for (size_t i = 0; i < dups_.size();) {
     size_t j = i + 1;
     while (j < dups_.size() && dups_[j] == dups_[j - 1] + 1 && owners[j] == owners[i]) ++j;
     std::string who;
     for (size_t k = 0; k < owners[i].size(); ++k) {
-      who += (k == 0 ? "" : k + 1 == owners[i].size() ? " and " : ", ") + owner_name(owners[i][k], dups_[i]);
+      who += (k == 0                      ? ""
+              : k + 1 == owners[i].size() ? " and "
+                                          : ", ") +
+             owner_name(owners[i][k], dups_[i]);
     }
-    problem(span_str("block", dups_[i], dups_[j - 1]) + ": owned by " + who, "each later owner gets a copy");
+    problem(span_str("block", dups_[i], dups_[j - 1]) + ": owned by " + who,
+            "each later owner gets a copy");
     i = j;
   }
   if (!o_.repair) return;
@@ -1043,8 +1118,8 @@ void Checker::pass1b() {
         if (from == to_excl) return;
         const uint32_t flag = e.length & Extent::kUnwritten;
         if (!run_moves) {
-          out.push_back(Extent{static_cast<uint32_t>(e.logical + from), static_cast<uint32_t>(to_excl - from) | flag,
-                               e.physical + from});
+          out.push_back(Extent{static_cast<uint32_t>(e.logical + from),
+                               static_cast<uint32_t>(to_excl - from) | flag, e.physical + from});
           return;
         }
         moved = true;
@@ -1052,12 +1127,13 @@ void Checker::pass1b() {
           uint64_t dst, got;
           if (!alloc(to_excl - at, &dst, &got)) {
             unfixable("inode " + num(n.ino) + ": no free blocks to copy shared blocks to");
-            out.push_back(Extent{static_cast<uint32_t>(e.logical + at), static_cast<uint32_t>(to_excl - at) | flag,
-                                 e.physical + at});
+            out.push_back(Extent{static_cast<uint32_t>(e.logical + at),
+                                 static_cast<uint32_t>(to_excl - at) | flag, e.physical + at});
             return;
           }
           if (!e.unwritten() && !copy_blocks(e.physical + at, dst, got)) return;
-          out.push_back(Extent{static_cast<uint32_t>(e.logical + at), static_cast<uint32_t>(got) | flag, dst});
+          out.push_back(Extent{static_cast<uint32_t>(e.logical + at),
+                               static_cast<uint32_t>(got) | flag, dst});
           at += got;
         }
       };
@@ -1090,7 +1166,8 @@ void Checker::pass2() {
     scan_dir(d, ents_[k]);
     entries += ents_[k].size();
     if (d.on_orphan_list && !ents_[k].empty()) {
-      problem("directory " + num(d.ino) + ": on the orphan list, but it has " + num(ents_[k].size()) + " entries",
+      problem("directory " + num(d.ino) + ": on the orphan list, but it has " +
+                  num(ents_[k].size()) + " entries",
               "they go with it");
     }
   }
@@ -1108,12 +1185,14 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
   };
   // The directory's blocks by index: 0..n-1, every one mapped and written.
   uint64_t mapped_end = 0;
-  for (const Extent& e : d.ext) mapped_end = std::max<uint64_t>(mapped_end, uint64_t{e.logical} + e.blocks());
+  for (const Extent& e : d.ext)
+    mapped_end = std::max<uint64_t>(mapped_end, uint64_t{e.logical} + e.blocks());
   if (d.size % kBlockSize != 0 || d.size / kBlockSize != mapped_end) {
     flag("size " + num(d.size) + ", but " + num(mapped_end) + " blocks are mapped");
   }
   const uint64_t n = std::min(mapped_end, kMaxDirBlocks);
-  if (mapped_end > kMaxDirBlocks) flag("more blocks than a directory can index (" + num(mapped_end) + ")");
+  if (mapped_end > kMaxDirBlocks)
+    flag("more blocks than a directory can index (" + num(mapped_end) + ")");
   std::vector<uint64_t> phys(n, 0);
   for (const Extent& e : d.ext) {
     if (e.logical >= n) continue;
@@ -1121,7 +1200,8 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
       flag("extent " + extent_str(e) + " is unwritten");
       continue;
     }
-    for (uint64_t k = 0; k < e.blocks() && e.logical + k < n; ++k) phys[e.logical + k] = e.physical + k;
+    for (uint64_t k = 0; k < e.blocks() && e.logical + k < n; ++k)
+      phys[e.logical + k] = e.physical + k;
   }
   for (uint64_t k = 0; k < n; ++k) {
     if (phys[k] == 0) {
@@ -1159,13 +1239,16 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
   // reaches it) only entries whose hash matches their name are kept, silently: the whole
   // block is searched, resynchronising at 8-byte boundaries after anything unparsable.
   auto bad_name = [](const std::string& name) {
-    return name.find_first_of(std::string("/\0", 2)) != std::string::npos || name == "." || name == "..";
+    return name.find_first_of(std::string("/\0", 2)) != std::string::npos || name == "." ||
+           name == "..";
   };
   // The entry at `off` if it parses and, when `verify`, its hash matches its name.
-  auto entry_at = [&](const uint8_t* b, size_t off, size_t end, bool verify, DirEntryHeader* e, std::string* name) {
+  auto entry_at = [&](const uint8_t* b, size_t off, size_t end, bool verify, DirEntryHeader* e,
+                      std::string* name) {
     if (off + sizeof *e > end) return false;
     std::memcpy(e, b + off, sizeof *e);
-    if (e->name_len == 0 || e->rec_len != rec_len(e->name_len) || off + e->rec_len > end) return false;
+    if (e->name_len == 0 || e->rec_len != rec_len(e->name_len) || off + e->rec_len > end)
+      return false;
     name->assign(reinterpret_cast<const char*>(b + off + sizeof *e), e->name_len);
     return !verify || e->hash == name_hash(name->data(), name->size(), d.dir_seed);
   };
@@ -1175,14 +1258,17 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
     std::memcpy(&h, b, sizeof h);
     if (phys[k] == 0) return;
     if (h.magic != kDirLeafMagic || h.owner != d.ino) {
-      if (!salvage) flag(bname("leaf ", k) + ": " + (h.magic != kDirLeafMagic ? "bad magic" : "owned by inode " + num(h.owner)));
+      if (!salvage)
+        flag(bname("leaf ", k) + ": " +
+             (h.magic != kDirLeafMagic ? "bad magic" : "owned by inode " + num(h.owner)));
       return;
     }
     if (h.checksum != block_checksum(b, kHeaderChecksumOffset, L_.seed)) {
       if (!salvage) flag(bname("leaf ", k) + ": checksum mismatch");
       salvage = true;
     }
-    if (h.used > kLeafSpace && !salvage) flag(bname("leaf ", k) + ": used bytes " + num(h.used) + " overflow the block");
+    if (h.used > kLeafSpace && !salvage)
+      flag(bname("leaf ", k) + ": used bytes " + num(h.used) + " overflow the block");
     const size_t end = salvage ? kBlockSize : sizeof h + std::min<size_t>(h.used, kLeafSpace);
     size_t off = sizeof h;
     uint64_t prev = 0;
@@ -1197,7 +1283,8 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
           salvage = true;
         }
         // Resynchronise: the next aligned offset holding an entry that verifies.
-        for (off += 8; off < kBlockSize && !entry_at(b, off, kBlockSize, true, &e, &name); off += 8) {
+        for (off += 8; off < kBlockSize && !entry_at(b, off, kBlockSize, true, &e, &name);
+             off += 8) {
         }
         continue;
       }
@@ -1214,24 +1301,24 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
         continue;
       }
       if (e.hash != hash) {
-        problem(where + ": entry '" + printable(name) + "' has hash " + num(e.hash) + ", but its name hashes to " +
-                    num(hash),
+        problem(where + ": entry '" + printable(name) + "' has hash " + num(e.hash) +
+                    ", but its name hashes to " + num(hash),
                 "rehashed");
         d.rebuild = true;
       } else {
         if (e.hash < prev) sorted = false;
         prev = e.hash;
         if (e.hash < lo || e.hash >= hi) {
-          flag("entry '" + printable(name) + "' (hash " + num(e.hash) + ") lies outside the hash range of " +
-               bname("leaf ", k));
+          flag("entry '" + printable(name) + "' (hash " + num(e.hash) +
+               ") lies outside the hash range of " + bname("leaf ", k));
         }
       }
       out.push_back(Ent{hash, e.inode, e.type, false, name});
     }
     if (salvage) return;
     if (off != end) {
-      flag(bname("leaf ", k) + ": " + num(h.count) + " entries end at byte " + num(off) + ", the header says " +
-           num(end));
+      flag(bname("leaf ", k) + ": " + num(h.count) + " entries end at byte " + num(off) +
+           ", the header says " + num(end));
     }
     if (!sorted) flag(bname("leaf ", k) + ": entries are not sorted by hash");
   };
@@ -1261,8 +1348,10 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
     e->resize(h.count);
     std::memcpy(e->data(), b + sizeof h, h.count * sizeof(DirIndexEntry));
     for (size_t i = 1; i < e->size(); ++i) {
-      if ((*e)[i].hash_low <= (*e)[i - 1].hash_low || (*e)[i].hash_low <= lo || (*e)[i].hash_low >= hi) {
-        flag(bname(k == 0 ? "index root " : "index ", k) + ": entries out of order or out of range");
+      if ((*e)[i].hash_low <= (*e)[i - 1].hash_low || (*e)[i].hash_low <= lo ||
+          (*e)[i].hash_low >= hi) {
+        flag(bname(k == 0 ? "index root " : "index ", k) +
+             ": entries out of order or out of range");
         break;
       }
     }
@@ -1271,7 +1360,8 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
   // Claims directory block `c` for kind `want`, once.
   auto refer = [&](uint64_t from, uint64_t c, uint8_t want) {
     if (c == 0 || c >= n || kind[c] != kNone) {
-      flag(std::string(from == 0 ? "index root" : "index block " + num(from)) + " points at block " + num(c) +
+      flag(std::string(from == 0 ? "index root" : "index block " + num(from)) +
+           " points at block " + num(c) +
            (c == 0 || c >= n ? ", outside the directory" : ", which is already used"));
       return false;
     }
@@ -1357,7 +1447,8 @@ void Checker::resolve_entries() {
         continue;
       }
       if (e.type != dtype(t->mode)) {
-        problem(entry + " has type " + num(e.type) + ", but inode " + num(e.ino) + " is " + type_name(t->mode),
+        problem(entry + " has type " + num(e.type) + ", but inode " + num(e.ino) + " is " +
+                    type_name(t->mode),
                 "type set to " + num(dtype(t->mode)));
         e.type = dtype(t->mode);
         d.rebuild = true;
@@ -1365,7 +1456,8 @@ void Checker::resolve_entries() {
     }
   }
   // A directory has exactly one name: the one its parent field agrees with, else the first.
-  std::vector<std::pair<uint64_t, size_t>> namer_ent(infos_.size(), {0, 0});  // (dir index + 1, entry)
+  std::vector<std::pair<uint64_t, size_t>> namer_ent(infos_.size(),
+                                                     {0, 0});  // (dir index + 1, entry)
   for (size_t k = 0; k < found_infos_; ++k) {
     if (!dir_live(infos_[k])) continue;
     for (size_t i = 0; i < ents_[k].size(); ++i) {
@@ -1435,7 +1527,8 @@ Checker::Info* Checker::make_directory(uint64_t ino, uint64_t parent) {
   n->mode = S_IFDIR | 0700;
   n->links = 2;
   n->parent = n->namer = parent;
-  n->dir_seed = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  n->dir_seed = (uint64_t{rd()} << 32) ^ rd() ^
+                static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   n->fresh = n->dirty = n->rebuild = n->reached = true;
   return n;
 }
@@ -1460,7 +1553,8 @@ Checker::Info* Checker::lost_found() {
   }
   Info* lf = make_directory(ino, kRootInode);
   Info& r = *info(kRootInode);
-  ents_[index_of(r)].push_back(Ent{name_hash(name.data(), name.size(), r.dir_seed), ino, dtype(lf->mode), false, name});
+  ents_[index_of(r)].push_back(
+      Ent{name_hash(name.data(), name.size(), r.dir_seed), ino, dtype(lf->mode), false, name});
   r.rebuild = true;
   r.links += 1;
   r.dirty = true;
@@ -1471,9 +1565,10 @@ Checker::Info* Checker::lost_found() {
 
 // Gives an unreachable inode a name in /lost+found (check mode: says it would).
 void Checker::connect(Info& n, bool loop) {
-  const std::string what = iname(n) + ": unreachable" +
-                           (is_dir(n) ? (loop ? " (in a directory loop)" : " (no reachable directory names it)")
-                                      : " (links " + num(n.links) + ", no directory entry names it)");
+  const std::string what =
+      iname(n) + ": unreachable" +
+      (is_dir(n) ? (loop ? " (in a directory loop)" : " (no reachable directory names it)")
+                 : " (links " + num(n.links) + ", no directory entry names it)");
   if (!o_.repair) {
     problem(what);
     extra_names_.resize(infos_.size());
@@ -1490,8 +1585,10 @@ void Checker::connect(Info& n, bool loop) {
   }
   std::string name = "#" + num(n.ino);
   auto& le = ents_[index_of(*lf)];
-  while (std::any_of(le.begin(), le.end(), [&](const Ent& e) { return !e.drop && e.name == name; })) name += "+";
-  le.push_back(Ent{name_hash(name.data(), name.size(), lf->dir_seed), n.ino, dtype(n.mode), false, name});
+  while (std::any_of(le.begin(), le.end(), [&](const Ent& e) { return !e.drop && e.name == name; }))
+    name += "+";
+  le.push_back(
+      Ent{name_hash(name.data(), name.size(), lf->dir_seed), n.ino, dtype(n.mode), false, name});
   lf->rebuild = true;
   if (is_dir(n)) {
     n.parent = n.namer = lf->ino;
@@ -1506,12 +1603,13 @@ void Checker::connect(Info& n, bool loop) {
 void Checker::pass3() {
   Info* root = info(kRootInode);
   if (root == nullptr || root->state != State::kLive || !is_dir(*root) || root->on_orphan_list) {
-    const std::string why = root == nullptr                  ? "free"
-                            : root->state != State::kLive    ? "corrupt"
-                            : !is_dir(*root)                 ? "not a directory"
-                                                             : "on the orphan list";
+    const std::string why = root == nullptr               ? "free"
+                            : root->state != State::kLive ? "corrupt"
+                            : !is_dir(*root)              ? "not a directory"
+                                                          : "on the orphan list";
     // Check mode models the new root too, so that both modes report the same problems.
-    problem("root directory (inode 1): " + why, "recreated empty (what it held goes to /lost+found)");
+    problem("root directory (inode 1): " + why,
+            "recreated empty (what it held goes to /lost+found)");
     root = make_directory(kRootInode, kRootInode);
   }
   if (root->parent != kRootInode) {
@@ -1525,8 +1623,8 @@ void Checker::pass3() {
     for (const Ent& e : ents_[k]) {
       Info* t = e.drop ? nullptr : info(e.ino);
       if (t == nullptr || !t->on_orphan_list) continue;
-      problem("inode " + num(t->ino) + ": on the orphan list, but directory " + num(infos_[k].ino) + " names it ('" +
-                  printable(e.name) + "')",
+      problem("inode " + num(t->ino) + ": on the orphan list, but directory " + num(infos_[k].ino) +
+                  " names it ('" + printable(e.name) + "')",
               "taken off the orphan list");
       t->on_orphan_list = false;
       t->next_orphan = 0;
@@ -1544,7 +1642,8 @@ void Checker::pass3() {
     }
   }
   auto doomed = [&](const Info& n) {
-    return n.state == State::kLive && !n.reached && !n.on_orphan_list && n.links == 0 && named[index_of(n)] == 0;
+    return n.state == State::kLive && !n.reached && !n.on_orphan_list && n.links == 0 &&
+           named[index_of(n)] == 0;
   };
   std::vector<size_t> work;
   for (size_t k = 0; k < infos_.size(); ++k) {
@@ -1554,7 +1653,8 @@ void Checker::pass3() {
     Info& n = infos_[work.back()];
     work.pop_back();
     if (!doomed(n)) continue;
-    problem(iname(n) + ": link count 0, but it is neither reachable nor on the orphan list", "freed");
+    problem(iname(n) + ": link count 0, but it is neither reachable nor on the orphan list",
+            "freed");
     const bool was_dir = dir_live(n);
     n.state = State::kFreed;
     if (!was_dir) continue;
@@ -1601,14 +1701,16 @@ void Checker::pass3() {
   }
   uint64_t lost = 0;
   if (lost_found_ != 0) lost = ents_[index_of(*info(lost_found_))].size();
-  verbose("pass 3: " + num(static_cast<uint64_t>(std::count_if(infos_.begin(), infos_.end(), [](const Info& n) {
-            return n.reached;
-          }))) + " inodes reachable from the root" + (lost ? ", " + num(lost) + " names in /lost+found" : ""));
+  verbose("pass 3: " +
+          num(static_cast<uint64_t>(std::count_if(infos_.begin(), infos_.end(),
+                                                  [](const Info& n) { return n.reached; }))) +
+          " inodes reachable from the root" +
+          (lost ? ", " + num(lost) + " names in /lost+found" : ""));
   // Parent fields agree with the names.
   for (Info& x : infos_) {
     if (!dir_live(x) || x.ino == kRootInode || x.namer == 0 || x.parent == x.namer) continue;
-    problem("directory " + num(x.ino) + ": parent field " + num(x.parent) + ", but directory " + num(x.namer) +
-                " names it",
+    problem("directory " + num(x.ino) + ": parent field " + num(x.parent) + ", but directory " +
+                num(x.namer) + " names it",
             "set to " + num(x.namer));
     x.parent = x.namer;
     x.dirty = true;
@@ -1647,8 +1749,9 @@ void Checker::pass4() {
     if (is_dir(n)) {
       const uint64_t want = 2 + uint64_t{n.subdirs};
       if (n.links != want) {
-        problem("directory " + num(n.ino) + ": link count " + num(n.links) + ", but it has " + num(n.subdirs) +
-                    (n.subdirs == 1 ? " subdirectory" : " subdirectories") + " (expected " + num(want) + ")",
+        problem("directory " + num(n.ino) + ": link count " + num(n.links) + ", but it has " +
+                    num(n.subdirs) + (n.subdirs == 1 ? " subdirectory" : " subdirectories") +
+                    " (expected " + num(want) + ")",
                 "set to " + num(want));
         n.links = static_cast<uint32_t>(want);
         n.dirty = true;
@@ -1682,7 +1785,9 @@ void Checker::check_groups() {
         continue;
       }
       uint64_t j = i;
-      while (j + 1 < limit && test_bit(have.data(), j + 1) == h && test_bit(want.data(), j + 1) == x) ++j;
+      while (j + 1 < limit && test_bit(have.data(), j + 1) == h &&
+             test_bit(want.data(), j + 1) == x)
+        ++j;
       problem(span_str(what, base + i, base + j) + ": " + (x ? missing : extra), "bitmap rebuilt");
       i = j + 1;
     }
@@ -1693,7 +1798,8 @@ void Checker::check_groups() {
     // Blocks, as pass 1 found their owners.
     std::fill(want.begin(), want.end(), 0);
     for (uint64_t i = 0; i < kBlocksPerGroup; ++i) {
-      if (i >= size || i < 2 + uint64_t{L_.itb} || ((found_claims_[(start + i) / 64] >> ((start + i) % 64)) & 1)) {
+      if (i >= size || i < 2 + uint64_t{L_.itb} ||
+          ((found_claims_[(start + i) / 64] >> ((start + i) % 64)) & 1)) {
         set_bit(want.data(), i);
       }
     }
@@ -1702,7 +1808,9 @@ void Checker::check_groups() {
            "marked in use in the block bitmap of " + gname + ", but owned by nothing");
       bool past = true;
       for (uint64_t i = size; i < kBlocksPerGroup; ++i) past = past && test_bit(bb_[g].data(), i);
-      if (!past) problem(gname + ": block bitmap bits past the end of the group are not all set", "bitmap rebuilt");
+      if (!past)
+        problem(gname + ": block bitmap bits past the end of the group are not all set",
+                "bitmap rebuilt");
     }
     const uint64_t bfree = zero_bits(bb_ok_[g] ? bb_[g] : want);
     // Inodes, as pass 1 found them (mode != 0).
@@ -1721,11 +1829,14 @@ void Checker::check_groups() {
       }
     }
     if (ib_ok_[g]) {
-      diff(ib_[g], L_.ipg, uint64_t{g} * L_.ipg + 1, "inode", "in use, but marked free in the inode bitmap of " + gname,
+      diff(ib_[g], L_.ipg, uint64_t{g} * L_.ipg + 1, "inode",
+           "in use, but marked free in the inode bitmap of " + gname,
            "marked in use in the inode bitmap of " + gname + ", but free");
       bool past = true;
       for (uint64_t i = L_.ipg; i < kBlockSize * 8; ++i) past = past && test_bit(ib_[g].data(), i);
-      if (!past) problem(gname + ": inode bitmap bits past inodes_per_group are not all set", "bitmap rebuilt");
+      if (!past)
+        problem(gname + ": inode bitmap bits past inodes_per_group are not all set",
+                "bitmap rebuilt");
     }
     const uint64_t ifree = zero_bits(ib_ok_[g] ? ib_[g] : want);
     free_blocks += bfree;
@@ -1733,25 +1844,31 @@ void Checker::check_groups() {
     if (!gd_ok_[g]) continue;
     const GroupDesc& d = gd_[g];
     if (d.free_blocks != bfree) {
-      problem(gname + ": descriptor says " + num(d.free_blocks) + " free blocks, but its bitmap has " + num(bfree),
+      problem(gname + ": descriptor says " + num(d.free_blocks) +
+                  " free blocks, but its bitmap has " + num(bfree),
               "recomputed");
     }
     if (d.free_inodes != ifree) {
-      problem(gname + ": descriptor says " + num(d.free_inodes) + " free inodes, but its bitmap has " + num(ifree),
+      problem(gname + ": descriptor says " + num(d.free_inodes) +
+                  " free inodes, but its bitmap has " + num(ifree),
               "recomputed");
     }
     if (d.used_dirs != dirs) {
-      problem(gname + ": descriptor says " + num(d.used_dirs) + " directories, but it has " + num(dirs), "recomputed");
+      problem(
+          gname + ": descriptor says " + num(d.used_dirs) + " directories, but it has " + num(dirs),
+          "recomputed");
     }
   }
   // The superblock's counts are exact only after a clean unmount (FORMAT.md).
   if (sb_->state == kStateClean && !used_backup_) {
     if (sb_->free_blocks != free_blocks) {
-      problem("superblock: " + num(sb_->free_blocks) + " free blocks, but the bitmaps have " + num(free_blocks),
+      problem("superblock: " + num(sb_->free_blocks) + " free blocks, but the bitmaps have " +
+                  num(free_blocks),
               "recomputed");
     }
     if (sb_->free_inodes != free_inodes) {
-      problem("superblock: " + num(sb_->free_inodes) + " free inodes, but the bitmaps have " + num(free_inodes),
+      problem("superblock: " + num(sb_->free_inodes) + " free inodes, but the bitmaps have " +
+                  num(free_inodes),
               "recomputed");
     }
   } else {
@@ -1825,7 +1942,9 @@ void Checker::write_directory(Info& d) {
   for (const Ent& e : ents_[index_of(d)]) {
     if (!e.drop) v.push_back(e);
   }
-  std::sort(v.begin(), v.end(), [](const Ent& a, const Ent& b) { return a.hash != b.hash ? a.hash < b.hash : a.name < b.name; });
+  std::sort(v.begin(), v.end(), [](const Ent& a, const Ent& b) {
+    return a.hash != b.hash ? a.hash < b.hash : a.name < b.name;
+  });
   const auto leaves = pack_leaves(v);
   const uint64_t nl = leaves.size();
   const uint64_t ni = nl <= kDirIndexCapacity ? 0 : div_up(nl, kDirIndexCapacity);
@@ -1854,29 +1973,37 @@ void Checker::write_directory(Info& d) {
     size_t off = sizeof(DirLeafHeader);
     for (size_t j = leaves[i].first; j < leaves[i].second; ++j) {
       const Ent& e = v[j];
-      const DirEntryHeader h{e.hash, e.ino, rec_len(e.name.size()), static_cast<uint8_t>(e.name.size()), e.type};
+      const DirEntryHeader h{e.hash, e.ino, rec_len(e.name.size()),
+                             static_cast<uint8_t>(e.name.size()), e.type};
       std::memcpy(b + off, &h, sizeof h);
       std::memcpy(b + off + sizeof h, e.name.data(), e.name.size());
       off += h.rec_len;
     }
-    const DirLeafHeader h{kDirLeafMagic, static_cast<uint16_t>(leaves[i].second - leaves[i].first),
-                          static_cast<uint16_t>(off - sizeof(DirLeafHeader)), d.ino, 0, 0};
+    const DirLeafHeader h{kDirLeafMagic,
+                          static_cast<uint16_t>(leaves[i].second - leaves[i].first),
+                          static_cast<uint16_t>(off - sizeof(DirLeafHeader)),
+                          d.ino,
+                          0,
+                          0};
     std::memcpy(b, &h, sizeof h);
   }
   auto put_index = [&](uint8_t* b, uint16_t depth, const std::vector<DirIndexEntry>& e) {
-    const DirIndexHeader h{kDirIndexMagic, static_cast<uint16_t>(e.size()), depth, kDirIndexCapacity, 0, d.ino, 0};
+    const DirIndexHeader h{
+        kDirIndexMagic, static_cast<uint16_t>(e.size()), depth, kDirIndexCapacity, 0, d.ino, 0};
     std::memcpy(b, &h, sizeof h);
     std::memcpy(b + sizeof h, e.data(), e.size() * sizeof(DirIndexEntry));
   };
   std::vector<DirIndexEntry> top;
   if (ni == 0) {
-    for (uint64_t i = 0; i < nl; ++i) top.push_back(DirIndexEntry{low(i), static_cast<uint32_t>(1 + i), 0});
+    for (uint64_t i = 0; i < nl; ++i)
+      top.push_back(DirIndexEntry{low(i), static_cast<uint32_t>(1 + i), 0});
     put_index(blk(0), 1, top);
   } else {
     for (uint64_t j = 0; j < ni; ++j) {
       std::vector<DirIndexEntry> sub;
       const uint64_t from = j * kDirIndexCapacity, to = std::min(nl, from + kDirIndexCapacity);
-      for (uint64_t i = from; i < to; ++i) sub.push_back(DirIndexEntry{low(i), static_cast<uint32_t>(1 + ni + i), 0});
+      for (uint64_t i = from; i < to; ++i)
+        sub.push_back(DirIndexEntry{low(i), static_cast<uint32_t>(1 + ni + i), 0});
       put_index(blk(1 + j), 1, sub);
       top.push_back(DirIndexEntry{low(from), static_cast<uint32_t>(1 + j), 0});
     }
@@ -1900,9 +2027,11 @@ void Checker::write_directory(Info& d) {
   d.rebuild = false;
 }
 
-bool Checker::write_node(uint64_t block, uint16_t depth, const void* entries, size_t count, uint64_t owner) {
+bool Checker::write_node(uint64_t block, uint16_t depth, const void* entries, size_t count,
+                         uint64_t owner) {
   std::vector<uint8_t> b(kBlockSize, 0);
-  const ExtentNodeHeader h{kExtentMagic, static_cast<uint16_t>(count), depth, kExtentNodeCapacity, 0, owner, 0};
+  const ExtentNodeHeader h{
+      kExtentMagic, static_cast<uint16_t>(count), depth, kExtentNodeCapacity, 0, owner, 0};
   std::memcpy(b.data(), &h, sizeof h);
   std::memcpy(b.data() + sizeof h, entries, count * 16);
   const uint64_t c = block_checksum(b.data(), kHeaderChecksumOffset, L_.seed);
@@ -1914,12 +2043,14 @@ bool Checker::write_node(uint64_t block, uint16_t depth, const void* entries, si
 // under the root (depth 1) or under index blocks (depth 2). Its old tree blocks are reused.
 void Checker::write_mapping(Info& n) {
   std::vector<Extent> ext;
-  std::sort(n.ext.begin(), n.ext.end(), [](const Extent& a, const Extent& b) { return a.logical < b.logical; });
+  std::sort(n.ext.begin(), n.ext.end(),
+            [](const Extent& a, const Extent& b) { return a.logical < b.logical; });
   for (const Extent& e : n.ext) {
     if (!ext.empty()) {
       Extent& p = ext.back();
       if (p.unwritten() == e.unwritten() && uint64_t{p.logical} + p.blocks() == e.logical &&
-          p.physical + p.blocks() == e.physical && uint64_t{p.blocks()} + e.blocks() < Extent::kUnwritten) {
+          p.physical + p.blocks() == e.physical &&
+          uint64_t{p.blocks()} + e.blocks() < Extent::kUnwritten) {
         p.length += e.blocks();
         continue;
       }
@@ -1976,7 +2107,8 @@ void Checker::write_mapping(Info& n) {
     }
   }
   if (!ok) {
-    if (!failed()) unfixable("inode " + num(n.ino) + ": no free blocks to rebuild its extent tree in");
+    if (!failed())
+      unfixable("inode " + num(n.ino) + ": no free blocks to rebuild its extent tree in");
     return;
   }
   n.ext = std::move(ext);
@@ -1995,10 +2127,13 @@ void Checker::write_inodes() {
     const Info& n = infos_[k];
     if (n.dirty || n.fresh || n.state != State::kLive) todo.push_back(k);
   }
-  std::sort(todo.begin(), todo.end(), [&](size_t a, size_t b) { return infos_[a].ino < infos_[b].ino; });
+  std::sort(todo.begin(), todo.end(),
+            [&](size_t a, size_t b) { return infos_[a].ino < infos_[b].ino; });
   std::vector<uint8_t> buf(kBlockSize);
-  const uint64_t now = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  const uint64_t now =
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count());
   for (size_t a = 0; a < todo.size() && !failed();) {
     const uint64_t blk = L_.inode_block(infos_[todo[a]].ino);
     if (!read(blk, 1, buf.data())) return;
@@ -2043,8 +2178,8 @@ void Checker::write_inodes() {
 }
 
 // The bitmaps and directory counts the model describes.
-void Checker::build_bitmaps(std::vector<std::vector<uint8_t>>* bb, std::vector<std::vector<uint8_t>>* ib,
-                            std::vector<uint32_t>* dirs) {
+void Checker::build_bitmaps(std::vector<std::vector<uint8_t>>* bb,
+                            std::vector<std::vector<uint8_t>>* ib, std::vector<uint32_t>* dirs) {
   bb->assign(L_.groups, std::vector<uint8_t>(kBlockSize, 0));
   ib->assign(L_.groups, std::vector<uint8_t>(kBlockSize, 0));
   dirs->assign(L_.groups, 0);
@@ -2115,7 +2250,8 @@ void Checker::reset_journal() {
       uint64_t seq;
       std::memcpy(&magic, buf.data() + i * kBlockSize, 4);
       std::memcpy(&seq, buf.data() + i * kBlockSize + 8, 8);
-      if (magic == kJournalDescriptorMagic || magic == kJournalCommitMagic) max_seq = std::max(max_seq, seq);
+      if (magic == kJournalDescriptorMagic || magic == kJournalCommitMagic)
+        max_seq = std::max(max_seq, seq);
     }
   }
   JournalHeader jh{};
@@ -2192,8 +2328,8 @@ FsckResult Checker::run() {
     return finish();
   }
   if (!load_superblock() || !check_journal()) return finish();
-  if (o_.skip_if_clean && !primary_bad_ && !backup_bad_ && !journal_header_bad_ && sb_->state == kStateClean &&
-      pending_.transactions == 0 && sb_->orphan_head == 0) {
+  if (o_.skip_if_clean && !primary_bad_ && !backup_bad_ && !journal_header_bad_ &&
+      sb_->state == kStateClean && pending_.transactions == 0 && sb_->orphan_head == 0) {
     res_.skipped = true;
     res_.inode_count = sb_->inode_count;
     res_.inodes_used = sb_->inode_count - std::min(sb_->free_inodes, sb_->inode_count);

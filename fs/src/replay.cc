@@ -30,7 +30,9 @@ struct Xxh64 {
 };
 
 // Device block of journal position `pos` (position 0 is the header at block 1).
-uint64_t journal_block(uint64_t pos) { return 1 + pos; }
+uint64_t journal_block(uint64_t pos) {
+  return 1 + pos;
+}
 
 }  // namespace
 
@@ -50,7 +52,8 @@ Status replay_journal(blockdev::BlockDevice& dev, const Superblock& sb, bool dry
   if (jh.magic != kJournalHeaderMagic) {
     return Status::error(Code::kIoError, "journal header (block 1): bad magic");
   }
-  if (jh.checksum != block_checksum(buf.data(), offsetof(JournalHeader, checksum), sb.checksum_seed)) {
+  if (jh.checksum !=
+      block_checksum(buf.data(), offsetof(JournalHeader, checksum), sb.checksum_seed)) {
     return Status::error(Code::kIoError, "journal header (block 1): bad checksum");
   }
   if (jh.tail_block == 0 || jh.tail_block >= jblocks) {
@@ -131,7 +134,8 @@ Status replay_journal(blockdev::BlockDevice& dev, const Superblock& sb, bool dry
     // Complete: write it home, in order (a later transaction overrides an earlier one).
     if (!dry_run) {
       for (uint32_t i = 0; i < d.count; ++i) {
-        if (Status s = dev.write(d.targets[i], 1, data.data() + size_t{i} * kBlockSize); !s.is_ok()) {
+        if (Status s = dev.write(d.targets[i], 1, data.data() + size_t{i} * kBlockSize);
+            !s.is_ok()) {
           return s;
         }
       }

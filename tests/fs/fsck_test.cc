@@ -10,10 +10,10 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <random>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <sstream>
 
 #include "fs/core_rig.h"
@@ -71,7 +71,9 @@ struct Raw {
     std::memcpy(b.data() + (g % kGroupDescsPerBlock) * sizeof d, &d, sizeof d);
     put(sb.gdt_start + g / kGroupDescsPerBlock, b.data());
   }
-  uint64_t first_group() const { return sb.gdt_start + (sb.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock; }
+  uint64_t first_group() const {
+    return sb.gdt_start + (sb.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock;
+  }
 
   uint64_t inode_block(uint64_t ino) {
     const auto g = static_cast<uint32_t>((ino - 1) / sb.inodes_per_group);
@@ -128,7 +130,8 @@ struct Raw {
     EXPECT_EQ(d.tree_depth, 0u);
     for (uint32_t i = 0; i < d.extent_count; ++i) {
       const Extent& e = d.root.extents[i];
-      if (lblk >= e.logical && lblk < e.logical + e.blocks()) return e.physical + (lblk - e.logical);
+      if (lblk >= e.logical && lblk < e.logical + e.blocks())
+        return e.physical + (lblk - e.logical);
     }
     ADD_FAILURE() << "directory " << dir << " block " << lblk << " not mapped";
     return 0;
@@ -148,7 +151,9 @@ struct Raw {
     for (uint16_t i = 0; i < h.count; ++i) {
       DirEntryHeader e;
       std::memcpy(&e, b.data() + off, sizeof e);
-      v.push_back(Entry{e.hash, e.inode, e.type, std::string(reinterpret_cast<char*>(b.data() + off + sizeof e), e.name_len)});
+      v.push_back(
+          Entry{e.hash, e.inode, e.type,
+                std::string(reinterpret_cast<char*>(b.data() + off + sizeof e), e.name_len)});
       off += e.rec_len;
     }
     return v;
@@ -157,14 +162,19 @@ struct Raw {
     std::vector<uint8_t> b(kBlockSize, 0);
     size_t off = sizeof(DirLeafHeader);
     for (const Entry& x : v) {
-      const auto rec = static_cast<uint16_t>((sizeof(DirEntryHeader) + x.name.size() + 7) & ~size_t{7});
+      const auto rec =
+          static_cast<uint16_t>((sizeof(DirEntryHeader) + x.name.size() + 7) & ~size_t{7});
       const DirEntryHeader e{x.hash, x.ino, rec, static_cast<uint8_t>(x.name.size()), x.type};
       std::memcpy(b.data() + off, &e, sizeof e);
       std::memcpy(b.data() + off + sizeof e, x.name.data(), x.name.size());
       off += rec;
     }
-    const DirLeafHeader h{kDirLeafMagic, static_cast<uint16_t>(v.size()),
-                          static_cast<uint16_t>(off - sizeof(DirLeafHeader)), owner, 0, 0};
+    const DirLeafHeader h{kDirLeafMagic,
+                          static_cast<uint16_t>(v.size()),
+                          static_cast<uint16_t>(off - sizeof(DirLeafHeader)),
+                          owner,
+                          0,
+                          0};
     std::memcpy(b.data(), &h, sizeof h);
     fix_header(b);
     put(phys, b.data());
@@ -231,14 +241,16 @@ void found_repaired_clean(Rig& r, const std::vector<std::string>& needles) {
   const uint64_t writes = r.stack->device_writes();
   const FsckRun a = run_fsck(*r.dev, false);
   EXPECT_EQ(a.r.exit_code, kFsckUncorrected) << a.text;
-  for (const std::string& n : needles) EXPECT_TRUE(a.has(n)) << "missing '" << n << "' in:\n" << a.text;
+  for (const std::string& n : needles)
+    EXPECT_TRUE(a.has(n)) << "missing '" << n << "' in:\n" << a.text;
   EXPECT_EQ(r.stack->device_writes(), writes) << "check mode wrote to the device";
   const FsckRun b = run_fsck(*r.dev, true);
   EXPECT_EQ(b.r.exit_code, kFsckCorrected) << b.text;
   EXPECT_GT(b.r.corrected, 0u);
   const FsckRun c = run_fsck(*r.dev, false);
   EXPECT_EQ(c.r.exit_code, kFsckClean) << "after repair:\n" << c.text << "repair said:\n" << b.text;
-  if (std::getenv("WARPFS_FSCK_TEST_VERBOSE")) std::printf("check:\n%srepair:\n%s", a.text.c_str(), b.text.c_str());
+  if (std::getenv("WARPFS_FSCK_TEST_VERBOSE"))
+    std::printf("check:\n%srepair:\n%s", a.text.c_str(), b.text.c_str());
   ASSERT_TRUE(r.mount()) << r.log;
 }
 
@@ -299,7 +311,8 @@ TEST(Fsck, PopulatedFilesystemIsClean) {
   ASSERT_EQ(r->fs->setxattr(top, "trusted.t", std::string(900, 'v').data(), 900, 0), 0);
   // Fragmented: every other block, 600 extents -> an extent tree of depth 1.
   const Ino frag = r->create(kRootInode, "frag");
-  for (uint32_t i = 0; i < 600; ++i) ASSERT_EQ(r->write(frag, uint64_t{i} * 2 * 4096, pattern(i, 0, 4096)), 0);
+  for (uint32_t i = 0; i < 600; ++i)
+    ASSERT_EQ(r->write(frag, uint64_t{i} * 2 * 4096, pattern(i, 0, 4096)), 0);
   // Sparse, fallocated (unwritten), truncated.
   const Ino sparse = r->create(top, "sparse");
   ASSERT_EQ(r->write(sparse, 3ull << 30, "far"), 0);
@@ -322,7 +335,8 @@ TEST(Fsck, PopulatedFilesystemIsClean) {
   const uint64_t writes = r->stack->device_writes();
   const auto t0 = std::chrono::steady_clock::now();
   const FsckRun run = run_fsck(*r->dev, false);
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(run.r.exit_code, kFsckClean) << run.text;
   EXPECT_EQ(run.text, "");
   EXPECT_GT(run.r.inodes_used, 1000u);
@@ -339,7 +353,8 @@ TEST(Fsck, DepthTwoExtentTreeIsClean) {
   ASSERT_TRUE(r);
   const Ino f = r->create(kRootInode, "frag2");
   // 8 * 254 extents fill a depth-1 tree: one more needs depth 2.
-  for (uint32_t i = 0; i < 2100; ++i) ASSERT_EQ(r->write(f, uint64_t{i} * 2 * 4096, pattern(i, 0, 512)), 0);
+  for (uint32_t i = 0; i < 2100; ++i)
+    ASSERT_EQ(r->write(f, uint64_t{i} * 2 * 4096, pattern(i, 0, 512)), 0);
   unmount(*r);
   const FsckRun run = run_fsck(*r->dev, false);
   EXPECT_EQ(run.r.exit_code, kFsckClean) << run.text;
@@ -390,8 +405,11 @@ TEST(FsckRepair, BlockBitmapBitFlippedBothWays) {
   while (raw.block_bit(unused)) ++unused;
   raw.flip_block_bit(used);
   raw.flip_block_bit(unused);
-  found_repaired_clean(*r, {"block " + std::to_string(used) + ": in use, but marked free in the block bitmap of group 0",
-                            "block " + std::to_string(unused) + ": marked in use in the block bitmap of group 0, but owned by nothing"});
+  found_repaired_clean(
+      *r,
+      {"block " + std::to_string(used) + ": in use, but marked free in the block bitmap of group 0",
+       "block " + std::to_string(unused) +
+           ": marked in use in the block bitmap of group 0, but owned by nothing"});
   EXPECT_EQ(r->read(t.a, 0, 4096), t.a_data);
   unmount(*r);
   EXPECT_TRUE(raw.block_bit(used));
@@ -419,8 +437,8 @@ TEST(FsckRepair, WrongFreeCountsInADescriptor) {
   d.free_blocks += 3;
   d.free_inodes -= 1;
   raw.put_gd(0, d);
-  found_repaired_clean(*r, {"group 0: descriptor says " + std::to_string(right + 3) + " free blocks, but its bitmap has " +
-                                std::to_string(right),
+  found_repaired_clean(*r, {"group 0: descriptor says " + std::to_string(right + 3) +
+                                " free blocks, but its bitmap has " + std::to_string(right),
                             "free inodes"});
   EXPECT_EQ(raw.gd(0).free_blocks, right);
 }
@@ -456,7 +474,8 @@ TEST(FsckRepair, EntryNamingAFreeInodeIsRemoved) {
   raw.put_leaf(leaf, kRootInode, v);
   // "b" loses its only name: it is unreachable, and goes to /lost+found.
   found_repaired_clean(*r, {"directory 1: entry 'b' names free inode 77",
-                            "inode " + std::to_string(t.b) + ": unreachable (links 1, no directory entry names it)"});
+                            "inode " + std::to_string(t.b) +
+                                ": unreachable (links 1, no directory entry names it)"});
   EXPECT_EQ(r->lookup(kRootInode, "b"), ENOENT);
   Ino lf = 0;
   ASSERT_EQ(r->lookup(kRootInode, "lost+found", &lf), 0);
@@ -479,8 +498,10 @@ TEST(FsckRepair, WrongLinkCount) {
   Inode s = raw.inode(t.sub);
   s.links = 5;
   raw.put_inode(t.sub, s);
-  found_repaired_clean(*r, {"inode " + std::to_string(t.a) + ": link count 2, but 1 directory entry names it",
-                            "directory " + std::to_string(t.sub) + ": link count 5, but it has 0 subdirectories (expected 2)"});
+  found_repaired_clean(
+      *r, {"inode " + std::to_string(t.a) + ": link count 2, but 1 directory entry names it",
+           "directory " + std::to_string(t.sub) +
+               ": link count 5, but it has 0 subdirectories (expected 2)"});
   Attr a;
   ASSERT_EQ(r->fs->getattr(t.a, &a), 0);
   EXPECT_EQ(a.nlink, 1u);
@@ -558,8 +579,8 @@ TEST(FsckRepair, BlockOwnedByTwoInodesIsCopied) {
   b.root.extents[0].physical = shared;
   raw.put_inode(t.b, b);
   const uint64_t lo = std::min(t.a, t.b), hi = std::max(t.a, t.b);
-  found_repaired_clean(*r, {"block " + std::to_string(shared) + ": owned by inode " + std::to_string(lo) + " and inode " +
-                                std::to_string(hi),
+  found_repaired_clean(*r, {"block " + std::to_string(shared) + ": owned by inode " +
+                                std::to_string(lo) + " and inode " + std::to_string(hi),
                             "block " + std::to_string(lost) + ": marked in use"});
   // The later owner got a copy: both read what `a` held, and they no longer share.
   EXPECT_EQ(r->read(t.a, 0, 4096), t.a_data);
@@ -589,8 +610,8 @@ TEST(FsckRepair, DirectoryLeafWithABadChecksumIsRebuilt) {
   }
   ASSERT_TRUE(done);
   raw.put(leaf, b.data());
-  found_repaired_clean(*r, {"directory " + std::to_string(t.dir) + ": leaf block " + std::to_string(leaf) +
-                                " (directory block 1): checksum mismatch"});
+  found_repaired_clean(*r, {"directory " + std::to_string(t.dir) + ": leaf block " +
+                            std::to_string(leaf) + " (directory block 1): checksum mismatch"});
   EXPECT_EQ(r->lookup(t.dir, "a"), 0);
   EXPECT_EQ(r->lookup(t.dir, "sub"), 0);
   EXPECT_EQ(r->lookup(t.dir, "s"), 0);
@@ -612,9 +633,10 @@ TEST(FsckRepair, ExtentOutsideTheDeviceIsRemoved) {
   const uint64_t old = d.root.extents[0].physical;
   d.root.extents[0].physical = raw.sb.block_count + 100;
   raw.put_inode(t.a, d);
-  found_repaired_clean(*r, {"inode " + std::to_string(t.a) + ": extent (logical 0, 1 block at " +
-                                std::to_string(raw.sb.block_count + 100) + ") lies outside the filesystem",
-                            "block " + std::to_string(old) + ": marked in use"});
+  found_repaired_clean(
+      *r, {"inode " + std::to_string(t.a) + ": extent (logical 0, 1 block at " +
+               std::to_string(raw.sb.block_count + 100) + ") lies outside the filesystem",
+           "block " + std::to_string(old) + ": marked in use"});
   EXPECT_EQ(r->read(t.a, 0, 8), std::string(8, '\0')) << "a hole now";
   Attr a;
   ASSERT_EQ(r->fs->getattr(t.a, &a), 0);
@@ -633,7 +655,8 @@ TEST(FsckRepair, XattrBlockWithABadChecksumIsDetached) {
   auto b = raw.get(xb);
   b[40] ^= 0x55;
   raw.put(xb, b.data());
-  found_repaired_clean(*r, {"inode " + std::to_string(t.c) + ": xattr block " + std::to_string(xb) + ": checksum mismatch"});
+  found_repaired_clean(*r, {"inode " + std::to_string(t.c) + ": xattr block " + std::to_string(xb) +
+                            ": checksum mismatch"});
   std::string v;
   EXPECT_EQ(r->fs->getxattr(t.c, "user.color", &v), ENODATA);
 }
@@ -642,7 +665,8 @@ TEST(FsckRepair, CorruptExtentTreeBlock) {
   auto r = Rig::make();
   ASSERT_TRUE(r);
   const Ino f = r->create(kRootInode, "frag");
-  for (uint32_t i = 0; i < 300; ++i) ASSERT_EQ(r->write(f, uint64_t{i} * 2 * 4096, pattern(i, 0, 4096)), 0);
+  for (uint32_t i = 0; i < 300; ++i)
+    ASSERT_EQ(r->write(f, uint64_t{i} * 2 * 4096, pattern(i, 0, 4096)), 0);
   unmount(*r);
   Raw raw(*r->dev);
   const Inode d = raw.inode(f);
@@ -653,8 +677,8 @@ TEST(FsckRepair, CorruptExtentTreeBlock) {
   auto b = raw.get(leaf);
   b[100] ^= 1;
   raw.put(leaf, b.data());
-  found_repaired_clean(*r, {"inode " + std::to_string(f) + ": extent tree block " + std::to_string(leaf) +
-                            ": checksum mismatch"});
+  found_repaired_clean(*r, {"inode " + std::to_string(f) + ": extent tree block " +
+                            std::to_string(leaf) + ": checksum mismatch"});
   EXPECT_EQ(r->read(f, 0, 4096), pattern(0, 0, 4096)) << "extents of the sound leaf survive";
   EXPECT_EQ(r->check_and_remount(), "");
 }
@@ -728,7 +752,8 @@ TEST(FsckRepair, AllocatedInodeWithNoLinksIsFreed) {
 
 // Writes a transaction at journal position `pos`: descriptor, blocks, and (if `commit`)
 // the commit block with a correct data checksum. Returns the position after it.
-uint64_t plant_transaction(Raw& raw, uint64_t pos, uint64_t seq, const std::vector<std::pair<uint64_t, std::vector<uint8_t>>>& blocks,
+uint64_t plant_transaction(Raw& raw, uint64_t pos, uint64_t seq,
+                           const std::vector<std::pair<uint64_t, std::vector<uint8_t>>>& blocks,
                            bool commit) {
   auto next = [&](uint64_t p) { return p + 1 >= raw.sb.journal_blocks ? 1 : p + 1; };
   std::vector<uint8_t> all(kBlockSize * (blocks.size() + 1), 0);
@@ -738,7 +763,8 @@ uint64_t plant_transaction(Raw& raw, uint64_t pos, uint64_t seq, const std::vect
   d->seq = seq;
   for (size_t i = 0; i < blocks.size(); ++i) d->targets[i] = blocks[i].first;
   d->checksum = block_checksum(d, offsetof(JournalDescriptor, checksum), raw.seed());
-  for (size_t i = 0; i < blocks.size(); ++i) std::memcpy(all.data() + (i + 1) * kBlockSize, blocks[i].second.data(), kBlockSize);
+  for (size_t i = 0; i < blocks.size(); ++i)
+    std::memcpy(all.data() + (i + 1) * kBlockSize, blocks[i].second.data(), kBlockSize);
   uint64_t p = pos;
   for (size_t i = 0; i <= blocks.size(); ++i) {
     raw.put(1 + p, all.data() + i * kBlockSize);
@@ -786,7 +812,8 @@ TEST(FsckJournal, CommittedTransactionIsReplayedAndIncompleteOneIgnored) {
 
   const uint64_t writes = r->stack->device_writes();
   const FsckRun a = run_fsck(*r->dev, false);
-  EXPECT_EQ(a.r.exit_code, kFsckClean) << "a crashed filesystem with a journal is not corrupt:\n" << a.text;
+  EXPECT_EQ(a.r.exit_code, kFsckClean) << "a crashed filesystem with a journal is not corrupt:\n"
+                                       << a.text;
   EXPECT_TRUE(a.has("journal: 1 committed transaction (1 blocks)")) << a.text;
   EXPECT_EQ(a.r.journal_transactions, 1u);
   EXPECT_EQ(r->stack->device_writes(), writes);
@@ -817,7 +844,8 @@ TEST(FsckJournal, CommittedTransactionOnACleanFilesystemIsAProblem) {
   ASSERT_TRUE(r->dev->read(1, 1, &jh).is_ok());
   const uint64_t home = raw.inode_block(t.b);
   plant_transaction(raw, jh.tail_block, jh.tail_seq, {{home, raw.get(home)}}, true);
-  found_repaired_clean(*r, {"journal: 1 committed transaction (1 blocks) after the tail of a cleanly unmounted filesystem"});
+  found_repaired_clean(*r, {"journal: 1 committed transaction (1 blocks) after the tail of a "
+                            "cleanly unmounted filesystem"});
   // Discarding instead of replaying: also a repair.
   unmount(*r);
   ASSERT_TRUE(r->dev->read(1, 1, &jh).is_ok());
@@ -895,7 +923,8 @@ TEST(FsckJournal, CrashedFilesystemChecksClean) {
         Ino parent = kRootInode;
         if (r->lookup(kRootInode, name) != 0) parent = d;
         ASSERT_EQ(r->fs->unlink(parent, name), 0);
-        live.erase(std::find_if(live.begin(), live.end(), [&](const auto& x) { return x.second == ino; }));
+        live.erase(
+            std::find_if(live.begin(), live.end(), [&](const auto& x) { return x.second == ino; }));
       } else {
         Attr a;
         r->fs->mkdir(d, "sub" + std::to_string(i), 0755, Caller{}, &a);
@@ -914,7 +943,8 @@ TEST(FsckJournal, CrashedFilesystemChecksClean) {
     EXPECT_EQ(a.r.problems, 0u) << a.text;
     EXPECT_EQ(r->stack->device_writes(), writes);
     const FsckRun b = run_fsck(*r->dev, true);
-    if (std::getenv("WARPFS_FSCK_TEST_VERBOSE")) std::printf("check:\n%srepair:\n%s", a.text.c_str(), b.text.c_str());
+    if (std::getenv("WARPFS_FSCK_TEST_VERBOSE"))
+      std::printf("check:\n%srepair:\n%s", a.text.c_str(), b.text.c_str());
     EXPECT_EQ(b.r.problems, 0u) << b.text;
     EXPECT_EQ(b.r.exit_code, kFsckCorrected) << "the superblock is marked clean:\n" << b.text;
     const FsckRun c = run_fsck(*r->dev, false);
@@ -932,10 +962,12 @@ TEST(FsckJournal, CrashedFilesystemChecksClean) {
 // Walks the whole tree through the core: every directory listed, every file read.
 void walk_everything(Filesystem& fs, Ino dir, int depth) {
   std::vector<DirEntry> v;
-  ASSERT_EQ(fs.readdir(dir, 0, [&](const DirEntry& e) {
-    v.push_back(e);
-    return true;
-  }), 0);
+  ASSERT_EQ(fs.readdir(dir, 0,
+                       [&](const DirEntry& e) {
+                         v.push_back(e);
+                         return true;
+                       }),
+            0);
   for (const DirEntry& e : v) {
     if (e.name == "." || e.name == "..") continue;
     Attr a;
@@ -1018,7 +1050,8 @@ void damage(Raw& raw, std::mt19937_64& rng, uint64_t blk, Damage kind, bool fix)
       if (fix) {
         Inode d;
         std::memcpy(&d, b.data() + slot * kInodeSize, sizeof d);
-        d.checksum = inode_checksum(d, (blk - g0.inode_table) * kInodesPerBlock + slot + 1, raw.seed());
+        d.checksum =
+            inode_checksum(d, (blk - g0.inode_table) * kInodesPerBlock + slot + 1, raw.seed());
         std::memcpy(b.data() + slot * kInodeSize, &d, sizeof d);
       }
       raw.put(blk, b.data());
@@ -1089,8 +1122,11 @@ void fuzz(Rig& r, const Targets& targets, int rounds, int max_damage) {
     EXPECT_TRUE(b.r.exit_code == kFsckClean || b.r.exit_code == kFsckCorrected) << b.text;
     EXPECT_EQ(a.r.problems, b.r.problems) << "check:\n" << a.text << "repair:\n" << b.text;
     const FsckRun c = run_fsck(*r.dev, false);
-    ASSERT_EQ(c.r.exit_code, kFsckClean) << "after repair:\n" << c.text << "repair said:\n" << b.text;
-    if (std::getenv("WARPFS_FSCK_TEST_VERBOSE")) std::printf("round %d:\n%s", round, b.text.c_str());
+    ASSERT_EQ(c.r.exit_code, kFsckClean) << "after repair:\n"
+                                         << c.text << "repair said:\n"
+                                         << b.text;
+    if (std::getenv("WARPFS_FSCK_TEST_VERBOSE"))
+      std::printf("round %d:\n%s", round, b.text.c_str());
     ASSERT_TRUE(r.mount()) << r.log << "repair said:\n" << b.text;
     walk_everything(*r.fs, kRootInode);
     Attr at;
@@ -1113,7 +1149,8 @@ TEST(FsckFuzz, RandomMetadataDamageIsRepairedInOneRun) {
   ASSERT_TRUE(r);
   const Tree t = populate_small(*r);
   std::vector<Ino> dirs{kRootInode, t.dir, t.sub};
-  for (int i = 0; i < 4; ++i) dirs.push_back(r->mkdir(dirs[i % dirs.size()], "x" + std::to_string(i)));
+  for (int i = 0; i < 4; ++i)
+    dirs.push_back(r->mkdir(dirs[i % dirs.size()], "x" + std::to_string(i)));
   for (int i = 0; i < 300; ++i) {
     const Ino f = r->create(dirs[i % dirs.size()], "f" + std::to_string(i));
     if (i % 7 == 0) {
@@ -1125,7 +1162,8 @@ TEST(FsckFuzz, RandomMetadataDamageIsRepairedInOneRun) {
     r->fs->forget(f, 1);
   }
   const Ino frag = r->create(kRootInode, "frag");
-  for (uint32_t i = 0; i < 40; ++i) ASSERT_EQ(r->write(frag, uint64_t{i} * 2 * 4096, pattern(i, 0, 100)), 0);
+  for (uint32_t i = 0; i < 40; ++i)
+    ASSERT_EQ(r->write(frag, uint64_t{i} * 2 * 4096, pattern(i, 0, 100)), 0);
   unmount(*r);
   ASSERT_EQ(run_fsck(*r->dev, false).r.exit_code, kFsckClean);
   Raw raw(*r->dev);
@@ -1140,12 +1178,14 @@ TEST(FsckFuzz, DeepTreesAndBigDirectories) {
   const Ino big = r->mkdir(kRootInode, "big");
   for (int i = 0; i < 12000; ++i) {  // more than 254 leaves: a depth-2 index
     Attr a;
-    ASSERT_EQ(r->fs->mknod(big, "a-rather-long-file-name-to-fill-leaves-" + std::to_string(i), S_IFREG | 0600, 0,
-                           Caller{}, &a), 0);
+    ASSERT_EQ(r->fs->mknod(big, "a-rather-long-file-name-to-fill-leaves-" + std::to_string(i),
+                           S_IFREG | 0600, 0, Caller{}, &a),
+              0);
     r->fs->forget(a.ino, 1);
   }
   const Ino frag = r->create(kRootInode, "frag");
-  for (uint32_t i = 0; i < 2100; ++i) ASSERT_EQ(r->write(frag, uint64_t{i} * 2 * 4096, pattern(i, 0, 64)), 0);
+  for (uint32_t i = 0; i < 2100; ++i)
+    ASSERT_EQ(r->write(frag, uint64_t{i} * 2 * 4096, pattern(i, 0, 64)), 0);
   unmount(*r);
   Raw raw(*r->dev);
   ASSERT_EQ(raw.inode(frag).tree_depth, 2u);
@@ -1175,7 +1215,9 @@ TEST(FsckScale, ManyFilesCheckQuickly) {
   for (int d = 0; d < 20; ++d) dirs.push_back(r->mkdir(kRootInode, "dir" + std::to_string(d)));
   for (int i = 0; i < files; ++i) {
     Attr a;
-    ASSERT_EQ(r->fs->mknod(dirs[i % dirs.size()], "file-" + std::to_string(i), S_IFREG | 0644, 0, Caller{}, &a), 0);
+    ASSERT_EQ(r->fs->mknod(dirs[i % dirs.size()], "file-" + std::to_string(i), S_IFREG | 0644, 0,
+                           Caller{}, &a),
+              0);
     if (i % 16 == 0) {
       size_t w;
       ASSERT_EQ(r->fs->write(a.ino, 0, 5000, pattern(i, 0, 5000).data(), &w), 0);

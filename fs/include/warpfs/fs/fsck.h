@@ -33,13 +33,13 @@
 namespace warpfs::fs {
 
 struct FsckOptions {
-  bool repair = false;          // fix what is found (fsck -y); false: check only (fsck -n)
-  bool replay_journal = true;   // replay committed transactions before checking (without
-                                // repair: into memory only); false: with repair they are
-                                // discarded, without it the filesystem is checked as found
-  bool skip_if_clean = false;   // a clean filesystem with an empty journal is not checked
-                                // further (fsck.warpfs without -f)
-  bool verbose = false;         // also report what each pass found, not only problems
+  bool repair = false;         // fix what is found (fsck -y); false: check only (fsck -n)
+  bool replay_journal = true;  // replay committed transactions before checking (without
+                               // repair: into memory only); false: with repair they are
+                               // discarded, without it the filesystem is checked as found
+  bool skip_if_clean = false;  // a clean filesystem with an empty journal is not checked
+                               // further (fsck.warpfs without -f)
+  bool verbose = false;        // also report what each pass found, not only problems
   // Called as the inode pass advances (groups done, groups in all).
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
@@ -55,12 +55,12 @@ enum FsckExit : int {
 
 struct FsckResult {
   int exit_code = kFsckClean;
-  uint64_t problems = 0;   // problems found (each also reported)
-  uint64_t corrected = 0;  // of those, repaired
+  uint64_t problems = 0;           // problems found (each also reported)
+  uint64_t corrected = 0;          // of those, repaired
   std::vector<std::string> lines;  // the problem lines, as reported (the first 10000); notices
                                    // (journal replayed, orphans freed) go to `report` only
-  std::string error;       // the operational error, when exit_code has kFsckOperational
-  bool skipped = false;    // skip_if_clean applied: only the superblock and journal were read
+  std::string error;               // the operational error, when exit_code has kFsckOperational
+  bool skipped = false;      // skip_if_clean applied: only the superblock and journal were read
   bool used_backup = false;  // the primary superblock was unusable
   // Totals after repair (or as found, without repair), for the summary line.
   uint64_t inodes_used = 0, inode_count = 0, directories = 0;
