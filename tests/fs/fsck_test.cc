@@ -892,47 +892,110 @@ void crash(Rig& r, double persist) {
 // on the orphan list) is not corruption: check mode finds nothing wrong, repair replays and
 // frees, and the filesystem mounts.
 TEST(FsckJournal, CrashedFilesystemChecksClean) {
-  for (int round = 0; round < 12; ++round) {
+  const char* env = std::getenv("WARPFS_FSCK_CRASH_ROUNDS");
+  const int rounds = env ? std::atoi(env) : 12;
+  for (int round = 0; round < rounds; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     auto r = Rig::make(32);
     ASSERT_TRUE(r);
     std::mt19937_64 rng(round);
-    std::vector<std::pair<std::string, Ino>> live;
-    const Ino d = r->mkdir(kRootInode, "d");
-    for (int i = 0; i < 200; ++i) {
-      const int op = static_cast<int>(rng() % 10);
-      if (op < 3 || live.empty()) {
-        const std::string name = "f" + std::to_string(i);
-        live.emplace_back(name, r->create(rng() % 2 ? d : kRootInode, name));
-        continue;
+    std::vector<std::pair<Ino, std::string>> live;  // (parent, name) of regular files
+    std::vector<Ino> dirs{kRootInode, r->mkdir(kRootInode, "d")};
+    const int ops = 100 + static_cast<int>(rng() % 400);
+    for (int i = 0; i < ops; ++i) {
+      const int op = static_cast<int>(rng() % 20);
+      const Ino dir = dirs[rng() % dirs.size()];
+      Ino ino = 0;
+      size_t pick = 0;
+      if (!live.empty()) {
+        pick = rng() % live.size();
+        if (r->lookup(live[pick].first, live[pick].second, &ino) != 0) {
+          live.erase(live.begin() + static_cast<long>(pick));
+          continue;
+        }
       }
-      auto& [name, ino] = live[rng() % live.size()];
-      if (op < 6) {
-        ASSERT_EQ(r->write(ino, rng() % 100000, pattern(rng(), 0, 1 + rng() % 20000)), 0);
-      } else if (op < 7) {
-        SetAttr s;
-        s.size = true;
-        s.new_size = rng() % 50000;
-        Attr a;
-        ASSERT_EQ(r->fs->setattr(ino, s, &a), 0);
+      Attr a;
+      if (op < 5 || ino == 0) {
+        const std::string name = "file-with-some-length-" + std::to_string(i);
+        if (r->fs->mknod(dir, name, S_IFREG | 0644, 0, Caller{}, &a) == 0) {
+          live.emplace_back(dir, name);
+          r->fs->forget(a.ino, 1);
+        }
       } else if (op < 8) {
-        ASSERT_EQ(r->fs->fsync(ino, false), 0);
+        // Every other block: extents pile up into a tree.
+        for (int k = 0; k < 1 + static_cast<int>(rng() % 20); ++k) {
+          ASSERT_EQ(r->write(ino, (rng() % 64) * 8192, pattern(rng(), 0, 1 + rng() % 5000)), 0);
+        }
       } else if (op < 9) {
+        SetAttr st;
+        st.size = true;
+        st.new_size = rng() % 200000;
+        ASSERT_EQ(r->fs->setattr(ino, st, &a), 0);
+      } else if (op < 10) {
+        r->fs->fallocate(ino, (rng() % 2) ? 0 : FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                         (rng() % 32) * 4096, (1 + rng() % 16) * 4096);
+      } else if (op < 11) {
+        const std::string name = "moved-" + std::to_string(i);
+        if (r->fs->rename(live[pick].first, live[pick].second, dir, name, 0) == 0) {
+          live[pick] = {dir, name};
+        }
+      } else if (op < 12) {
+        const std::string name = "link-" + std::to_string(i);
+        if (r->fs->link(ino, dir, name, &a) == 0) {
+          live.emplace_back(dir, name);
+          r->fs->forget(ino, 1);
+        }
+      } else if (op < 13) {
         // Unlinked while open: an orphan if the machine dies now.
         ASSERT_EQ(r->fs->open(ino, O_RDWR), 0);
-        Ino parent = kRootInode;
-        if (r->lookup(kRootInode, name) != 0) parent = d;
-        ASSERT_EQ(r->fs->unlink(parent, name), 0);
-        live.erase(
-            std::find_if(live.begin(), live.end(), [&](const auto& x) { return x.second == ino; }));
+        ASSERT_EQ(r->fs->unlink(live[pick].first, live[pick].second), 0);
+        live.erase(live.begin() + static_cast<long>(pick));
+      } else if (op < 14) {
+        ASSERT_EQ(r->fs->unlink(live[pick].first, live[pick].second), 0);
+        live.erase(live.begin() + static_cast<long>(pick));
+      } else if (op < 15) {
+        if (r->fs->mkdir(dir, "sub-" + std::to_string(i), 0755, Caller{}, &a) == 0) {
+          dirs.push_back(a.ino);
+          r->fs->forget(a.ino, 1);
+        }
+      } else if (op < 16 && dirs.size() > 2) {
+        // An empty directory (if it is one) goes, or moves under another.
+        const size_t k = 2 + rng() % (dirs.size() - 2);
+        uint64_t off = 2;
+        bool empty = true;
+        r->fs->readdir(dirs[k], 0, [&](const DirEntry& e) {
+          if (e.name != "." && e.name != "..") empty = false;
+          off = e.next_offset;
+          return empty;
+        });
+        std::string name;
+        Ino parent = 0;
+        for (Ino p : dirs) {
+          r->fs->readdir(p, 0, [&](const DirEntry& e) {
+            if (e.ino == dirs[k] && e.name != "." && e.name != "..") name = e.name, parent = p;
+            return name.empty();
+          });
+          if (!name.empty()) break;
+        }
+        if (empty && !name.empty() && r->fs->rmdir(parent, name) == 0) {
+          dirs.erase(dirs.begin() + static_cast<long>(k));
+        } else if (!name.empty()) {
+          r->fs->rename(parent, name, dirs[1], name + "-r", 0);
+        }
+      } else if (op < 17) {
+        r->fs->setxattr(ino, "user.n" + std::to_string(rng() % 4), "value", 5, 0);
+      } else if (op < 18) {
+        ASSERT_EQ(r->fs->fsync(ino, false), 0);
+      } else if (op < 19) {
+        ASSERT_EQ(r->fs->sync(), 0);
       } else {
-        Attr a;
-        r->fs->mkdir(d, "sub" + std::to_string(i), 0755, Caller{}, &a);
+        for (int k = 0; k < 60; ++k) {  // a burst of names: leaves split
+          if (r->fs->mknod(dirs[1], "burst-" + std::to_string(i) + "-" + std::to_string(k),
+                           S_IFREG | 0600, 0, Caller{}, &a) == 0) {
+            r->fs->forget(a.ino, 1);
+          }
+        }
       }
-    }
-    ASSERT_EQ(r->fs->sync(), 0);
-    if (!live.empty()) {
-      ASSERT_EQ(r->write(live[0].second, 0, "after the last sync"), 0);
     }
     crash(*r, static_cast<double>(round % 3) / 2);
     Raw raw(*r->dev);
@@ -1199,6 +1262,71 @@ TEST(FsckFuzz, DeepTreesAndBigDirectories) {
   for (const auto& x : metadata_targets(raw, 3)) t.push_back(x);
   t.emplace_back(raw.inode_block(frag), Damage::kInodes);
   fuzz(*r, t, fuzz_rounds(6), 3);
+}
+
+// A core bug fsck finds (fs/src/dir.cc, FsImpl::dir_add, depth 1 -> 2 conversion): grow()
+// allocates block `a`, maps it and bumps the directory's size in memory; when the second
+// grow() then fails with ENOSPC, dir_add returns without undoing or storing that, and the
+// transaction commits the bitmap bit. Right after: "block N: marked in use ..., but owned by
+// nothing". Once anything stores the directory (an unlink here), its size covers the zeroed
+// block: "directory D: directory block 255 not referenced by the index". Enable when fixed.
+TEST(FsckCoreBugs, DISABLED_DirectoryIndexConversionAtEnospc) {
+  auto r = Rig::make(16);
+  ASSERT_TRUE(r);
+  const Ino f = r->create(kRootInode, "f");
+  const Ino big = r->mkdir(kRootInode, "big");
+  const std::string stem = "a-name-long-enough-to-fill-leaves-quickly-";
+  int i = 0;
+  Attr a;
+  // Hard links (no inodes needed) until the root index holds 254 leaves: it is full.
+  while (r->size(big) < 255 * 4096ull) {
+    ASSERT_EQ(r->fs->link(f, big, stem + std::to_string(i++), &a), 0);
+    r->fs->forget(f, 1);
+  }
+  // Fill the disk, then give one block back.
+  const Ino fill = r->create(kRootInode, "fill");
+  uint64_t off = 0;
+  while (r->write(fill, off, std::string(1 << 20, 'z')) == 0) off += 1 << 20;
+  ASSERT_EQ(r->fs->sync(), 0);
+  SetAttr s;
+  s.size = true;
+  s.new_size = r->size(fill) / 4096 * 4096 - 4096;
+  ASSERT_EQ(r->fs->setattr(fill, s, &a), 0);
+  ASSERT_EQ(r->fs->sync(), 0);
+  int rc = 0;
+  while ((rc = r->fs->link(f, big, stem + std::to_string(i++), &a)) == 0) r->fs->forget(f, 1);
+  EXPECT_EQ(rc, ENOSPC);
+  ASSERT_EQ(r->fs->unlink(big, stem + "5"), 0);  // stores `big`
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
+// A core bug fsck finds (fs/src/file.cc, FsImpl::write_locked): a 9th extent needs a data
+// block and an extent-tree leaf. With one block free the data block is allocated and
+// written, then map_store() fails with ENOSPC before the inode is stored; write() still
+// reports the byte written (a short write), and the transaction commits the bitmap bit.
+// After remount the byte is gone and fsck finds "block N: marked in use ..., but owned by
+// nothing" (the in-memory mapping, size and blocks of the inode also diverge from the
+// disk until then). Enable when fixed.
+TEST(FsckCoreBugs, DISABLED_ExtentTreeGrowthAtEnospc) {
+  auto r = Rig::make(16);
+  ASSERT_TRUE(r);
+  const Ino f = r->create(kRootInode, "f");
+  for (int k = 0; k < 8; ++k) ASSERT_EQ(r->write(f, uint64_t(k) * 2 * 4096, "x"), 0);
+  Attr a;
+  const Ino fill = r->create(kRootInode, "fill");
+  uint64_t off = 0;
+  while (r->write(fill, off, std::string(1 << 20, 'z')) == 0) off += 1 << 20;
+  ASSERT_EQ(r->fs->sync(), 0);
+  SetAttr s;
+  s.size = true;
+  s.new_size = r->size(fill) / 4096 * 4096 - 4096;
+  ASSERT_EQ(r->fs->setattr(fill, s, &a), 0);
+  ASSERT_EQ(r->fs->sync(), 0);
+  const int rc = r->write(f, 100 * 4096, "y");  // a data block and a leaf block
+  EXPECT_EQ(r->check_and_remount(), "");
+  if (rc == 0) {
+    EXPECT_EQ(r->read(f, 100 * 4096, 1), "y") << "write() said it was written";
+  }
 }
 
 // --- scale -------------------------------------------------------------------------------
