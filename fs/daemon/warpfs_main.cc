@@ -505,6 +505,16 @@ int main(int argc, char** argv) {
   const std::string fsname = std::string("-ofsname=") + o.device + ",subtype=warpfs,default_permissions";
   fuse_opt_add_arg(&args, fsname.c_str());
 
+  // SIGTERM, SIGINT and SIGHUP must reach the thread that runs the FUSE loop (libfuse's
+  // handler ends the loop from there): block them in every thread the stack and the
+  // filesystem start, and unblock them in this one just before the loop.
+  sigset_t stop_signals, old_mask;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
+
   // Daemonize before the device stack starts its threads (a fork keeps only the caller's),
   // but report failures of the mount to the caller: the child writes one status byte.
   int status_pipe[2] = {-1, -1};
@@ -609,12 +619,13 @@ int main(int argc, char** argv) {
             if (g_dump.exchange(false)) write_stats(d);
           }
         });
+        pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
         if (cl.singlethread) {
           rc = fuse_session_loop(se);
         } else {
           fuse_loop_config* lc = fuse_loop_cfg_create();
           fuse_loop_cfg_set_clone_fd(lc, cl.clone_fd);
-          fuse_loop_cfg_set_max_threads(lc, cl.max_threads ? cl.max_threads : 16);
+          fuse_loop_cfg_set_max_threads(lc, cl.max_threads > 0 && cl.max_threads <= 100000 ? cl.max_threads : 16);
           fuse_loop_cfg_set_idle_threads(lc, cl.max_idle_threads ? cl.max_idle_threads : 8);
           rc = fuse_session_loop_mt(se, lc);
           fuse_loop_cfg_destroy(lc);
@@ -629,6 +640,9 @@ int main(int argc, char** argv) {
   }
   report_ready(1);  // no-op after success: the mount itself failed
   // Everything to the device, the superblock clean (also after SIGTERM / fusermount3 -u).
+  // The loop returns the number of the signal that ended it (SIGTERM, SIGINT, SIGHUP): a
+  // normal way to stop, like fusermount3 -u.
+  if (rc == SIGTERM || rc == SIGINT || rc == SIGHUP) rc = 0;
   const int urc = d.fs->unmount();
   write_stats(d);
   if (urc != 0) {

@@ -143,6 +143,7 @@ void FsImpl::free_blocks(uint64_t first, uint64_t count) {
       ++freed;
     }
     gr.freed.emplace_back(bit, n);
+    held_blocks_.fetch_add(freed, std::memory_order_relaxed);
     desc(gdt_, g)->free_blocks += freed;
     gr.free_blocks.fetch_add(freed, std::memory_order_relaxed);
     journal_->dirty(gr.block_bitmap);
@@ -287,6 +288,7 @@ void FsImpl::release_freed() {
     Group& gr = groups_[g];
     std::lock_guard<std::mutex> lk(gr.mu);
     for (uint64_t i = bit; i < bit + n; ++i) gr.held[i / 64] &= ~(uint64_t{1} << (i % 64));
+    held_blocks_.fetch_sub(std::min<uint64_t>(n, held_blocks_.load()), std::memory_order_relaxed);
   }
   committing_freed_.clear();
 }

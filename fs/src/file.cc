@@ -70,7 +70,11 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
     const size_t chunk = static_cast<size_t>(std::min<uint64_t>(
         len - *written, uint64_t{kBlocksPerTxn} * kBlockSize - pos % kBlockSize));
     size_t done = 0;
-    const int rc = write_locked(*n, pos, chunk, buf + *written, &done);
+    int rc = write_locked(*n, pos, chunk, buf + *written, &done);
+    if (rc == ENOSPC && done == 0 && held_blocks_.load(std::memory_order_relaxed) > 0) {
+      journal_->commit();  // blocks freed by the running transaction become usable
+      rc = write_locked(*n, pos, chunk, buf + *written, &done);
+    }
     *written += done;
     if (rc) return *written > 0 ? 0 : rc;
   }
@@ -248,8 +252,8 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
       n->disk.blocks += got;
       b += got;
     }
-    if (rc == 0 && !(mode & FALLOC_FL_KEEP_SIZE) && b * kBlockSize > n->disk.size) {
-      n->disk.size = std::min(end, b * kBlockSize);
+    if (rc == 0 && !(mode & FALLOC_FL_KEEP_SIZE)) {
+      n->disk.size = std::max(n->disk.size, std::min(end, b * kBlockSize));  // never shrinks
     }
     n->disk.ctime_ns = now_ns();
     if (int src = map_store(*n); src && !rc) rc = src;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -179,10 +180,24 @@ class FsImpl final : public Filesystem {
   void log(const std::string& s) const { log_(s); }
   int meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner);
   void set_header_checksum(MetaBuf* b);
+  int create_locked(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
+                    std::string_view symlink_target, Attr* out);
   int create_common(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
                     std::string_view symlink_target, Attr* out);
   int unlink_common(Ino parent, std::string_view name, bool dir);
   void commit_loop();
+  // Blocks freed by transactions not yet committed are not allocatable; a full disk may
+  // only look full. Runs f again after a commit when that may help (ext4's retry_alloc).
+  template <typename F>
+  int retry_enospc(F f) {
+    int rc = f();
+    if (rc == ENOSPC && held_blocks_.load(std::memory_order_relaxed) > 0) {
+      journal_->commit();
+      rc = f();
+    }
+    return rc;
+  }
+  std::atomic<uint64_t> held_blocks_{0};
 
   blockdev::BlockDevice& dev_;
   Superblock sb_;

@@ -127,6 +127,11 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
 
 int FsImpl::create_common(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
                           std::string_view target, Attr* out) {
+  return retry_enospc([&] { return create_locked(parent, name, mode, c, target, out); });
+}
+
+int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
+                          std::string_view target, Attr* out) {
   if (int rc = check_writable(); rc) return rc;
   if (int rc = check_name(name); rc) return rc;
   if (name == "." || name == "..") return EEXIST;
@@ -452,9 +457,17 @@ int FsImpl::rename(Ino parent, std::string_view name, Ino new_parent, std::strin
 }
 
 int FsImpl::open(Ino ino, int flags) {
-  (void)flags;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
+  if ((flags & O_TRUNC) && (flags & O_ACCMODE) != O_RDONLY) {
+    // libfuse asks for atomic O_TRUNC: the truncate is ours, and like Linux it always
+    // updates mtime and ctime, even of an empty file.
+    if (int rc = check_writable(); rc) return rc;
+    std::unique_lock<std::shared_mutex> lk(n->rw);
+    if (S_ISREG(n->disk.mode)) {
+      if (int rc = set_size(*n, 0); rc) return rc;
+    }
+  }
   ref(*n, 0, 1);
   return 0;
 }

@@ -100,7 +100,8 @@ int FsImpl::setxattr(Ino ino, std::string_view name, const void* value, size_t s
   uint8_t index;
   std::string_view short_name;
   if (int rc = split_name(name, &index, &short_name); rc) return rc;
-  if (size > kBlockSize) return E2BIG;
+  // Values the kernel passes (up to 64 KiB) that do not fit the block: ENOSPC, as ext4.
+  if (size > 65536) return E2BIG;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
   std::unique_lock<std::shared_mutex> lk(n->rw);

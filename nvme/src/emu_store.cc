@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <sys/mman.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -109,6 +110,13 @@ std::shared_ptr<BackingStore> BackingStore::open_file(const std::string& path,
   int fd = open(path.c_str(), flags, 0644);
   if (fd < 0) {
     *error = path + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  // One user at a time, as a PCIe function has one driver: a second mount, mkfs or fsck of
+  // the same image would corrupt it.
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    *error = path + ": in use by another process (a mounted warpfs, mkfs.warpfs or fsck.warpfs)";
+    close(fd);
     return nullptr;
   }
   struct stat st {};

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# Integration scenarios on a real FUSE mount of warpfs, driven from separate processes.
+#   usage: mounted.sh SCENARIO        (tests/CMakeLists.txt registers one ctest per scenario)
+# The programs come from the environment: WARPFS, MKFS, FSCK, POSIX_TESTS, POSIX_PERSIST, FSX.
+# Every scenario formats its own image in its own directory, and ends with fsck.warpfs -f of
+# the unmounted image, which must find nothing.
+set -uo pipefail
+scenario=${1:?scenario}
+work=$(mktemp -d "${TMPDIR:-/tmp}/warpfs-$scenario.XXXXXX")
+img=$work/img
+mnt=$work/mnt
+mkdir -p "$mnt"
+daemon_pid=
+
+fail() { echo "FAIL ($scenario): $*" >&2; exit 1; }
+cleanup() {
+  if mountpoint -q "$mnt"; then fusermount3 -u -z "$mnt" 2>/dev/null; fi
+  [[ -n $daemon_pid ]] && kill -9 "$daemon_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+format() {  # format SIZE [mkfs options...]
+  local size=$1
+  shift
+  "$MKFS" -q --size "$size" "$@" "emu:$img" || fail "mkfs.warpfs"
+}
+# Mounts in the foreground, in the background, so that the daemon's pid is known; returns
+# once the mount is visible (the daemon exits if it fails, which ends the wait too).
+mount_fs() {
+  # (A background job of a script inherits SIGINT ignored; the daemon must see it.)
+  env --default-signal=INT "$WARPFS" -f "emu:$img" "$mnt" -o allow_other "$@" 2>"$work/daemon.log" &
+  daemon_pid=$!
+  for _ in $(seq 1 600); do
+    mountpoint -q "$mnt" && return 0
+    kill -0 "$daemon_pid" 2>/dev/null || { cat "$work/daemon.log" >&2; fail "the daemon exited"; }
+    sleep 0.05
+  done
+  fail "no mount after 30 s"
+}
+unmount_fs() {
+  fusermount3 -u "$mnt" || fail "fusermount3 -u"
+  wait "$daemon_pid" || { cat "$work/daemon.log" >&2; fail "the daemon exited with an error"; }
+  daemon_pid=
+}
+# umount(8) returns before the daemon has written everything and let go of the image (it
+# holds an exclusive lock on it): wait for the lock.
+wait_released() {
+  for _ in $(seq 1 600); do
+    flock -n "$img" true && return 0
+    sleep 0.05
+  done
+  fail "the daemon did not let go of the image within 30 s"
+}
+fsck_clean() {
+  local out
+  out=$("$FSCK" -f -n "emu:$img" 2>&1) || { echo "$out" >&2; fail "fsck.warpfs -f -n found problems"; }
+  echo "$out"
+}
+
+case $scenario in
+  posix)  # the POSIX suite, one file per syscall family, with warpfs' own expectations
+    format 2G --inodes 300000
+    mount_fs
+    WARPFS_TEST_DIR=$mnt WARPFS_TEST_FS=warpfs "$POSIX_TESTS" || fail "posix_tests"
+    unmount_fs
+    fsck_clean
+    ;;
+  fsx)  # 100,000 random operations checked against a model, then 2 x 20,000 on big files
+    format 1G
+    mount_fs
+    "$FSX" -q -N 100000 -S 1 "$mnt/fsx.small" || fail "fsx (1 MiB files)"
+    "$FSX" -q -N 20000 -S 2 -l 64M -o 1M "$mnt/fsx.big" || fail "fsx (64 MiB files)"
+    unmount_fs
+    fsck_clean
+    ;;
+  persist)  # everything survives unmount/remount: contents, modes, owners, times, xattrs, links
+    format 512M
+    mount_fs
+    "$POSIX_PERSIST" populate "$mnt/tree" || fail "populate"
+    unmount_fs
+    fsck_clean
+    mount_fs
+    "$POSIX_PERSIST" verify "$mnt/tree" || fail "verify after remount"
+    unmount_fs
+    ;;
+  kill9)  # kill -9 after fsync: the fsync'd data is there after remount, and fsck is clean
+    format 512M
+    mount_fs
+    head -c $((24 << 20)) /dev/urandom >"$work/ref"
+    dd if="$work/ref" of="$mnt/synced" bs=1M conv=fsync status=none || fail "dd"
+    mkdir -p "$mnt/dir"
+    for i in $(seq 1 200); do echo "$i" >"$mnt/dir/f$i"; done
+    sync "$mnt/dir" || fail "fsync of the directory"
+    # More work in flight, not synced, when the daemon dies.
+    dd if=/dev/urandom of="$mnt/unsynced" bs=1M count=8 status=none
+    kill -9 "$daemon_pid"
+    wait "$daemon_pid" 2>/dev/null
+    daemon_pid=
+    fusermount3 -u -z "$mnt"
+    "$FSCK" -n "emu:$img" || fail "fsck -n right after the crash reports damage"
+    mount_fs
+    cmp "$work/ref" "$mnt/synced" || fail "fsync'd data differs after the crash"
+    [[ $(ls "$mnt/dir" | wc -l) -eq 200 ]] || fail "synced directory lost entries"
+    [[ $(cat "$mnt/dir/f117") == 117 ]] || fail "synced small file differs"
+    unmount_fs
+    fsck_clean
+    ;;
+  signals)  # SIGTERM / SIGINT unmount and leave the superblock clean; -o ro refuses writes
+    format 256M
+    for sig in TERM INT; do
+      mount_fs
+      echo data >"$mnt/f-$sig" || fail "write"
+      kill -s "$sig" "$daemon_pid"
+      wait "$daemon_pid" || fail "the daemon failed on SIG$sig"
+      daemon_pid=
+      mountpoint -q "$mnt" && fail "still mounted after SIG$sig"
+      # Without -f, fsck skips a clean filesystem: it says "clean".
+      "$FSCK" -n "emu:$img" | grep -q clean || fail "superblock not clean after SIG$sig"
+    done
+    mount_fs -o ro
+    [[ $(cat "$mnt/f-TERM") == data ]] || fail "data lost"
+    touch "$mnt/new" 2>/dev/null && fail "a read-only mount accepted a create"
+    echo more >>"$mnt/f-TERM" 2>/dev/null && fail "a read-only mount accepted a write"
+    unmount_fs
+    fsck_clean
+    ;;
+  enospc)  # a full disk: ENOSPC, nothing damaged, and the space comes back
+    format 64M
+    mount_fs
+    free0=$(stat -f -c %f "$mnt")
+    dd if=/dev/zero of="$mnt/fill" bs=1M status=none 2>"$work/dd.err" && fail "dd did not fail on a full disk"
+    grep -q "No space left" "$work/dd.err" || fail "dd failed with something else: $(cat "$work/dd.err")"
+    touch "$mnt/small" || true
+    rm -f "$mnt/fill" "$mnt/small"
+    # The kernel sends the unlinked inodes' FORGET asynchronously: wait for the count.
+    for _ in $(seq 1 200); do
+      sync "$mnt"
+      free1=$(stat -f -c %f "$mnt")
+      [[ $free1 -eq $free0 ]] && break
+      sleep 0.05
+    done
+    [[ $free1 -eq $free0 ]] || fail "free blocks $free1 after delete, $free0 before"
+    echo ok >"$mnt/after" || fail "cannot write after freeing space"
+    unmount_fs
+    fsck_clean
+    ;;
+  mounthelper)  # mount -t fuse.warpfs and an fstab line go through mount.fuse3 to warpfs
+    format 128M
+    # mount(8) runs helpers with a fixed PATH: warpfs must be installed (cmake --install puts
+    # it in /usr/local/sbin). Link the build's binary there unless one is installed.
+    link=
+    if ! command -v /usr/local/sbin/warpfs >/dev/null; then
+      ln -s "$WARPFS" /usr/local/sbin/warpfs && link=/usr/local/sbin/warpfs
+      trap 'cleanup; [[ -n $link ]] && rm -f "$link"' EXIT
+    fi
+    mount -t fuse.warpfs "emu:$img" "$mnt" || fail "mount -t fuse.warpfs"
+    echo hi >"$mnt/x" || fail "write through the helper mount"
+    umount "$mnt" || fail "umount"
+    wait_released
+    printf 'emu:%s %s fuse.warpfs defaults,allow_other 0 0\n' "$img" "$mnt" >"$work/fstab"
+    mount -T "$work/fstab" "$mnt" || fail "mount from an fstab line"
+    [[ $(cat "$mnt/x") == hi ]] || fail "data through the fstab mount"
+    umount "$mnt" || fail "umount"
+    wait_released
+    "$FSCK" -n "emu:$img" | grep -q clean || fail "not clean after umount"
+    fsck_clean
+    ;;
+  errors)  # bad input gets a clear message and a non-zero exit, never a crash or a hang
+    out=$("$WARPFS" -f "emu:$work/missing.img" "$mnt" 2>&1) && fail "mounted a missing image"
+    grep -qi "missing.img" <<<"$out" || fail "no message naming the missing image: $out"
+    head -c $((8 << 20)) /dev/urandom >"$img"
+    out=$("$WARPFS" -f "emu:$img" "$mnt" 2>&1) && fail "mounted random data"
+    grep -qi "not a warpfs" <<<"$out" || fail "unclear message for random data: $out"
+    rm -f "$img"
+    format 64M
+    out=$("$WARPFS" -f "emu:$img" "$mnt" -o queues=0 2>&1) && fail "accepted queues=0"
+    mountpoint -q "$mnt" && fail "mounted despite a bad option"
+    # A damaged primary superblock: the backup mounts (and says so).
+    printf 'garbage' | dd of="$img" bs=1 seek=200 conv=notrunc status=none
+    mount_fs
+    grep -qi "backup" "$work/daemon.log" || fail "no notice about the backup superblock"
+    echo still >"$mnt/ok" || fail "write on the backup-mounted filesystem"
+    unmount_fs
+    fsck_clean
+    ;;
+  *) fail "unknown scenario" ;;
+esac
+echo "PASS ($scenario)"
