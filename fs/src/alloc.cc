@@ -4,6 +4,7 @@
 // writers of different files rarely meet on a lock. Blocks freed by the running transaction
 // are `held` until it commits: reusing them earlier could let a crash resurrect the old owner
 // pointing at new data.
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -74,10 +75,25 @@ int FsImpl::load_groups() {
     gr.held.assign(kWords, 0);
     data_blocks_total_ += std::min<uint64_t>(kBlocksPerGroup, sb_.block_count - 1 - start) - 2 - itb_;
   }
+  meta_reserve_ = std::clamp<uint64_t>(data_blocks_total_ / 1024, 64, 8192);
   return 0;
 }
 
-int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got) {
+uint64_t FsImpl::available_blocks() const {
+  uint64_t free = 0;
+  for (uint32_t g = 0; g < sb_.group_count; ++g) free += groups_[g].free_blocks.load(std::memory_order_relaxed);
+  const uint64_t held = held_blocks_.load(std::memory_order_relaxed);
+  return free > held ? free - held : 0;
+}
+
+int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got, bool meta) {
+  if (!meta) {
+    // File data stops short of the metadata reserve (racing allocators may dip into it a
+    // little; that is what it is for).
+    const uint64_t avail = available_blocks();
+    if (avail <= meta_reserve_) return ENOSPC;
+    want = static_cast<uint32_t>(std::min<uint64_t>(want, avail - meta_reserve_));
+  }
   const uint64_t first_group = sb_.gdt_start + gdt_.size();
   uint32_t g0 = group_of_block(goal);
   uint32_t start_bit = goal >= first_group ? static_cast<uint32_t>((goal - first_group) % kBlocksPerGroup) : 0;

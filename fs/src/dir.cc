@@ -170,7 +170,7 @@ struct DirOps {
     const auto l = static_cast<uint32_t>(dir.disk.size / kBlockSize);
     uint64_t phys;
     uint32_t got;
-    if (int rc = fs.alloc_blocks(fs.alloc_goal(dir, l), 1, &phys, &got); rc) return rc;
+    if (int rc = fs.alloc_blocks(fs.alloc_goal(dir, l), 1, &phys, &got, true); rc) return rc;
     if (int rc = fs.map_insert(dir, Extent{l, 1, phys}); rc) {
       fs.free_blocks(phys, 1);
       return rc;
@@ -227,6 +227,9 @@ int FsImpl::dir_find(Node& dir, std::string_view name, Ino* ino, uint8_t* type) 
 int FsImpl::dir_add(Node& dir, std::string_view name, Ino ino, uint8_t type) {
   const uint64_t h = name_hash(name.data(), name.size(), dir.disk.dir_seed);
   const uint16_t need = rec_len(name.size());
+  // The worst case below takes three blocks (two index blocks and a leaf) and a mapping
+  // block: refuse before changing anything rather than fail halfway.
+  if (available_blocks() < 4) return ENOSPC;
   for (int attempt = 0; attempt < 8; ++attempt) {
     Path p;
     MetaBuf *root, *index, *leaf;

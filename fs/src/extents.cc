@@ -228,7 +228,7 @@ int FsImpl::alloc_meta_block(Node& n, uint64_t* out) {
   uint32_t got;
   const uint64_t g = group_of_inode(n.ino, sb_.inodes_per_group);
   const uint64_t first_group = sb_.gdt_start + gdt_.size();
-  if (int rc = alloc_blocks(first_group + g * kBlocksPerGroup, 1, out, &got); rc) return rc;
+  if (int rc = alloc_blocks(first_group + g * kBlocksPerGroup, 1, out, &got, true); rc) return rc;
   n.disk.blocks += 1;
   return 0;
 }

@@ -128,7 +128,10 @@ class FsImpl final : public Filesystem {
   void maybe_reclaim(Ino ino);
 
   // --- allocation (alloc.cc); in a transaction
-  int alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got);
+  // `meta`: a block for metadata (extent-tree, directory, xattr), which may use the reserve
+  // that file data may not: an operation that got its data blocks can then always map them.
+  int alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got, bool meta = false);
+  uint64_t available_blocks() const;  // free and not held by an uncommitted free
   void free_blocks(uint64_t first, uint64_t count);
   uint32_t group_of_block(uint64_t b) const;
   int load_groups();
@@ -210,6 +213,7 @@ class FsImpl final : public Filesystem {
   std::unique_ptr<Group[]> groups_;
   uint32_t itb_ = 0;  // inode table blocks per group
   uint64_t data_blocks_total_ = 0;
+  uint64_t meta_reserve_ = 0;  // blocks only metadata may take (alloc_blocks)
 
   std::mutex namespace_mu_;  // level 1
   std::mutex table_mu_;      // leaf: nodes_, and Node::nlookup/opens

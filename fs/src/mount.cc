@@ -230,8 +230,11 @@ int FsImpl::statfs(struct statvfs* out) {
   out->f_bsize = kBlockSize;
   out->f_frsize = kBlockSize;
   out->f_blocks = data_blocks_total_;
+  // Held blocks (freed, commit pending) count as free; the metadata reserve is not
+  // available to file data, as ext4's reserved blocks are not.
   out->f_bfree = fb;
-  out->f_bavail = fb;
+  const uint64_t avail = available_blocks();
+  out->f_bavail = avail > meta_reserve_ ? avail - meta_reserve_ : 0;
   out->f_files = sb_.inode_count;
   out->f_ffree = fi;
   out->f_favail = fi;

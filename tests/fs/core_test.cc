@@ -356,10 +356,25 @@ TEST(Core, FullDiskGivesEnospcAndRecovers) {
   const uint64_t sz = r->size(f);
   EXPECT_GE(sz, off);
   EXPECT_EQ(r->read(f, sz - 100, 100), chunk.substr((sz - 100) % chunk.size(), 100));
+  struct statvfs full;
+  ASSERT_EQ(r->fs->statfs(&full), 0);
+  EXPECT_EQ(full.f_bavail, 0u) << "df shows nothing left for data";
+  EXPECT_GT(full.f_bfree, 0u) << "the metadata reserve";
+  // File data is full, but the metadata reserve still lets names be made (ext4 keeps
+  // reserved blocks the same way) until it too runs out: then ENOSPC, nothing half-done.
   Attr a;
-  EXPECT_EQ(r->fs->mkdir(kRootInode, "more", 0755, Caller{}, &a), ENOSPC);
+  EXPECT_EQ(r->fs->mkdir(kRootInode, "more", 0755, Caller{}, &a), 0);
+  int made = 0;
+  while ((rc = r->fs->mkdir(kRootInode, "d" + std::to_string(made), 0755, Caller{}, &a)) == 0) {
+    r->fs->forget(a.ino, 1);
+    ++made;
+  }
+  EXPECT_EQ(rc, ENOSPC);
+  EXPECT_GT(made, 10);
   EXPECT_EQ(r->check_and_remount(), "");
   ASSERT_EQ(r->fs->unlink(kRootInode, "fill"), 0);
+  ASSERT_EQ(r->fs->rmdir(kRootInode, "more"), 0);
+  for (int i = 0; i < made; ++i) ASSERT_EQ(r->fs->rmdir(kRootInode, "d" + std::to_string(i)), 0);
   ASSERT_EQ(r->fs->sync(), 0);
   struct statvfs st2;
   ASSERT_EQ(r->fs->statfs(&st2), 0);

@@ -1270,7 +1270,7 @@ TEST(FsckFuzz, DeepTreesAndBigDirectories) {
 // transaction commits the bitmap bit. Right after: "block N: marked in use ..., but owned by
 // nothing". Once anything stores the directory (an unlink here), its size covers the zeroed
 // block: "directory D: directory block 255 not referenced by the index". Enable when fixed.
-TEST(FsckCoreBugs, DISABLED_DirectoryIndexConversionAtEnospc) {
+TEST(FsckCoreBugs, DirectoryIndexConversionAtEnospc) {
   auto r = Rig::make(16);
   ASSERT_TRUE(r);
   const Ino f = r->create(kRootInode, "f");
@@ -1307,7 +1307,7 @@ TEST(FsckCoreBugs, DISABLED_DirectoryIndexConversionAtEnospc) {
 // After remount the byte is gone and fsck finds "block N: marked in use ..., but owned by
 // nothing" (the in-memory mapping, size and blocks of the inode also diverge from the
 // disk until then). Enable when fixed.
-TEST(FsckCoreBugs, DISABLED_ExtentTreeGrowthAtEnospc) {
+TEST(FsckCoreBugs, ExtentTreeGrowthAtEnospc) {
   auto r = Rig::make(16);
   ASSERT_TRUE(r);
   const Ino f = r->create(kRootInode, "f");
