@@ -1264,12 +1264,12 @@ TEST(FsckFuzz, DeepTreesAndBigDirectories) {
   fuzz(*r, t, fuzz_rounds(6), 3);
 }
 
-// A core bug fsck finds (fs/src/dir.cc, FsImpl::dir_add, depth 1 -> 2 conversion): grow()
-// allocates block `a`, maps it and bumps the directory's size in memory; when the second
-// grow() then fails with ENOSPC, dir_add returns without undoing or storing that, and the
-// transaction commits the bitmap bit. Right after: "block N: marked in use ..., but owned by
+// Regression: a core bug fsck found, fixed by 33a4e38 (fs/src/dir.cc, FsImpl::dir_add, depth 1 -> 2
+// conversion): grow() allocates block `a`, maps it and bumps the directory's size in memory; when
+// the second grow() then fails with ENOSPC, dir_add returns without undoing or storing that, and
+// the transaction commits the bitmap bit. Right after: "block N: marked in use ..., but owned by
 // nothing". Once anything stores the directory (an unlink here), its size covers the zeroed
-// block: "directory D: directory block 255 not referenced by the index". Enable when fixed.
+// block: "directory D: directory block 255 not referenced by the index".
 TEST(FsckCoreBugs, DirectoryIndexConversionAtEnospc) {
   auto r = Rig::make(16);
   ASSERT_TRUE(r);
@@ -1300,13 +1300,12 @@ TEST(FsckCoreBugs, DirectoryIndexConversionAtEnospc) {
   EXPECT_EQ(r->check_and_remount(), "");
 }
 
-// A core bug fsck finds (fs/src/file.cc, FsImpl::write_locked): a 9th extent needs a data
-// block and an extent-tree leaf. With one block free the data block is allocated and
-// written, then map_store() fails with ENOSPC before the inode is stored; write() still
-// reports the byte written (a short write), and the transaction commits the bitmap bit.
-// After remount the byte is gone and fsck finds "block N: marked in use ..., but owned by
-// nothing" (the in-memory mapping, size and blocks of the inode also diverge from the
-// disk until then). Enable when fixed.
+// Regression: a core bug fsck found, fixed by 33a4e38 (fs/src/file.cc, FsImpl::write_locked): a 9th
+// extent needs a data block and an extent-tree leaf. With one block free the data block is
+// allocated and written, then map_store() fails with ENOSPC before the inode is stored; write()
+// still reports the byte written (a short write), and the transaction commits the bitmap bit. After
+// remount the byte is gone and fsck finds "block N: marked in use ..., but owned by nothing" (the
+// in-memory mapping, size and blocks of the inode also diverge from the disk until then).
 TEST(FsckCoreBugs, ExtentTreeGrowthAtEnospc) {
   auto r = Rig::make(16);
   ASSERT_TRUE(r);
