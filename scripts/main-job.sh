@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
-# The main job: install what warpfs needs, build it, drive an emulated NVMe image end to end
-# with the NVMe stack's demo (bring-up, Identify, parallel writes with 32 commands in flight
-# per thread, flush, verify, shutdown, power-up, verify), then format a warpfs image with
-# mkfs.warpfs. (Mounting it comes with the FUSE daemon.)
-#   usage: scripts/main-job.sh [IMAGE]     (default /tmp/warpfs.img, 1 GiB, created if absent)
+# The main job: install what warpfs needs, build it, install warpfs, mkfs.warpfs and
+# fsck.warpfs into /usr/local/sbin, format an emulated NVMe image if there is none, and
+# mount warpfs on it, ready for any program to use.
+#   usage: scripts/main-job.sh [IMAGE [MOUNTPOINT]]   (default /var/tmp/warpfs.img, 4 GiB
+#          sparse, and /mnt/warpfs)
+# Unmount with `fusermount3 -u MOUNTPOINT` (or `umount`); the superblock is left clean.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-image=${1:-/tmp/warpfs.img}
-demo=/tmp/warpfs-nvme-demo.img
+image=${1:-/var/tmp/warpfs.img}
+mnt=${2:-/mnt/warpfs}
 bash "$repo/scripts/install-deps.sh"
 cmake -S "$repo" -B "$repo/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DWARPFS_BUILD_TESTS=ON -DWARPFS_BUILD_BENCH=ON >/dev/null
-ninja -C "$repo/build" warpfs-nvme-demo mkfs.warpfs
-"$repo/build/nvme/warpfs-nvme-demo" --size $((256 << 20)) "emu:$demo"
-if [[ -e $image ]]; then
-  echo "$image exists: formatting it again (--force)"
-  "$repo/build/mkfs/mkfs.warpfs" --force --label warpfs "emu:$image"
-else
-  "$repo/build/mkfs/mkfs.warpfs" --size 1G --label warpfs "emu:$image"
+ninja -C "$repo/build" warpfs mkfs.warpfs fsck.warpfs
+cmake --install "$repo/build" --component warpfs >/dev/null
+if mountpoint -q "$mnt"; then
+  echo "$mnt is already mounted:"; mount | grep " $mnt " || true
+  exit 0
 fi
+if [[ ! -e $image ]]; then
+  mkfs.warpfs --size 4G --label warpfs "emu:$image"
+else
+  echo "$image exists: checking it"
+  fsck.warpfs -y "emu:$image" || [[ $? -le 1 ]]
+fi
+mkdir -p "$mnt"
+warpfs "emu:$image" "$mnt" -o allow_other,stats=/var/tmp/warpfs.stats.json
+df -h "$mnt"
+echo "warpfs is mounted on $mnt (image $image). Unmount: fusermount3 -u $mnt"

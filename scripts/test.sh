@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what warpfs needs, builds it three ways and passes every test:
-#   build/       optimised, all tests
+#   build/       optimised, all tests, including real FUSE mounts (ctest label mounted)
 #   build-asan/  ASan + UBSan, all tests
-#   build-tsan/  TSan, the concurrent layers (ctest labels nvme, cache, blockdev)
+#   build-tsan/  TSan, the concurrent layers (ctest labels nvme, cache, blockdev) and the
+#                filesystem core (fs_tests; not the tools that only check the host's tmpfs)
 # Prints a final "N passed, N failed" line; exits non-zero on any failure.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,7 +43,7 @@ run_suite "asan+ubsan" "$repo/build-asan" \
   "-DCMAKE_BUILD_TYPE=Debug -DWARPFS_SANITIZE=address -DWARPFS_BUILD_BENCH=OFF" ""
 run_suite "tsan" "$repo/build-tsan" \
   "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARPFS_SANITIZE=thread -DWARPFS_BUILD_BENCH=OFF" \
-  "-L nvme|cache|blockdev"
+  "-L nvme|cache|blockdev|fs -E posix_on_tmpfs|persist_on_tmpfs|fsx_"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

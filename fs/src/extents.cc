@@ -82,8 +82,8 @@ int FsImpl::load_map(Node& n) {
     return 0;
   };
   auto add_leaf = [&](uint64_t block) -> int {
-    const uint8_t* e;
-    uint16_t count;
+    const uint8_t* e = nullptr;
+    uint16_t count = 0;
     if (int rc = read_node(block, 0, &e, &count); rc) return rc;
     ExtentLeaf l;
     l.block = block;
@@ -107,8 +107,8 @@ int FsImpl::load_map(Node& n) {
         if (int rc = add_leaf(root[i].child); rc) return rc;
         continue;
       }
-      const uint8_t* e;
-      uint16_t count;
+      const uint8_t* e = nullptr;
+      uint16_t count = 0;
       if (int rc = read_node(root[i].child, 1, &e, &count); rc) return rc;
       n.index_blocks.push_back(root[i].child);
       std::vector<ExtentIndex> idx(count);

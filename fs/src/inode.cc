@@ -171,10 +171,12 @@ void FsImpl::maybe_reclaim(Ino ino) {
 }
 
 int FsImpl::reclaim(const NodeRef& n) {
-  std::unique_lock<std::shared_mutex> lk(n->rw);
+  NodeRef pred;
+  if (int rc = orphan_pred(*n, &pred); rc) return rc;
+  NodeLocks locks({n.get(), pred.get()});
   if (n->disk.mode == 0 || n->disk.links != 0) return 0;
   if (int rc = truncate_blocks(*n, 0); rc) return rc;
-  if (int rc = orphan_remove(*n); rc) return rc;
+  if (int rc = orphan_remove(*n, pred.get()); rc) return rc;
   {
     Journal::Txn t(*journal_);
     if (n->disk.xattr_block) {
@@ -204,37 +206,43 @@ int FsImpl::orphan_add(Node& n) {
   return store(n);
 }
 
-int FsImpl::orphan_remove(Node& n) {
-  auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
-  if (s->orphan_head == n.ino) {
-    Journal::Txn t(*journal_);
-    std::lock_guard<std::mutex> g(orphan_mu_);
-    s->orphan_head = n.disk.next_orphan;
-    journal_->dirty(sb_buf_);
-    n.disk.next_orphan = 0;
-    n.on_orphan_list = false;
-    return store(n);
-  }
-  // Walk to the predecessor (the list holds the few files unlinked while open).
+// The orphan list is only changed under namespace_mu_, so its links can be followed
+// without the nodes' locks.
+int FsImpl::orphan_pred(const Node& n, NodeRef* pred) {
+  pred->reset();
+  const auto* s = reinterpret_cast<const Superblock*>(sb_buf_->data);
   Ino cur = s->orphan_head;
-  for (uint64_t steps = 0; cur != 0 && steps < sb_.inode_count; ++steps) {
+  for (uint64_t steps = 0; cur != 0 && cur != n.ino && steps < sb_.inode_count; ++steps) {
     NodeRef p;
     if (int rc = get_node(cur, &p); rc) {
       log("orphan list: inode " + std::to_string(cur) + " unreadable (run fsck.warpfs)");
       return rc;
     }
     if (p->disk.next_orphan == n.ino) {
-      std::unique_lock<std::shared_mutex> plk(p->rw);
-      Journal::Txn t(*journal_);
-      p->disk.next_orphan = n.disk.next_orphan;
-      if (int rc = store(*p); rc) return rc;
-      n.disk.next_orphan = 0;
-      n.on_orphan_list = false;
-      return store(n);
+      *pred = p;
+      return 0;
     }
     cur = p->disk.next_orphan;
   }
-  return 0;  // not on the list (it was never opened after its unlink was journalled)
+  return 0;
+}
+
+int FsImpl::orphan_remove(Node& n, Node* pred) {
+  auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
+  Journal::Txn t(*journal_);
+  if (s->orphan_head == n.ino) {
+    std::lock_guard<std::mutex> g(orphan_mu_);
+    s->orphan_head = n.disk.next_orphan;
+    journal_->dirty(sb_buf_);
+  } else if (pred != nullptr) {
+    pred->disk.next_orphan = n.disk.next_orphan;
+    if (int rc = store(*pred); rc) return rc;
+  } else {
+    return 0;  // not on the list
+  }
+  n.disk.next_orphan = 0;
+  n.on_orphan_list = false;
+  return store(n);
 }
 
 }  // namespace warpfs::fs

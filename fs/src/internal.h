@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdint>
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -66,6 +67,20 @@ struct Node {
   bool on_orphan_list = false;  // namespace_mu_
 };
 
+// Exclusive locks on several nodes, always taken in inode-number order (so that no two
+// operations can ever hold them in opposite orders). REQUIRES: namespace_mu_.
+class NodeLocks {
+ public:
+  explicit NodeLocks(std::vector<Node*> nodes) {
+    nodes.erase(std::remove(nodes.begin(), nodes.end(), nullptr), nodes.end());
+    std::sort(nodes.begin(), nodes.end(), [](Node* a, Node* b) { return a->ino < b->ino; });
+    nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+    for (Node* n : nodes) locks_.emplace_back(n->rw);
+  }
+ private:
+  std::vector<std::unique_lock<std::shared_mutex>> locks_;
+};
+
 class FsImpl final : public Filesystem {
  public:
   FsImpl(blockdev::BlockDevice& dev, const Superblock& sb, const MountOptions& o);
@@ -124,7 +139,11 @@ class FsImpl final : public Filesystem {
   // Frees an inode whose links, lookups and opens are all zero. REQUIRES: namespace_mu_.
   int reclaim(const NodeRef& n);
   int orphan_add(Node& n);     // REQUIRES: namespace_mu_, n.rw exclusive, in a transaction
-  int orphan_remove(Node& n);  // REQUIRES: namespace_mu_, n.rw exclusive (takes others' rw)
+  // The node before `n` on the orphan list (null: n is the head or not on it).
+  // REQUIRES: namespace_mu_.
+  int orphan_pred(const Node& n, NodeRef* pred);
+  // REQUIRES: namespace_mu_; n.rw and pred's exclusive (NodeLocks).
+  int orphan_remove(Node& n, Node* pred);
   void maybe_reclaim(Ino ino);
 
   // --- allocation (alloc.cc); in a transaction

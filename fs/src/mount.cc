@@ -139,8 +139,8 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
       }
       if (n->disk.links != 0) {
         // Linked again: just take it off the list.
-        std::unique_lock<std::shared_mutex> lk(n->rw);
-        if (int rc = orphan_remove(*n); rc) break;
+        NodeLocks locks({n.get()});
+        if (int rc = orphan_remove(*n, nullptr); rc) break;  // it is the head
         continue;
       }
       if (int rc = reclaim(n); rc) {

@@ -1,6 +1,7 @@
 // Names: lookup, create (mknod, mkdir, symlink), link, unlink, rmdir, rename, and the
 // attribute calls. Changes to names run under namespace_mu_ (filesystem.h), which is what
 // lets them lock several inodes in any order.
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/fs.h>
 
@@ -158,7 +159,8 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
   Journal::Txn t(*journal_);
   NodeRef n;
   if (int rc = new_node(parent, mode, owner, &n); rc) return rc;
-  std::unique_lock<std::shared_mutex> nlk(n->rw);  // nobody can see it yet: never waits
+  // The new node is not locked: nobody can reach it before its name exists and the reply
+  // reaches the kernel (and locking it after the directory would break NodeLocks' order).
   Inode& d = n->disk;
   int rc = 0;
   if (S_ISDIR(mode)) {
@@ -266,8 +268,7 @@ int FsImpl::link(Ino ino, Ino new_parent, std::string_view new_name, Attr* out) 
   NodeRef dir, n;
   if (int rc = get_node(new_parent, &dir); rc) return rc;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::unique_lock<std::shared_mutex> dlk(dir->rw);
-  std::unique_lock<std::shared_mutex> nlk(n->rw);
+  NodeLocks locks({dir.get(), n.get()});
   if (!S_ISDIR(dir->disk.mode)) return ENOTDIR;
   if (dir->disk.links == 0) return ENOENT;
   if (S_ISDIR(n->disk.mode)) return EPERM;
@@ -300,14 +301,17 @@ int FsImpl::unlink_common(Ino parent, std::string_view name, bool rmdir) {
     std::lock_guard<std::mutex> ns(namespace_mu_);
     NodeRef dir;
     if (int rc = get_node(parent, &dir); rc) return rc;
-    std::unique_lock<std::shared_mutex> dlk(dir->rw);
-    if (!S_ISDIR(dir->disk.mode)) return ENOTDIR;
-    if (int rc = load_map(*dir); rc) return rc;
     Ino ino;
-    uint8_t type;
-    if (int rc = dir_find(*dir, name, &ino, &type); rc) return rc;
+    {
+      std::unique_lock<std::shared_mutex> dlk(dir->rw);
+      if (!S_ISDIR(dir->disk.mode)) return ENOTDIR;
+      if (int rc = load_map(*dir); rc) return rc;
+      uint8_t type;
+      if (int rc = dir_find(*dir, name, &ino, &type); rc) return rc;
+    }
+    // Names only change under namespace_mu_: the entry is still there once both are locked.
     if (int rc = get_node(ino, &n); rc) return rc == ENOENT ? EIO : rc;
-    std::unique_lock<std::shared_mutex> nlk(n->rw);
+    NodeLocks locks({dir.get(), n.get()});
     const bool is_dir = S_ISDIR(n->disk.mode);
     if (rmdir && !is_dir) return ENOTDIR;
     if (!rmdir && is_dir) return EISDIR;
@@ -357,17 +361,22 @@ int FsImpl::rename(Ino parent, std::string_view name, Ino new_parent, std::strin
     NodeRef sd, td;
     if (int rc = get_node(parent, &sd); rc) return rc;
     if (int rc = get_node(new_parent, &td); rc) return rc;
-    std::unique_lock<std::shared_mutex> slk(sd->rw);
-    std::unique_lock<std::shared_mutex> tlk;
-    if (td != sd) tlk = std::unique_lock<std::shared_mutex>(td->rw);
-    if (!S_ISDIR(sd->disk.mode) || !S_ISDIR(td->disk.mode)) return ENOTDIR;
-    if (td->disk.links == 0) return ENOENT;
-    if (int rc = load_map(*sd); rc) return rc;
-    if (int rc = load_map(*td); rc) return rc;
+    // Find both names, one directory at a time; then lock everything in inode order.
     Ino src_ino, dst_ino = 0;
     uint8_t src_type, dst_type = 0;
-    if (int rc = dir_find(*sd, name, &src_ino, &src_type); rc) return rc;
-    if (int rc = dir_find(*td, new_name, &dst_ino, &dst_type); rc && rc != ENOENT) return rc;
+    {
+      std::unique_lock<std::shared_mutex> slk(sd->rw);
+      if (!S_ISDIR(sd->disk.mode)) return ENOTDIR;
+      if (int rc = load_map(*sd); rc) return rc;
+      if (int rc = dir_find(*sd, name, &src_ino, &src_type); rc) return rc;
+    }
+    {
+      std::unique_lock<std::shared_mutex> tlk(td->rw);
+      if (!S_ISDIR(td->disk.mode)) return ENOTDIR;
+      if (td->disk.links == 0) return ENOENT;
+      if (int rc = load_map(*td); rc) return rc;
+      if (int rc = dir_find(*td, new_name, &dst_ino, &dst_type); rc && rc != ENOENT) return rc;
+    }
     if (flags & RENAME_NOREPLACE && dst_ino) return EEXIST;
     if (flags & RENAME_EXCHANGE && !dst_ino) return ENOENT;
     if (dst_ino == src_ino) return 0;  // the same file under both names: nothing to do
@@ -387,13 +396,12 @@ int FsImpl::rename(Ino parent, std::string_view name, Ino new_parent, std::strin
       }
       return false;
     };
-    const bool src_dir = S_ISDIR(src->disk.mode);
-    const bool dst_dir = dst && S_ISDIR(dst->disk.mode);
+    // The entries' types (a file's type never changes), read before the nodes are locked.
+    const bool src_dir = src_type == DT_DIR;
+    const bool dst_dir = dst && dst_type == DT_DIR;
     if (src_dir && sd != td && inside(new_parent, src_ino)) return EINVAL;
     if ((flags & RENAME_EXCHANGE) && dst_dir && sd != td && inside(parent, dst_ino)) return EINVAL;
-    std::unique_lock<std::shared_mutex> srclk(src->rw);
-    std::unique_lock<std::shared_mutex> dstlk;
-    if (dst) dstlk = std::unique_lock<std::shared_mutex>(dst->rw);
+    NodeLocks locks({sd.get(), td.get(), src.get(), dst.get()});
     if (dst && !(flags & RENAME_EXCHANGE)) {
       if (src_dir && !dst_dir) return ENOTDIR;
       if (!src_dir && dst_dir) return EISDIR;

@@ -7,6 +7,7 @@
 set -uo pipefail
 scenario=${1:?scenario}
 work=$(mktemp -d "${TMPDIR:-/tmp}/warpfs-$scenario.XXXXXX")
+chmod 755 "$work"  # the permission tests run as another user: it must reach the mount
 img=$work/img
 mnt=$work/mnt
 mkdir -p "$mnt"
