@@ -62,34 +62,46 @@ bool plan_geometry(uint64_t device_blocks, const MkfsOptions& o, Geometry* g, st
     *error = "the journal must have at least " + std::to_string(kMinJournal) + " blocks";
     return false;
   }
-  // The descriptor table's size depends on the group count and vice versa: iterate.
+  // The descriptor table's size, the group count, the inodes per group and whether a short
+  // last group is worth keeping all depend on each other: iterate until the table's size
+  // is exactly what the final group count needs (FORMAT.md: G = ceil(groups * 64 / 4096)).
+  const uint64_t want_inodes = o.inodes ? o.inodes : device_blocks * kBlockSize / 16384;
   uint32_t gdt = 1, groups = 0;
-  for (int i = 0; i < 8; ++i) {
+  uint64_t ipg = 0, span = 0;
+  for (int i = 0; i < 16; ++i) {
     const uint64_t first = 1 + r.journal_blocks + gdt;
-    groups = static_cast<uint32_t>(div_up(device_blocks - 1 - first, kBlocksPerGroup));
-    const auto need = static_cast<uint32_t>(div_up(groups, kGroupDescsPerBlock));
-    if (need <= gdt) break;
+    if (device_blocks < first + 2) {
+      *error = "the device is too small for its journal";
+      return false;
+    }
+    span = device_blocks - 1 - first;
+    groups = static_cast<uint32_t>(div_up(span, kBlocksPerGroup));
+    ipg = div_up(std::max<uint64_t>(want_inodes, 16), groups);
+    ipg = std::clamp<uint64_t>(div_up(ipg, kInodesPerBlock) * kInodesPerBlock, kInodesPerBlock,
+                               kMaxInodesPerGroup);
+    r.inodes_per_group = static_cast<uint32_t>(ipg);
+    const uint64_t overhead = 2 + inode_table_blocks(r);
+    // A last group too short for its bitmaps, inode table and some data is left out.
+    const uint64_t last = span - uint64_t{groups - 1} * kBlocksPerGroup;
+    if (last < overhead + 16) {
+      --groups;
+      span -= last;
+    }
+    const auto need = static_cast<uint32_t>(std::max<uint64_t>(1, div_up(groups, kGroupDescsPerBlock)));
+    if (need == gdt) break;
     gdt = need;
   }
   r.gdt_blocks = gdt;
   r.first_group_block = 1 + r.journal_blocks + gdt;
-  const uint64_t want_inodes = o.inodes ? o.inodes : device_blocks * kBlockSize / 16384;
-  uint64_t ipg = div_up(std::max<uint64_t>(want_inodes, 16), groups);
-  ipg = std::clamp<uint64_t>(div_up(ipg, kInodesPerBlock) * kInodesPerBlock, kInodesPerBlock,
-                             kMaxInodesPerGroup);
-  r.inodes_per_group = static_cast<uint32_t>(ipg);
-  const uint64_t overhead = 2 + inode_table_blocks(r);
-  // A last group too short for its bitmaps, inode table and some data is left out.
-  uint64_t span = device_blocks - 1 - r.first_group_block;
-  const uint64_t last = span - uint64_t{groups - 1} * kBlocksPerGroup;
-  if (last < overhead + 16) {
-    --groups;
-    span -= last;
-  }
   if (groups == 0) {
     *error = "the device is too small for one block group with " + std::to_string(ipg) + " inodes";
     return false;
   }
+  if (div_up(groups, kGroupDescsPerBlock) != gdt) {
+    *error = "no consistent geometry for " + std::to_string(device_blocks) + " blocks";
+    return false;
+  }
+  const uint64_t overhead = 2 + inode_table_blocks(r);
   r.group_count = groups;
   r.block_count = r.first_group_block + span + 1;
   r.inode_count = uint64_t{groups} * r.inodes_per_group;
