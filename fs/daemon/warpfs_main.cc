@@ -168,7 +168,7 @@ void op_readlink(fuse_req_t req, fuse_ino_t ino) {
 
 void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   Attr a;
-  reply_entry_or_err(req, fs_of(req).mknod(parent, name, masked(req, mode), static_cast<uint32_t>(rdev), caller(req), &a), a);
+  reply_entry_or_err(req, fs_of(req).mknod(parent, name, masked(req, mode), static_cast<uint64_t>(rdev), caller(req), &a), a);
 }
 
 void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {

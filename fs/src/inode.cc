@@ -74,6 +74,7 @@ void FsImpl::fill_attr(const Inode& d, Ino ino, Attr* out) const {
   out->uid = d.uid;
   out->gid = d.gid;
   out->generation = d.generation;
+  out->rdev = d.rdev;
   out->size = d.size;
   out->blocks = d.blocks * (kBlockSize / 512);
   out->atime_ns = d.atime_ns;
@@ -88,6 +89,7 @@ void Attr::to_stat(struct stat* st) const {
   st->st_nlink = nlink;
   st->st_uid = uid;
   st->st_gid = gid;
+  st->st_rdev = static_cast<dev_t>(rdev);
   st->st_size = static_cast<off_t>(size);
   st->st_blocks = static_cast<blkcnt_t>(blocks);
   st->st_blksize = kBlockSize;

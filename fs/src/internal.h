@@ -93,7 +93,7 @@ class FsImpl final : public Filesystem {
   int lookup_ino(Ino ino, Attr* out) override;
   int getattr(Ino ino, Attr* out) override;
   int setattr(Ino ino, const SetAttr& s, Attr* out) override;
-  int mknod(Ino parent, std::string_view name, uint32_t mode, uint32_t rdev, const Caller& c,
+  int mknod(Ino parent, std::string_view name, uint32_t mode, uint64_t rdev, const Caller& c,
             Attr* out) override;
   int mkdir(Ino parent, std::string_view name, uint32_t mode, const Caller& c, Attr* out) override;
   int symlink(Ino parent, std::string_view name, std::string_view target, const Caller& c,
@@ -203,9 +203,9 @@ class FsImpl final : public Filesystem {
   int meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner);
   void set_header_checksum(MetaBuf* b);
   int create_locked(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
-                    std::string_view symlink_target, Attr* out);
+                    std::string_view symlink_target, Attr* out, uint64_t rdev);
   int create_common(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
-                    std::string_view symlink_target, Attr* out);
+                    std::string_view symlink_target, Attr* out, uint64_t rdev = 0);
   int unlink_common(Ino parent, std::string_view name, bool dir);
   void commit_loop();
   // Blocks freed by transactions not yet committed are not allocatable; a full disk may

@@ -127,12 +127,12 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
 }
 
 int FsImpl::create_common(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
-                          std::string_view target, Attr* out) {
-  return retry_enospc([&] { return create_locked(parent, name, mode, c, target, out); });
+                          std::string_view target, Attr* out, uint64_t rdev) {
+  return retry_enospc([&] { return create_locked(parent, name, mode, c, target, out, rdev); });
 }
 
 int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
-                          std::string_view target, Attr* out) {
+                          std::string_view target, Attr* out, uint64_t rdev) {
   if (int rc = check_writable(); rc) return rc;
   if (int rc = check_name(name); rc) return rc;
   if (name == "." || name == "..") return EEXIST;
@@ -162,6 +162,7 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
   // The new node is not locked: nobody can reach it before its name exists and the reply
   // reaches the kernel (and locking it after the directory would break NodeLocks' order).
   Inode& d = n->disk;
+  d.rdev = rdev;
   int rc = 0;
   if (S_ISDIR(mode)) {
     d.links = 2;
@@ -217,16 +218,14 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
   return 0;
 }
 
-int FsImpl::mknod(Ino parent, std::string_view name, uint32_t mode, uint32_t rdev, const Caller& c,
+int FsImpl::mknod(Ino parent, std::string_view name, uint32_t mode, uint64_t rdev, const Caller& c,
                   Attr* out) {
   if (S_ISDIR(mode) || S_ISLNK(mode)) return EINVAL;
   if (!S_ISREG(mode) && !S_ISFIFO(mode) && !S_ISSOCK(mode) && !S_ISCHR(mode) && !S_ISBLK(mode)) {
     mode = (mode & 07777) | S_IFREG;
   }
-  if ((S_ISCHR(mode) || S_ISBLK(mode)) && rdev != 0) {
-    return EPERM;  // device numbers are not stored in format v1
-  }
-  return create_common(parent, name, mode, c, {}, out);
+  if (!S_ISCHR(mode) && !S_ISBLK(mode)) rdev = 0;
+  return create_common(parent, name, mode, c, {}, out, rdev);
 }
 
 int FsImpl::mkdir(Ino parent, std::string_view name, uint32_t mode, const Caller& c, Attr* out) {

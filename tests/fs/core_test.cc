@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
+#include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -78,6 +79,25 @@ TEST(Core, NamesPersistAndFsckIsClean) {
   EXPECT_EQ(r->fs->getattr(f, &a), 0);
   EXPECT_EQ(a.nlink, 1u);
   EXPECT_EQ(r->check_and_remount(), "");
+}
+
+TEST(Core, SpecialFilesKeepTheirTypeAndDeviceNumber) {
+  auto r = Rig::make();
+  ASSERT_TRUE(r);
+  Attr a;
+  ASSERT_EQ(r->fs->mknod(kRootInode, "null", S_IFCHR | 0666, makedev(1, 3), Caller{}, &a), 0);
+  ASSERT_EQ(r->fs->mknod(kRootInode, "fifo", S_IFIFO | 0600, 0, Caller{}, &a), 0);
+  ASSERT_EQ(r->fs->mknod(kRootInode, "sock", S_IFSOCK | 0600, 0, Caller{}, &a), 0);
+  EXPECT_EQ(r->check_and_remount(), "");
+  Ino ino;
+  ASSERT_EQ(r->lookup(kRootInode, "null", &ino), 0);
+  ASSERT_EQ(r->fs->getattr(ino, &a), 0);
+  EXPECT_TRUE(S_ISCHR(a.mode));
+  EXPECT_EQ(a.rdev, makedev(1, 3));
+  ASSERT_EQ(r->lookup(kRootInode, "fifo", &ino), 0);
+  ASSERT_EQ(r->fs->getattr(ino, &a), 0);
+  EXPECT_TRUE(S_ISFIFO(a.mode));
+  EXPECT_EQ(a.rdev, 0u);
 }
 
 TEST(Core, DataAtEveryAlignmentAndSize) {

@@ -32,6 +32,7 @@ using Ino = uint64_t;
 struct Attr {
   Ino ino = 0;
   uint32_t mode = 0, nlink = 0, uid = 0, gid = 0, generation = 0;
+  uint64_t rdev = 0;
   uint64_t size = 0;
   uint64_t blocks = 0;  // 512-byte units, as st_blocks
   uint64_t atime_ns = 0, mtime_ns = 0, ctime_ns = 0;
@@ -98,7 +99,7 @@ class Filesystem {
   virtual int lookup_ino(Ino ino, Attr* out) = 0;
   virtual int getattr(Ino ino, Attr* out) = 0;
   virtual int setattr(Ino ino, const SetAttr& s, Attr* out) = 0;
-  virtual int mknod(Ino parent, std::string_view name, uint32_t mode, uint32_t rdev,
+  virtual int mknod(Ino parent, std::string_view name, uint32_t mode, uint64_t rdev,
                     const Caller& c, Attr* out) = 0;
   virtual int mkdir(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
                     Attr* out) = 0;

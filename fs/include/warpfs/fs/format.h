@@ -113,7 +113,7 @@ struct Inode {
     char symlink[128];  // NUL-terminated when shorter than 128
   } root;
   uint64_t parent;    // directories: the parent directory (the root: itself); else 0
-  uint64_t reserved;  // zero
+  uint64_t rdev;      // character and block devices: the device number; else 0
   uint64_t checksum;
 
   static constexpr uint32_t kInlineExtents = 8;
