@@ -448,6 +448,10 @@ std::string stats_json(const Daemon& d) {
       << ",\"readahead_lines\":" << c.readahead_lines << ",\"readahead_hits\":" << c.readahead_hits
       << ",\"bypassed_bytes\":" << c.bypassed_bytes << ",\"set_full\":" << c.set_full << "}";
   }
+  warpfs::nvme::QueueMapper& m = d.stack->engine().mapper();
+  using warpfs::nvme::Priority;
+  j << ",\"queues\":{\"metadata_queues\":" << m.queues(Priority::kMetadata)
+    << ",\"bulk_queues\":" << m.queues(Priority::kBulk) << ",\"remaps\":" << m.remaps() << "}";
   j << "}";
   return j.str();
 }
