@@ -79,9 +79,17 @@ int FsImpl::load_groups() {
   return 0;
 }
 
+void FsImpl::free_counts(uint64_t* blocks, uint64_t* inodes) const {
+  *blocks = *inodes = 0;
+  for (uint32_t g = 0; g < sb_.group_count; ++g) {
+    *blocks += groups_[g].free_blocks.load(std::memory_order_relaxed);
+    *inodes += groups_[g].free_inodes.load(std::memory_order_relaxed);
+  }
+}
+
 uint64_t FsImpl::available_blocks() const {
-  uint64_t free = 0;
-  for (uint32_t g = 0; g < sb_.group_count; ++g) free += groups_[g].free_blocks.load(std::memory_order_relaxed);
+  uint64_t free, inodes;
+  free_counts(&free, &inodes);
   const uint64_t held = held_blocks_.load(std::memory_order_relaxed);
   return free > held ? free - held : 0;
 }
@@ -262,13 +270,7 @@ void FsImpl::finish_commit(std::vector<MetaBuf*>& dirty) {
   }
   if (sb_buf_->dirty) {
     auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
-    uint64_t fb = 0, fi = 0;
-    for (uint32_t g = 0; g < sb_.group_count; ++g) {
-      fb += groups_[g].free_blocks.load(std::memory_order_relaxed);
-      fi += groups_[g].free_inodes.load(std::memory_order_relaxed);
-    }
-    s->free_blocks = fb;
-    s->free_inodes = fi;
+    free_counts(&s->free_blocks, &s->free_inodes);
     s->write_time = now_ns();
     s->checksum = superblock_checksum(*s);
   }

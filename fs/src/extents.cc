@@ -54,6 +54,18 @@ void FsImpl::set_header_checksum(MetaBuf* b) {
   std::memcpy(b->data + kHeaderChecksumOffset, &c, 8);
 }
 
+int FsImpl::lock_mapped(Node& n, std::shared_lock<std::shared_mutex>* lk) {
+  *lk = std::shared_lock<std::shared_mutex>(n.rw);
+  if (n.mapped) return 0;
+  lk->unlock();
+  {
+    std::unique_lock<std::shared_mutex> ex(n.rw);
+    if (int rc = load_map(n); rc) return rc;
+  }
+  lk->lock();
+  return 0;
+}
+
 int FsImpl::load_map(Node& n) {
   if (n.mapped) return 0;
   n.leaves.clear();
@@ -297,11 +309,10 @@ int FsImpl::map_store(Node& n) {
     ++i;
   }
   auto write_node = [&](uint64_t block, uint16_t depth, const void* entries, uint16_t count) -> int {
+    // Every node block is cached (loaded by load_map, or created this mount), so this
+    // never reads: a block created this transaction is returned zeroed, unchecked.
     MetaBuf* b;
-    if (int rc = meta_get(block, &b, kExtentMagic, n.ino); rc) {
-      // A block created this transaction has no header yet: create() zeroed it.
-      return rc;
-    }
+    if (int rc = meta_get(block, &b, kExtentMagic, n.ino); rc) return rc;
     ExtentNodeHeader h{kExtentMagic, count, depth, kExtentNodeCapacity, 0, n.ino, 0};
     std::memset(b->data, 0, kBlockSize);
     std::memcpy(b->data, &h, sizeof h);
@@ -309,21 +320,8 @@ int FsImpl::map_store(Node& n) {
     journal_->dirty(b);
     return 0;
   };
-  // Newly created blocks are zeroed and fail meta_get's magic check: stamp them first.
-  auto stamp = [&](uint64_t block) {
-    MetaBuf* b = nullptr;
-    if (journal_->get(block, MetaKind::kHeader, 0, &b) == 0) {
-      uint32_t m;
-      std::memcpy(&m, b->data, 4);
-      if (m == 0) {
-        ExtentNodeHeader h{kExtentMagic, 0, 0, kExtentNodeCapacity, 0, n.ino, 0};
-        std::memcpy(b->data, &h, sizeof h);
-      }
-    }
-  };
   for (ExtentLeaf& l : n.leaves) {
     if (!l.dirty) continue;
-    stamp(l.block);
     if (int rc = write_node(l.block, 0, l.ext.data(), static_cast<uint16_t>(l.ext.size())); rc) return rc;
     l.dirty = false;
   }
@@ -360,7 +358,6 @@ int FsImpl::map_store(Node& n) {
       const size_t per = (idx.size() + need - 1) / need;
       for (size_t k = 0; k < need; ++k) {
         const size_t from = k * per, to = std::min(idx.size(), from + per);
-        stamp(n.index_blocks[k]);
         if (int rc = write_node(n.index_blocks[k], 1, idx.data() + from, static_cast<uint16_t>(to - from)); rc) {
           return rc;
         }

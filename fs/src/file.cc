@@ -24,11 +24,8 @@ int FsImpl::read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) {
   *got = 0;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  {
-    std::unique_lock<std::shared_mutex> lk(n->rw);
-    if (int rc = load_map(*n); rc) return rc;
-  }
-  std::shared_lock<std::shared_mutex> lk(n->rw);
+  std::shared_lock<std::shared_mutex> lk;
+  if (int rc = lock_mapped(*n, &lk); rc) return rc;
   if (S_ISDIR(n->disk.mode)) return EISDIR;
   if (off >= n->disk.size || len == 0) return 0;
   len = static_cast<size_t>(std::min<uint64_t>(len, n->disk.size - off));
@@ -264,11 +261,8 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
 int FsImpl::lseek(Ino ino, uint64_t off, int whence, uint64_t* out) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  {
-    std::unique_lock<std::shared_mutex> lk(n->rw);
-    if (int rc = load_map(*n); rc) return rc;
-  }
-  std::shared_lock<std::shared_mutex> lk(n->rw);
+  std::shared_lock<std::shared_mutex> lk;
+  if (int rc = lock_mapped(*n, &lk); rc) return rc;
   const uint64_t size = n->disk.size;
   if (whence != SEEK_DATA && whence != SEEK_HOLE) return EINVAL;
   if (off >= size) return ENXIO;

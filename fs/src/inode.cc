@@ -185,16 +185,21 @@ int FsImpl::reclaim(const NodeRef& n) {
       journal_->forget_block(n->disk.xattr_block);
       free_blocks(n->disk.xattr_block, 1);
     }
-    const bool dir = S_ISDIR(n->disk.mode);
-    const uint32_t gen = n->disk.generation;
-    n->disk = Inode{};
-    n->disk.generation = gen;
-    if (int rc = store(*n); rc) return rc;
-    free_inode_bit(n->ino, dir);
+    if (int rc = free_inode(*n); rc) return rc;
   }
   std::lock_guard<std::mutex> g(table_mu_);
   auto it = nodes_.find(n->ino);
   if (it != nodes_.end() && it->second == n) nodes_.erase(it);
+  return 0;
+}
+
+int FsImpl::free_inode(Node& n) {
+  const bool dir = S_ISDIR(n.disk.mode);
+  const uint32_t gen = n.disk.generation;
+  n.disk = Inode{};
+  n.disk.generation = gen;
+  if (int rc = store(n); rc) return rc;
+  free_inode_bit(n.ino, dir);
   return 0;
 }
 
@@ -203,7 +208,6 @@ int FsImpl::orphan_add(Node& n) {
   std::lock_guard<std::mutex> g(orphan_mu_);
   n.disk.next_orphan = s->orphan_head;
   s->orphan_head = n.ino;
-  n.on_orphan_list = true;
   journal_->dirty(sb_buf_);
   return store(n);
 }
@@ -243,7 +247,6 @@ int FsImpl::orphan_remove(Node& n, Node* pred) {
     return 0;  // not on the list
   }
   n.disk.next_orphan = 0;
-  n.on_orphan_list = false;
   return store(n);
 }
 

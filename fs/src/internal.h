@@ -64,7 +64,6 @@ struct Node {
   // Kernel references and open handles: NodeTable's mutex.
   uint64_t nlookup = 0;
   uint32_t opens = 0;
-  bool on_orphan_list = false;  // namespace_mu_
 };
 
 // Exclusive locks on several nodes, always taken in inode-number order (so that no two
@@ -134,6 +133,9 @@ class FsImpl final : public Filesystem {
   int inode_slot(Ino ino, MetaBuf** buf, size_t* off);
   int alloc_inode(Ino parent, bool dir, Ino* out);  // in a transaction
   void free_inode_bit(Ino ino, bool dir);
+  // The inode slot becomes free (its generation kept for the next user) and its bit
+  // clears. REQUIRES: rw exclusive or unpublished, in a transaction.
+  int free_inode(Node& n);
   int new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out);  // in a transaction
   void ref(Node& n, uint64_t lookups, uint32_t opens);
   // Frees an inode whose links, lookups and opens are all zero. REQUIRES: namespace_mu_.
@@ -151,6 +153,7 @@ class FsImpl final : public Filesystem {
   // that file data may not: an operation that got its data blocks can then always map them.
   int alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got, bool meta = false);
   uint64_t available_blocks() const;  // free and not held by an uncommitted free
+  void free_counts(uint64_t* blocks, uint64_t* inodes) const;  // sums over the groups
   void free_blocks(uint64_t first, uint64_t count);
   uint32_t group_of_block(uint64_t b) const;
   int load_groups();
@@ -160,6 +163,9 @@ class FsImpl final : public Filesystem {
 
   // --- extents (extents.cc); REQUIRES: rw held (exclusive for changes)
   int load_map(Node& n);
+  // A shared lock on n.rw with the mapping loaded: the exclusive lock is taken only for the
+  // first load, so readers of a loaded node never exclude each other. Unlocked on error.
+  int lock_mapped(Node& n, std::shared_lock<std::shared_mutex>* lk);
   // Finds the extent covering `lblk`, or the hole up to the next extent.
   struct Mapping {
     bool hole;

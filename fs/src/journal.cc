@@ -211,12 +211,10 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
   // (1) Data of this transaction and the previous checkpoint become durable.
   if (auto st = dev_.flush(); !st.is_ok()) return fail("flush before commit", st);
   // (2) The previous transaction is checkpointed: the tail moves to this one.
-  JournalHeader h{};
-  h.magic = kJournalHeaderMagic;
-  h.tail_block = pos_;
-  h.tail_seq = seq_;
-  h.checksum = block_checksum(&h, offsetof(JournalHeader, checksum), sb_.checksum_seed);
-  if (auto st = dev_.write(1, 1, &h); !st.is_ok()) return fail("journal header write", st);
+  if (write_header() != 0) {
+    log_("journal: header write failed; the filesystem is now read-only");
+    return EIO;
+  }
   // (3) Descriptor, blocks, commit.
   const auto n = static_cast<uint32_t>(blocks.size());
   std::vector<uint8_t> ring((n + 2) * size_t{kBlockSize});
@@ -282,13 +280,17 @@ int Journal::close() {
   if (int rc = commit(); rc) return rc;
   std::lock_guard<std::mutex> c(commit_mu_);
   if (auto st = dev_.flush(); !st.is_ok()) return EIO;
+  if (int rc = write_header(); rc) return rc;
+  return dev_.flush().is_ok() ? 0 : EIO;
+}
+
+int Journal::write_header() {
   JournalHeader h{};
   h.magic = kJournalHeaderMagic;
   h.tail_block = pos_;
   h.tail_seq = seq_;
   h.checksum = block_checksum(&h, offsetof(JournalHeader, checksum), sb_.checksum_seed);
-  if (int rc = write_direct(1, &h); rc) return rc;
-  return dev_.flush().is_ok() ? 0 : EIO;
+  return write_direct(1, &h);
 }
 
 int Journal::write_direct(uint64_t block, const void* data) {

@@ -104,6 +104,7 @@ class Journal {
  private:
   void enter();
   void leave();
+  int write_header();  // tail at (pos_, seq_); REQUIRES: commit_mu_
   int write_transaction(const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks);
 
   blockdev::BlockDevice& dev_;

@@ -196,13 +196,7 @@ int FsImpl::unmount() {
   // The superblock, clean, last: primary then backup.
   Superblock s;
   std::memcpy(&s, sb_buf_->data, sizeof s);
-  uint64_t fb = 0, fi = 0;
-  for (uint32_t g = 0; g < sb_.group_count; ++g) {
-    fb += groups_[g].free_blocks.load();
-    fi += groups_[g].free_inodes.load();
-  }
-  s.free_blocks = fb;
-  s.free_inodes = fi;
+  free_counts(&s.free_blocks, &s.free_inodes);
   s.state = kStateClean;
   s.write_time = now_ns();
   s.checksum = superblock_checksum(s);
@@ -222,11 +216,8 @@ int FsImpl::lookup_ino(Ino ino, Attr* out) {
 
 int FsImpl::statfs(struct statvfs* out) {
   std::memset(out, 0, sizeof *out);
-  uint64_t fb = 0, fi = 0;
-  for (uint32_t g = 0; g < sb_.group_count; ++g) {
-    fb += groups_[g].free_blocks.load(std::memory_order_relaxed);
-    fi += groups_[g].free_inodes.load(std::memory_order_relaxed);
-  }
+  uint64_t fb, fi;
+  free_counts(&fb, &fi);
   out->f_bsize = kBlockSize;
   out->f_frsize = kBlockSize;
   out->f_blocks = data_blocks_total_;

@@ -39,22 +39,14 @@ int FsImpl::lookup(Ino parent, std::string_view name, Attr* out) {
   if (int rc = get_node(parent, &dir); rc) return rc;
   Ino ino;
   {
-    std::shared_lock<std::shared_mutex> lk(dir->rw);
+    std::shared_lock<std::shared_mutex> lk;
+    if (int rc = lock_mapped(*dir, &lk); rc) return rc;
     if (!S_ISDIR(dir->disk.mode)) return ENOTDIR;
     if (name == ".") {
       ino = parent;
     } else if (name == "..") {
       ino = dir->disk.parent;
     } else {
-      if (!dir->mapped) {
-        lk.unlock();
-        {
-          std::unique_lock<std::shared_mutex> ex(dir->rw);
-          if (int rc = load_map(*dir); rc) return rc;
-        }
-        lk.lock();
-        if (!S_ISDIR(dir->disk.mode)) return ENOTDIR;
-      }
       uint8_t type;
       if (int rc = dir_find(*dir, name, &ino, &type); rc) return rc;
     }
@@ -201,11 +193,7 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
         free_blocks(l.block, 1);
       }
     }
-    const uint32_t gen = d.generation;
-    d = Inode{};
-    d.generation = gen;
-    store(*n);
-    free_inode_bit(n->ino, S_ISDIR(mode));
+    free_inode(*n);
     std::lock_guard<std::mutex> g(table_mu_);
     nodes_.erase(n->ino);
     return rc;
@@ -240,11 +228,8 @@ int FsImpl::symlink(Ino parent, std::string_view name, std::string_view target, 
 int FsImpl::readlink(Ino ino, std::string* target) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  {
-    std::unique_lock<std::shared_mutex> lk(n->rw);
-    if (int rc = load_map(*n); rc) return rc;
-  }
-  std::shared_lock<std::shared_mutex> lk(n->rw);
+  std::shared_lock<std::shared_mutex> lk;
+  if (int rc = lock_mapped(*n, &lk); rc) return rc;
   const Inode& d = n->disk;
   if (!S_ISLNK(d.mode)) return EINVAL;
   if (d.size > kMaxSymlink) return EIO;
@@ -503,12 +488,9 @@ void FsImpl::release(Ino ino) {
 int FsImpl::readdir(Ino ino, uint64_t offset, const std::function<bool(const DirEntry&)>& emit) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  {
-    std::unique_lock<std::shared_mutex> lk(n->rw);
-    if (!S_ISDIR(n->disk.mode)) return ENOTDIR;
-    if (int rc = load_map(*n); rc) return rc;
-  }
-  std::shared_lock<std::shared_mutex> lk(n->rw);
+  std::shared_lock<std::shared_mutex> lk;
+  if (int rc = lock_mapped(*n, &lk); rc) return rc;
+  if (!S_ISDIR(n->disk.mode)) return ENOTDIR;
   if (n->disk.links == 0) return 0;  // removed while open: empty
   return dir_readdir(*n, offset, emit);
 }
