@@ -111,15 +111,7 @@ int FsImpl::dir_block(Node& dir, uint32_t lblk, MetaBuf** out) {
         " is not mapped (run fsck.warpfs)");
     return EIO;
   }
-  auto verify = [&dir](const MetaBuf& b) -> std::string {
-    uint32_t magic;
-    std::memcpy(&magic, b.data, 4);
-    const uint64_t owner = header_owner(b.data);
-    if (magic != kDirIndexMagic && magic != kDirLeafMagic) return "not a directory block";
-    if (owner != dir.ino) return "directory block of inode " + std::to_string(owner);
-    return "";
-  };
-  return journal_->get(m.physical, MetaKind::kHeader, 0, out, verify);
+  return meta_get(m.physical, out, kDirIndexMagic, dir.ino, kDirLeafMagic);
 }
 
 namespace {

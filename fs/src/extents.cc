@@ -37,12 +37,12 @@ size_t leaf_for(const std::vector<ExtentLeaf>& leaves, uint64_t lblk) {
 
 }  // namespace
 
-int FsImpl::meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner) {
-  auto verify = [magic, owner](const MetaBuf& b) -> std::string {
+int FsImpl::meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner, uint32_t alt_magic) {
+  auto verify = [magic, alt_magic, owner](const MetaBuf& b) -> std::string {
     uint32_t m;
     std::memcpy(&m, b.data, 4);
     const uint64_t o = header_owner(b.data);
-    if (m != magic) return "wrong magic";
+    if (m != magic && (alt_magic == 0 || m != alt_magic)) return "wrong magic";
     if (o != owner) return "owned by inode " + std::to_string(o) + ", not " + std::to_string(owner);
     return "";
   };

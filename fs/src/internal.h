@@ -206,7 +206,9 @@ class FsImpl final : public Filesystem {
   static int check_name(std::string_view name);
   int check_writable() const;
   void log(const std::string& s) const { log_(s); }
-  int meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner);
+  // A header block of `owner` with magic `magic` (or `alt_magic`, if not 0), verified on
+  // its first read.
+  int meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner, uint32_t alt_magic = 0);
   void set_header_checksum(MetaBuf* b);
   int create_locked(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
                     std::string_view symlink_target, Attr* out, uint64_t rdev);
