@@ -184,15 +184,7 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
   if (rc == 0) rc = dir_add(*dir, name, n->ino, dtype(mode));
   if (rc != 0) {
     // Undo: give back the inode and anything it got (the transaction keeps it atomic).
-    std::vector<Extent> removed;
-    map_remove(*n, 0, uint64_t{1} << 32, &removed);
-    for (const Extent& e : removed) free_blocks(e.physical, e.blocks());
-    for (const ExtentLeaf& l : n->leaves) {
-      if (l.block) {
-        journal_->forget_block(l.block);
-        free_blocks(l.block, 1);
-      }
-    }
+    punch(*n, 0, uint64_t{1} << 32);
     free_inode(*n);
     std::lock_guard<std::mutex> g(table_mu_);
     nodes_.erase(n->ino);
