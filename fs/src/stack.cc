@@ -28,8 +28,19 @@ std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const 
     *error = device + ": " + *error;
     return nullptr;
   }
-  s->dev_ = blockdev::NvmeBlockDevice::create(*s->engine_, s->ctrl_->namespaces()[0].nsid,
-                                              kBlockSize, error);
+  uint32_t nsid = s->ctrl_->namespaces()[0].nsid;
+  if (spec.nsid != 0) {
+    if (s->ctrl_->find_namespace(spec.nsid) == nullptr) {
+      std::string have;
+      for (const nvme::NamespaceInfo& n : s->ctrl_->namespaces())
+        have += (have.empty() ? "" : ", ") + std::to_string(n.nsid);
+      *error = device + ": no usable namespace " + std::to_string(spec.nsid) +
+               " (active namespaces: " + have + ")";
+      return nullptr;
+    }
+    nsid = spec.nsid;
+  }
+  s->dev_ = blockdev::NvmeBlockDevice::create(*s->engine_, nsid, kBlockSize, error);
   if (!s->dev_) {
     *error = device + ": " + *error;
     return nullptr;

@@ -72,6 +72,8 @@ bool Controller::bring_up(std::string* error) {
   av.cq = static_cast<CompletionEntry*>(admin_cq_.vaddr);
   av.sq_doorbell = t_.doorbell(0, false);
   av.cq_doorbell = t_.doorbell(0, true);
+  if (av.sq_doorbell.reg == nullptr || av.cq_doorbell.reg == nullptr)
+    return fail("the admin doorbells are not reachable through the transport", {});
   av.irq = t_.interrupt(0);
   admin_ = std::make_unique<RawQueuePair>(av);
 
@@ -207,6 +209,8 @@ Status Controller::create_queue_pair(uint16_t qid, uint32_t entries, QueuePriori
     return Status::error(Code::kInvalidArgument, "queue id not granted");
   if (entries < 2 || entries > max_queue_entries())
     return Status::error(Code::kInvalidArgument, "queue size beyond CAP.MQES");
+  if (t_.doorbell(qid, false).reg == nullptr || t_.doorbell(qid, true).reg == nullptr)
+    return Status::error(Code::kInvalidArgument, "the queue's doorbells lie outside the mapped BAR");
   IoQueueMemory mem;
   mem.qid = qid;
   if (Status s = t_.dma_alloc(entries * sizeof(SubmissionEntry), &mem.sq); !s.is_ok()) return s;

@@ -1,6 +1,9 @@
 #include "warpfs/nvme/device.h"
 
 #include <cctype>
+#include <cstdlib>
+
+#include "warpfs/nvme/vfio.h"
 
 namespace warpfs::nvme {
 
@@ -19,9 +22,22 @@ bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error) {
     *error = "no device given";
     return false;
   }
-  if (arg.rfind("vfio:", 0) == 0) {
+  std::string name = arg;
+  out->nsid = 0;
+  if (const size_t comma = name.rfind(",ns="); comma != std::string::npos) {
+    const std::string n = name.substr(comma + 4);
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(n.c_str(), &end, 10);
+    if (n.empty() || *end != 0 || v == 0 || v > 0xfffffffeul) {
+      *error = "'" + arg + "': ns= takes a namespace id from 1 to 4294967294";
+      return false;
+    }
+    out->nsid = static_cast<uint32_t>(v);
+    name.resize(comma);
+  }
+  if (name.rfind("vfio:", 0) == 0) {
     out->kind = DeviceSpec::Kind::kVfio;
-    out->bdf = arg.substr(5);
+    out->bdf = name.substr(5);
     if (!valid_bdf(out->bdf)) {
       *error = "'" + arg + "': expected vfio:DDDD:BB:DD.F (for example vfio:0000:01:00.0)";
       return false;
@@ -29,7 +45,7 @@ bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error) {
     return true;
   }
   out->kind = DeviceSpec::Kind::kEmulated;
-  out->path = arg.rfind("emu:", 0) == 0 ? arg.substr(4) : arg;
+  out->path = name.rfind("emu:", 0) == 0 ? name.substr(4) : name;
   if (out->path.empty()) {
     *error = "'" + arg + "': expected emu:PATH";
     return false;
@@ -40,8 +56,7 @@ bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error) {
 std::unique_ptr<Transport> open_transport(const DeviceSpec& spec, const EmulatedConfig& config,
                                           uint64_t create_bytes, std::string* error) {
   if (spec.kind == DeviceSpec::Kind::kVfio) {
-    *error = "vfio:" + spec.bdf + ": the VFIO transport is not built into this version of warpfs";
-    return nullptr;
+    return VfioTransport::open(spec.bdf, VfioOptions{}, error);
   }
   auto store = BackingStore::open_file(spec.path, create_bytes, error);
   if (store == nullptr) return nullptr;

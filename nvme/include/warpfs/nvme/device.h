@@ -1,6 +1,7 @@
 // Opening a DEVICE as users name it (DESIGN.md "Names users see"): `emu:PATH` or a bare PATH
 // is the emulated controller over the image file PATH; `vfio:DDDD:BB:DD.F` is a PCI NVMe
-// controller bound to vfio-pci.
+// controller bound to vfio-pci. Either may end in `,ns=N` to pick namespace N instead of the
+// controller's first active namespace.
 #pragma once
 
 #include <memory>
@@ -16,6 +17,7 @@ struct DeviceSpec {
   Kind kind = Kind::kEmulated;
   std::string path;  // image file (emulated)
   std::string bdf;   // PCI address (vfio)
+  uint32_t nsid = 0;  // 0: the first active namespace
 };
 
 // Parses a DEVICE argument; false with a message naming the problem.

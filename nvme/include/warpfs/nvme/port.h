@@ -121,6 +121,15 @@ WARPFS_HD inline void fence_seq_cst() {
 #endif
 }
 
+// A store to a device register (MMIO), ordered after every earlier store to memory.
+inline void mmio_write32(uint32_t* reg, uint32_t value) {
+  std::atomic_thread_fence(std::memory_order_release);
+#if defined(__aarch64__)
+  asm volatile("dmb oshst" ::: "memory");  // device memory needs the outer-shareable barrier
+#endif
+  *static_cast<volatile uint32_t*>(reg) = value;
+}
+
 // One iteration of a spin-wait loop: tells the core (or the SM scheduler) we are waiting.
 WARPFS_HD inline void cpu_relax() {
 #if defined(__CUDA_ARCH__)

@@ -38,8 +38,19 @@ struct DoorbellKick {
 struct Doorbell {
   port::Atomic<uint32_t>* reg = nullptr;  // inside BAR0 (or the emulated register file)
   DoorbellKick* kick = nullptr;           // null on real hardware
+  bool mmio = false;                      // reg is a device register (VFIO's BAR0 mapping)
 
   WARPFS_HD void ring(uint32_t value) const {
+#if !defined(__CUDA_ARCH__)
+    if (mmio) {
+      // A device register takes a plain 32-bit store: a locked RMW (what a seq_cst store
+      // compiles to on x86) would be a locked read-write transaction on the bus. The
+      // release fence orders the SQ entries (CQ consumption) before it, as the Linux
+      // driver's writel() does; on x86 stores to WB and UC memory stay in program order.
+      port::mmio_write32(reg->address(), value);
+      return;
+    }
+#endif
     // Release (implied by seq_cst): the SQ entries (or our consumption of CQ entries)
     // written before this ring are visible to the device when it sees the new tail (head).
     // Seq_cst because the emulated device's park() pairs with it (see wake()); on x86 it is
