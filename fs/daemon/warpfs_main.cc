@@ -27,6 +27,9 @@
 #include "warpfs/blockdev/devices.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/stack.h"
+#ifdef WARPFS_HAVE_LIBPCI
+#include "warpfs/nvme/pci.h"
+#endif
 
 namespace {
 
@@ -45,6 +48,7 @@ struct Options {
   int ro = 0;
   int nodiscard = 0;
   int help = 0;
+  int list_devices = 0;
 };
 
 #define WARPFS_OPT(t, p) {t, offsetof(Options, p), 1}
@@ -54,6 +58,7 @@ const fuse_opt kOpts[] = {
     WARPFS_OPT("commit=%u", commit_s),       WARPFS_OPT("stats=%s", stats),
     WARPFS_OPT("nodiscard", nodiscard),      FUSE_OPT_KEY("ro", FUSE_OPT_KEY_KEEP),
     WARPFS_OPT("-h", help),                  WARPFS_OPT("--help", help),
+    WARPFS_OPT("--list-devices", list_devices),
     FUSE_OPT_END};
 
 int opt_proc(void* data, const char* arg, int key, fuse_args*) {
@@ -480,8 +485,27 @@ void usage(const char* prog) {
       "  stats=FILE      write cache and journal counters as JSON to FILE at unmount and on SIGUSR1\n"
       "  nodiscard       do not trim freed blocks\n"
       "  ro              read-only\n"
-      "  and the FUSE options (-f foreground, -d debug, -s single-threaded, allow_other, ...)\n",
-      prog);
+      "  and the FUSE options (-f foreground, -d debug, -s single-threaded, allow_other, ...)\n"
+      "%s --list-devices: the NVMe controllers (as warpfs-pci list)\n",
+      prog, prog);
+}
+
+// --list-devices: the table of `warpfs-pci list`.
+int list_devices() {
+#ifdef WARPFS_HAVE_LIBPCI
+  std::vector<warpfs::nvme::pci::NvmeFunction> fns;
+  std::string err;
+  if (!warpfs::nvme::pci::list_nvme(warpfs::nvme::pci::Roots{}, &fns, &err)) {
+    std::fprintf(stderr, "warpfs: %s\n", err.c_str());
+    return 1;
+  }
+  std::fputs(warpfs::nvme::pci::format_table(fns).c_str(), stdout);
+  return 0;
+#else
+  std::fprintf(stderr, "warpfs: built without libpci: --list-devices is not available (install "
+                       "libpci-dev and rebuild)\n");
+  return 1;
+#endif
 }
 
 }  // namespace
@@ -494,6 +518,11 @@ int main(int argc, char** argv) {
     usage(argv[0]);
     fuse_opt_free_args(&args);
     return 0;
+  }
+  if (o.list_devices) {
+    free(o.device);
+    fuse_opt_free_args(&args);
+    return list_devices();
   }
   fuse_cmdline_opts cl{};
   if (fuse_parse_cmdline(&args, &cl) != 0) return 1;
