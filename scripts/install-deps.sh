@@ -11,6 +11,8 @@ pkgs=(
   libxxhash-dev                                # metadata checksums
   libtbb-dev                                   # concurrent containers, benchmark baselines
   fio                                          # file benchmarks
+  qemu-system-x86 busybox-static cpio kmod     # tests/vfio: the VFIO transport in a QEMU guest
+  xz-utils zstd
 )
 missing=()
 for p in "${pkgs[@]}"; do

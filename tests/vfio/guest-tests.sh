@@ -1,0 +1,366 @@
+#!/bin/sh
+# The steps run inside the QEMU guest (busybox sh) against the emulated NVMe controller:
+# bind it to vfio-pci, then drive it through warpfs's VFIO transport (the driver's tests,
+# mkfs, a FUSE mount with a workload, a remount that checks it, fsck).
+#   usage: guest-tests.sh BDF single|multi       (from /init)
+#          guest-tests.sh --run FUNCTION ARGS... (one step, started by step())
+# Each step prints `WARPFS-STEP NAME PASS|FAIL`; run-guest.sh counts them.
+#
+# A step runs in its own session (setsid), so that one that outlives its time limit is
+# killed with everything it started. Steps share state through files in $state; the FUSE
+# daemon started by `mount` outlives that step, so its exit status reaches `unmount` through
+# a file written by the subshell that waits for it (the shell of `unmount` cannot `wait` for
+# a process it did not start).
+state=/tmp/warpfs-guest
+self=/guest-tests.sh
+step_timeout=120  # seconds, unless the step says otherwise
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# Ends the current step with a message (steps run in a subshell of the runner).
+fail() {
+  echo "  FAIL: $*"
+  exit 1
+}
+
+# True if step $1 passed.
+passed() { [ "$(cat "$state/result.$1" 2>/dev/null)" = PASS ]; }
+requires() {
+  for r in "$@"; do passed "$r" || fail "skipped: step '$r' did not pass"; done
+}
+
+# step [-t SECONDS] NAME FUNCTION ARGS...: runs FUNCTION in a new session with a time limit
+# and prints the verdict line.
+step() {
+  limit=$step_timeout
+  if [ "$1" = -t ]; then
+    limit=$2
+    shift 2
+  fi
+  name=$1
+  shift
+  echo "--- step $name (limit ${limit}s, at $(cut -d' ' -f1 /proc/uptime) s)"
+  rm -f "$state/step.rc" "$state/step.pgid"
+  setsid sh "$self" --run "$@" </dev/null &
+  pid=$!
+  ticks=0
+  # A bounded poll for the runner's status file: the runner may have exited already, and a
+  # not yet reaped child still answers kill -0.
+  while [ ! -e "$state/step.rc" ]; do
+    if [ "$ticks" -ge $((limit * 10)) ]; then
+      echo "  step $name: no result after ${limit}s; killing it"
+      kill -KILL "-$(cat "$state/step.pgid" 2>/dev/null || echo "$pid")" 2>/dev/null
+      break
+    fi
+    sleep 0.1
+    ticks=$((ticks + 1))
+  done
+  wait "$pid" 2>/dev/null
+  rc=$(cat "$state/step.rc" 2>/dev/null || echo "killed (time limit)")
+  if [ "$rc" = 0 ]; then
+    echo PASS >"$state/result.$name"
+    echo "WARPFS-STEP $name PASS"
+  else
+    echo FAIL >"$state/result.$name"
+    echo "  step $name: status $rc"
+    echo "WARPFS-STEP $name FAIL"
+  fi
+}
+
+# ------------------------------------------------------------------------------------------
+# PCI details of the controller, for the log (not a step).
+
+cfg_u8() { od -An -tu1 -j "$1" -N1 "/sys/bus/pci/devices/$BDF/config" | tr -d ' '; }
+cfg_u16() { od -An -tu2 -j "$1" -N2 "/sys/bus/pci/devices/$BDF/config" | tr -d ' '; }
+cfg_u32() { od -An -tu4 -j "$1" -N4 "/sys/bus/pci/devices/$BDF/config" | tr -d ' '; }
+
+pci_info() {
+  dev=/sys/bus/pci/devices/$BDF
+  echo "pci: $BDF class $(cat "$dev/class") id $(cat "$dev/vendor"):$(cat "$dev/device")"
+  bar=0
+  while read -r start end flags; do
+    if [ "$bar" -le 5 ] && [ "$((start))" != 0 ]; then
+      printf 'pci:   BAR%d at %#x, %d KiB, flags %s\n' "$bar" "$((start))" \
+        $(((end - start + 1) / 1024)) "$flags"
+    fi
+    bar=$((bar + 1))
+  done <"$dev/resource"
+  # The capability list (PCI Local Bus 3.0, 6.7): MSI-X's table and PBA (BAR and offset).
+  if [ $(($(cfg_u16 6) & 0x10)) != 0 ]; then
+    ptr=$(($(cfg_u8 0x34) & 0xfc))
+    hops=0
+    while [ "$ptr" != 0 ] && [ "$hops" -lt 48 ]; do
+      id=$(cfg_u8 "$ptr")
+      if [ "$id" = 17 ]; then  # MSI-X
+        ctl=$(cfg_u16 $((ptr + 2)))
+        tbl=$(cfg_u32 $((ptr + 4)))
+        pba=$(cfg_u32 $((ptr + 8)))
+        printf 'pci:   MSI-X: %d vectors, table in BAR%d at %#x (%d bytes), PBA in BAR%d at %#x\n' \
+          $(((ctl & 0x7ff) + 1)) $((tbl & 7)) $((tbl & ~7)) $((((ctl & 0x7ff) + 1) * 16)) \
+          $((pba & 7)) $((pba & ~7))
+      else
+        printf 'pci:   capability %#x at %#x\n' "$id" "$ptr"
+      fi
+      ptr=$(($(cfg_u8 $((ptr + 1))) & 0xfc))
+      hops=$((hops + 1))
+    done
+  fi
+}
+
+# ------------------------------------------------------------------------------------------
+# The steps.
+
+sysfs_bind() {
+  dev=/sys/bus/pci/devices/$BDF
+  [ -e "$dev/driver" ] && echo "$BDF" >"$dev/driver/unbind"
+  echo vfio-pci >"$dev/driver_override"
+  echo "$BDF" >/sys/bus/pci/drivers_probe
+}
+
+do_bind() {
+  dev=/sys/bus/pci/devices/$BDF
+  ok=1
+  if have warpfs-pci; then
+    echo "warpfs-pci bind $BDF vfio-pci"
+    if ! warpfs-pci bind "$BDF" vfio-pci; then
+      echo "  warpfs-pci bind failed; binding through sysfs so that the later steps can run"
+      ok=0
+      sysfs_bind
+    fi
+  else
+    echo "(no warpfs-pci) binding through driver_override and drivers_probe"
+    sysfs_bind
+  fi
+  drv=$(readlink "$dev/driver")
+  [ "${drv##*/}" = vfio-pci ] || fail "$BDF is bound to '${drv##*/}', not vfio-pci"
+  group=$(readlink "$dev/iommu_group") || fail "$BDF has no IOMMU group (is the IOMMU on?)"
+  group=${group##*/}
+  [ -c "/dev/vfio/$group" ] || fail "/dev/vfio/$group is missing"
+  echo "$BDF: driver vfio-pci, IOMMU group $group with:" /sys/kernel/iommu_groups/"$group"/devices/*
+  echo "/dev/vfio:" /dev/vfio/*
+  [ "$ok" = 1 ] || fail "warpfs-pci bind failed"
+}
+
+do_list() {
+  out=$(warpfs-pci list 2>&1) || {
+    echo "$out"
+    fail "warpfs-pci list exited with an error"
+  }
+  echo "$out"
+  echo "$out" | grep -e "$BDF" -e "${BDF#0000:}" | grep -q vfio-pci ||
+    fail "the list has no line with $BDF and vfio-pci"
+}
+
+# Every carried program starts: its libraries are all in the initramfs (status 127 says not).
+do_binaries() {
+  ok=1
+  for prog in nvme_tests mkfs.warpfs fsck.warpfs warpfs warpfs-fsx warpfs-pci; do
+    if ! have "$prog"; then
+      echo "  $prog: not carried"
+      continue
+    fi
+    if [ "$prog" = nvme_tests ]; then
+      out=$(nvme_tests --gtest_list_tests 2>&1)
+      rc=$?
+      [ "$rc" = 0 ] && out="$(echo "$out" | grep -c '^  ') tests"
+    else
+      out=$("$prog" --help 2>&1)
+      rc=$?
+    fi
+    if [ "$rc" = 127 ] || [ "$rc" -ge 128 ]; then
+      echo "  $prog: status $rc: $out"
+      ok=0
+    else
+      echo "  $prog: starts ($(echo "$out" | head -1))"
+    fi
+  done
+  [ "$ok" = 1 ] || fail "a program does not start"
+}
+
+# A controller that does not exist: an error that names it, not a crash or a hang.
+do_missing_device() {
+  have mkfs.warpfs || fail "mkfs.warpfs not carried"
+  out=$(mkfs.warpfs vfio:0000:99:00.0 2>&1)
+  rc=$?
+  echo "  mkfs.warpfs vfio:0000:99:00.0: status $rc: $out"
+  [ "$rc" != 0 ] || fail "mkfs.warpfs succeeded on a missing controller"
+  [ "$rc" -lt 128 ] || fail "mkfs.warpfs died of a signal"
+  echo "$out" | grep -q '0000:99:00.0' || fail "the message does not name the device"
+}
+
+do_driver_tests() {
+  requires bind
+  have nvme_tests || fail "nvme_tests not carried"
+  WARPFS_NVME_TEST_DEVICE=vfio:$BDF GTEST_COLOR=no GTEST_BRIEF=1 nvme_tests ||
+    fail "nvme_tests (WARPFS_NVME_TEST_DEVICE=vfio:$BDF)"
+}
+
+do_mkfs() {
+  requires bind
+  have mkfs.warpfs || fail "mkfs.warpfs not carried"
+  # shellcheck disable=SC2086 # MKFS_OPTS is a list of options
+  mkfs.warpfs $MKFS_OPTS "$DEVICE" || fail "mkfs.warpfs $DEVICE"
+}
+
+is_mounted() { awk '$2 == "/mnt" && $3 ~ /^fuse/ { m = 1 } END { exit !m }' /proc/mounts; }
+
+# Starts the daemon in the foreground of a background subshell that records its status,
+# and returns once the mount shows in /proc/mounts (or the daemon has exited).
+do_mount() {
+  requires mkfs
+  have warpfs || fail "warpfs not carried"
+  [ -c /dev/fuse ] || fail "no /dev/fuse (the fuse module)"
+  is_mounted && fail "/mnt is mounted already"
+  rm -f "$state/daemon.rc"
+  (
+    warpfs -f "$DEVICE" /mnt >"$state/daemon.log" 2>&1
+    echo $? >"$state/daemon.rc.tmp"
+    mv "$state/daemon.rc.tmp" "$state/daemon.rc"
+  ) </dev/null &
+  ticks=0
+  while [ "$ticks" -lt 600 ]; do
+    if is_mounted; then
+      echo "  $(grep ' /mnt ' /proc/mounts)"
+      return 0
+    fi
+    if [ -e "$state/daemon.rc" ]; then
+      cat "$state/daemon.log"
+      fail "warpfs exited with status $(cat "$state/daemon.rc") before mounting"
+    fi
+    sleep 0.1
+    ticks=$((ticks + 1))
+  done
+  cat "$state/daemon.log"
+  fail "no mount on /mnt after 60 s"
+}
+
+# umount, then the daemon must exit by itself with status 0 (bounded wait).
+do_unmount() {
+  is_mounted || fail "/mnt is not mounted"
+  umount /mnt || fail "umount /mnt"
+  ticks=0
+  while [ ! -e "$state/daemon.rc" ]; do
+    [ "$ticks" -lt 1200 ] || fail "warpfs still running 120 s after umount"
+    sleep 0.1
+    ticks=$((ticks + 1))
+  done
+  rc=$(cat "$state/daemon.rc")
+  if [ "$rc" != 0 ]; then
+    cat "$state/daemon.log"
+    fail "warpfs exited with status $rc"
+  fi
+}
+
+# Checks the tree under /mnt/data against the sums and the listing recorded by the workload.
+check_data() {
+  out=$(cd /mnt/data && sha256sum -c "$state/sums" 2>&1) || {
+    echo "$out" | grep -v ': OK$'
+    fail "file contents differ"
+  }
+  (cd /mnt/data && find . | sort) >"$state/listing.now"
+  diff "$state/listing" "$state/listing.now" || fail "the directory tree differs"
+  echo "  $(wc -l <"$state/sums") files and $(wc -l <"$state/listing") names verified"
+}
+
+do_workload() {
+  is_mounted || fail "/mnt is not mounted"
+  src=$state/src
+  rm -rf "$src"
+  mkdir -p "$src" || fail "mkdir $src"
+  for size in 1 1000 1024 4096 12345 65536 1048576 4194305 16777216; do
+    head -c "$size" /dev/urandom >"$src/file.$size" || fail "writing $src/file.$size"
+  done
+  i=1
+  for d in a b c; do
+    for e in 1 2 3; do
+      mkdir -p "$src/tree/$d/$e/deep"
+      echo "$d$e" >"$src/tree/$d/$e/name"
+      head -c $((i * 3001)) /dev/urandom >"$src/tree/$d/$e/deep/data"
+      i=$((i + 1))
+    done
+  done
+  ln -s ../../file.1 "$src/tree/a/link"
+  (cd "$src" && find . -type f | sort | xargs sha256sum) >"$state/sums" || fail "sha256sum"
+  (cd "$src" && find . | sort) >"$state/listing"
+
+  mkdir /mnt/data || fail "mkdir /mnt/data"
+  cp -a "$src/." /mnt/data/ || fail "cp -a into /mnt/data"
+  check_data
+
+  # Churn beside it: many small files, half of them removed, the rest renamed.
+  mkdir /mnt/churn || fail "mkdir /mnt/churn"
+  n=0
+  while [ "$n" -lt 200 ]; do
+    echo "$n" >"/mnt/churn/f$n" || fail "create /mnt/churn/f$n"
+    n=$((n + 1))
+  done
+  n=0
+  while [ "$n" -lt 200 ]; do
+    rm "/mnt/churn/f$n" || fail "rm /mnt/churn/f$n"
+    mv "/mnt/churn/f$((n + 1))" "/mnt/churn/g$((n + 1))" || fail "mv /mnt/churn/f$((n + 1))"
+    n=$((n + 2))
+  done
+  [ "$(find /mnt/churn -type f | wc -l)" = 100 ] || fail "/mnt/churn does not hold 100 files"
+
+  if have warpfs-fsx; then
+    warpfs-fsx -q -N 3000 -S 1 /mnt/fsx.file || fail "warpfs-fsx"
+  else
+    echo "  (warpfs-fsx not carried)"
+  fi
+  sync
+}
+
+do_verify() {
+  is_mounted || fail "/mnt is not mounted"
+  check_data
+  [ "$(find /mnt/churn -type f | wc -l)" = 100 ] || fail "/mnt/churn does not hold 100 files"
+}
+
+do_fsck() {
+  requires mkfs
+  have fsck.warpfs || fail "fsck.warpfs not carried"
+  fsck.warpfs -f -n "$DEVICE" || fail "fsck.warpfs -f -n $DEVICE"
+}
+
+# ------------------------------------------------------------------------------------------
+
+if [ "$1" = --run ]; then  # one step: its status goes to $state/step.rc
+  shift
+  echo $$ >"$state/step.pgid"
+  ("$@")
+  rc=$?
+  echo "$rc" >"$state/step.rc.tmp"
+  mv "$state/step.rc.tmp" "$state/step.rc"
+  exit "$rc"
+fi
+
+BDF=${1:?BDF}
+CONFIG=${2:-single}
+DEVICE=vfio:$BDF
+[ "$CONFIG" = multi ] && DEVICE=$DEVICE,ns=2  # namespace 1 is too small on purpose
+MKFS_OPTS=
+# The harness's own test (run-guest.sh with WARPFS_VM_SELFTEST=1): the filesystem steps use
+# an emulated controller over an image in the guest's tmpfs instead of the VFIO device.
+if [ "${WARPFS_GUEST_SELFTEST:-0}" = 1 ]; then
+  DEVICE=emu:/tmp/selftest.img
+  MKFS_OPTS="--size 512M"
+  echo "self-test: the filesystem steps use $DEVICE"
+fi
+export BDF CONFIG DEVICE MKFS_OPTS
+rm -rf "$state"
+mkdir -p "$state"
+
+pci_info
+step bind do_bind
+have warpfs-pci && step list do_list
+step binaries do_binaries
+step missing-device do_missing_device
+step -t 300 driver-tests do_driver_tests
+step mkfs do_mkfs
+step mount do_mount
+step -t 300 workload do_workload
+step unmount do_unmount
+step remount do_mount
+step verify do_verify
+step final-unmount do_unmount
+step fsck do_fsck
