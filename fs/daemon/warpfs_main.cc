@@ -535,7 +535,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Permissions are checked by the kernel; the daemon names itself in /proc/mounts.
-  const std::string fsname = std::string("-ofsname=") + o.device + ",subtype=warpfs,default_permissions";
+  // libfuse splits -o values at commas: a DEVICE such as vfio:...,ns=2 keeps its comma escaped.
+  std::string escaped;
+  for (const char* c = o.device; *c; ++c) {
+    if (*c == ',' || *c == '\\') escaped += '\\';
+    escaped += *c;
+  }
+  const std::string fsname = "-ofsname=" + escaped + ",subtype=warpfs,default_permissions";
   fuse_opt_add_arg(&args, fsname.c_str());
 
   // SIGTERM, SIGINT and SIGHUP must reach the thread that runs the FUSE loop (libfuse's
@@ -623,6 +629,7 @@ int main(int argc, char** argv) {
   const fuse_lowlevel_ops ops = make_ops();
   fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, &d);
   int rc = 1;
+  bool looped = false;  // the session loop ran: rc is its result
   if (se != nullptr) {
     if (fuse_set_signal_handlers(se) == 0) {
       signal(SIGUSR1, on_usr1);
@@ -653,6 +660,7 @@ int main(int argc, char** argv) {
           }
         });
         pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+        looped = true;
         if (cl.singlethread) {
           rc = fuse_session_loop(se);
         } else {
@@ -675,7 +683,8 @@ int main(int argc, char** argv) {
   // Everything to the device, the superblock clean (also after SIGTERM / fusermount3 -u).
   // The loop returns the number of the signal that ended it (SIGTERM, SIGINT, SIGHUP): a
   // normal way to stop, like fusermount3 -u.
-  if (rc == SIGTERM || rc == SIGINT || rc == SIGHUP) rc = 0;
+  // (Only then: a failure before the loop leaves rc = 1, which is also SIGHUP's number.)
+  if (looped && (rc == SIGTERM || rc == SIGINT || rc == SIGHUP)) rc = 0;
   const int urc = d.fs->unmount();
   write_stats(d);
   if (urc != 0) {

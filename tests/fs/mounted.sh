@@ -177,6 +177,9 @@ case $scenario in
     format 64M
     out=$("$WARPFS" -f "emu:$img" "$mnt" -o queues=0 2>&1) && fail "accepted queues=0"
     mountpoint -q "$mnt" && fail "mounted despite a bad option"
+    # An option only libfuse can refuse (it used to exit 0: 1 is also SIGHUP's number).
+    out=$("$WARPFS" -f "emu:$img" "$mnt" -o no_such_fuse_option 2>&1) && fail "exit 0 after an unknown FUSE option"
+    grep -q "no_such_fuse_option" <<<"$out" || fail "no message naming the unknown option: $out"
     # A damaged primary superblock: the backup mounts (and says so).
     printf 'garbage' | dd of="$img" bs=1 seek=200 conv=notrunc status=none
     mount_fs
