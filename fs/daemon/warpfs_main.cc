@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <syslog.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@
 #include "warpfs/blockdev/devices.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/stack.h"
+#include "warpfs/nvme/vfio.h"
 #ifdef WARPFS_HAVE_LIBPCI
 #include "warpfs/nvme/pci.h"
 #endif
@@ -453,6 +455,19 @@ std::string stats_json(const Daemon& d) {
       << ",\"readahead_lines\":" << c.readahead_lines << ",\"readahead_hits\":" << c.readahead_hits
       << ",\"bypassed_bytes\":" << c.bypassed_bytes << ",\"set_full\":" << c.set_full << "}";
   }
+  const warpfs::nvme::Controller& ctrl = d.stack->controller();
+  const warpfs::nvme::NamespaceInfo* ns = ctrl.find_namespace(d.stack->nsid());
+  j << ",\"device\":{\"transport\":\"" << d.stack->controller().transport().name()
+    << "\",\"nsid\":" << d.stack->nsid() << ",\"lba_bytes\":" << (ns ? ns->lba_bytes : 0)
+    << ",\"io_queues\":" << ctrl.io_queues_granted()
+    << ",\"max_transfer\":" << ctrl.max_transfer_bytes();
+  if (auto* v = dynamic_cast<warpfs::nvme::VfioTransport*>(&d.stack->controller().transport())) {
+    const warpfs::nvme::VfioCounters c = v->counters();
+    j << ",\"iommu_group\":" << v->iommu_group() << ",\"interrupts\":" << c.interrupts
+      << ",\"dma_bytes\":" << c.dma_bytes << ",\"dma_mappings\":" << c.dma_mappings
+      << ",\"hugepage_bytes\":" << c.hugepage_bytes;
+  }
+  j << "}";
   warpfs::nvme::QueueMapper& m = d.stack->engine().mapper();
   using warpfs::nvme::Priority;
   j << ",\"queues\":{\"metadata_queues\":" << m.queues(Priority::kMetadata)
@@ -467,15 +482,23 @@ void write_stats(const Daemon& d) {
   f << stats_json(d) << "\n";
 }
 
-std::atomic<bool> g_dump{false};
+// SIGUSR1 asks for a stats dump. A handler may not write files: it pokes an eventfd that a
+// small thread sleeps on (no polling: an idle daemon does not wake up).
+int g_dump_fd = -1;
 std::atomic<bool> g_detached{false};  // logs go to syslog once stderr is /dev/null
-void on_usr1(int) { g_dump = true; }
+void on_usr1(int) {
+  const uint64_t one = 1;
+  if (::write(g_dump_fd, &one, sizeof one) < 0) {
+    // Nothing to do in a handler; the dump is lost.
+  }
+}
 
 void usage(const char* prog) {
   std::printf(
       "usage: %s [options] DEVICE MOUNTPOINT\n"
       "  DEVICE: emu:PATH (an emulated NVMe controller over the image PATH; a bare path is the\n"
-      "          same) or vfio:DDDD:BB:DD.F\n"
+      "          same) or vfio:DDDD:BB:DD.F (a controller bound to vfio-pci: see warpfs-pci);\n"
+      "          either may end in ,ns=N for namespace N (default: the first active one)\n"
       "options (-o name=value,...):\n"
       "  cache_mb=N      software cache size in MiB (default 64; 0: no cache)\n"
       "  queues=N        NVMe I/O queue pairs (default 4)\n"
@@ -632,7 +655,8 @@ int main(int argc, char** argv) {
   bool looped = false;  // the session loop ran: rc is its result
   if (se != nullptr) {
     if (fuse_set_signal_handlers(se) == 0) {
-      signal(SIGUSR1, on_usr1);
+      g_dump_fd = eventfd(0, EFD_CLOEXEC);
+      if (g_dump_fd >= 0) signal(SIGUSR1, on_usr1);
       if (fuse_session_mount(se, cl.mountpoint) == 0) {
         report_ready(0);
         if (!cl.foreground) {
@@ -650,13 +674,12 @@ int main(int argc, char** argv) {
             if (nul > 2) close(nul);
           }
         }
-        // SIGUSR1 asks for a stats dump; a signal handler may not write files, so a small
-        // thread does it.
         std::atomic<bool> done{false};
         std::thread dumper([&] {
-          while (!done) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(200));
-            if (g_dump.exchange(false)) write_stats(d);
+          uint64_t n = 0;
+          while (::read(g_dump_fd, &n, sizeof n) == sizeof n || errno == EINTR) {
+            if (done) break;
+            write_stats(d);
           }
         });
         pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
@@ -672,7 +695,12 @@ int main(int argc, char** argv) {
           fuse_loop_cfg_destroy(lc);
         }
         done = true;
-        dumper.join();
+        const uint64_t one = 1;
+        if (::write(g_dump_fd, &one, sizeof one) != sizeof one) {
+          dumper.detach();  // cannot happen with an eventfd; never block the unmount on it
+        } else {
+          dumper.join();
+        }
         fuse_session_unmount(se);
       }
       fuse_remove_signal_handlers(se);

@@ -40,6 +40,7 @@ std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const 
     }
     nsid = spec.nsid;
   }
+  s->nsid_ = nsid;
   s->dev_ = blockdev::NvmeBlockDevice::create(*s->engine_, nsid, kBlockSize, error);
   if (!s->dev_) {
     *error = device + ": " + *error;

@@ -27,6 +27,7 @@ class DeviceStack {
   blockdev::BlockDevice& device() { return *dev_; }
   nvme::Controller& controller() { return *ctrl_; }
   nvme::IoEngine& engine() { return *engine_; }
+  uint32_t nsid() const { return nsid_; }  // the namespace the block device sits on
   const std::string& name() const { return name_; }
 
  private:
@@ -35,6 +36,7 @@ class DeviceStack {
   std::unique_ptr<nvme::Controller> ctrl_;
   std::unique_ptr<nvme::IoEngine> engine_;
   std::unique_ptr<blockdev::NvmeBlockDevice> dev_;
+  uint32_t nsid_ = 0;
 };
 
 }  // namespace warpfs::fs
