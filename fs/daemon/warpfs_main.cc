@@ -608,6 +608,9 @@ int main(int argc, char** argv) {
   so.io_queues = static_cast<uint16_t>(o.queues);
   so.emulated.latency_ns = o.latency_us * 1000;
   so.emulated.worker_threads = o.workers;
+  // SIGTERM/SIGINT/SIGHUP end the FUSE loop and unmount cleanly (libfuse installs its handlers
+  // only where the disposition is still the default, so the transport must leave them).
+  so.vfio.teardown_on_signal = false;
   std::string err;
   d.stack = warpfs::fs::DeviceStack::open(o.device, so, &err);
   if (!d.stack) {

@@ -131,7 +131,10 @@ bool Controller::bring_up(std::string* error) {
   cmd.cdw11 = want | (want << 16);
   if (Status s = admin(cmd, nullptr, 0, false, &dw0); !s.is_ok())
     return fail("Set Features (Number of Queues)", s);
-  granted_ = static_cast<uint16_t>(std::min(dw0 & 0xffff, dw0 >> 16) + 1);
+  // The controller may allocate more than was asked for (QEMU reports its maximum): use
+  // what was asked for, at most what it allocated (Base §5.27.1.5).
+  granted_ = static_cast<uint16_t>(
+      std::min<uint32_t>(std::min(dw0 & 0xffff, dw0 >> 16) + 1, want + 1));
   if (wrr_) {
     cmd = SubmissionEntry{};
     cmd.opcode = admin::kSetFeatures;

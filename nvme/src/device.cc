@@ -54,9 +54,10 @@ bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error) {
 }
 
 std::unique_ptr<Transport> open_transport(const DeviceSpec& spec, const EmulatedConfig& config,
-                                          uint64_t create_bytes, std::string* error) {
+                                          const VfioOptions& vfio, uint64_t create_bytes,
+                                          std::string* error) {
   if (spec.kind == DeviceSpec::Kind::kVfio) {
-    return VfioTransport::open(spec.bdf, VfioOptions{}, error);
+    return VfioTransport::open(spec.bdf, vfio, error);
   }
   auto store = BackingStore::open_file(spec.path, create_bytes, error);
   if (store == nullptr) return nullptr;

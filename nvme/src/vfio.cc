@@ -62,7 +62,6 @@ struct SignalSlot {
   std::atomic<uint64_t> timeout_ns{0};            // CAP.TO
 };
 SignalSlot g_slots[8];
-std::once_flag g_handlers_once;
 
 uint64_t monotonic_ns() {
   timespec ts;
@@ -93,18 +92,25 @@ void teardown_signal_handler(int sig) {
   if (sig != SIGSEGV && sig != SIGBUS && sig != SIGILL && sig != SIGFPE) raise(sig);
 }
 
-void install_signal_teardown() {
-  std::call_once(g_handlers_once, [] {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) {
-      struct sigaction old {};
-      if (sigaction(sig, nullptr, &old) != 0) continue;
-      if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) continue;  // someone's own
-      struct sigaction sa {};
-      sa.sa_handler = teardown_signal_handler;
-      sigemptyset(&sa.sa_mask);
-      sa.sa_flags = SA_RESETHAND;
-      sigaction(sig, &sa, nullptr);
-    }
+void install_handler_if_default(int sig) {
+  struct sigaction old {};
+  if (sigaction(sig, nullptr, &old) != 0) return;
+  if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) return;  // someone's own
+  struct sigaction sa {};
+  sa.sa_handler = teardown_signal_handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(sig, &sa, nullptr);
+}
+
+void install_signal_teardown(bool terminating) {
+  static std::once_flag crash_once, term_once;
+  std::call_once(crash_once, [] {
+    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) install_handler_if_default(sig);
+  });
+  if (!terminating) return;
+  std::call_once(term_once, [] {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) install_handler_if_default(sig);
   });
 }
 
@@ -587,10 +593,8 @@ std::unique_ptr<VfioTransport> VfioTransport::open(const std::string& bdf, const
     return nullptr;
   }
   if (o.interrupts && !impl->setup_interrupts(error)) return nullptr;
-  if (o.teardown_on_signal) {
-    impl->signal_slot = register_signal_slot(impl->reg32(0), impl->cap_timeout_ns);
-    install_signal_teardown();
-  }
+  impl->signal_slot = register_signal_slot(impl->reg32(0), impl->cap_timeout_ns);
+  install_signal_teardown(o.teardown_on_signal);
   return std::unique_ptr<VfioTransport>(new VfioTransport(std::move(impl)));
 }
 

@@ -163,7 +163,7 @@ bool session(const Options& o, bool first, uint64_t gen) {
   }
   EmulatedConfig cfg;
   cfg.namespaces = {NamespaceConfig{o.lba_bytes, 0}};
-  auto t = open_transport(spec, cfg, o.size, &err);
+  auto t = open_transport(spec, cfg, VfioOptions{}, o.size, &err);
   if (!t) {
     std::fprintf(stderr, "warpfs-nvme-demo: %s\n", err.c_str());
     return false;

@@ -191,8 +191,8 @@ do_missing_device() {
 do_driver_tests() {
   requires bind
   have nvme_tests || fail "nvme_tests not carried"
-  WARPFS_NVME_TEST_DEVICE=vfio:$BDF GTEST_COLOR=no GTEST_BRIEF=1 nvme_tests ||
-    fail "nvme_tests (WARPFS_NVME_TEST_DEVICE=vfio:$BDF)"
+  WARPFS_NVME_TEST_DEVICE=$TEST_DEVICE GTEST_COLOR=no GTEST_BRIEF=1 nvme_tests ||
+    fail "nvme_tests (WARPFS_NVME_TEST_DEVICE=$TEST_DEVICE)"
 }
 
 do_mkfs() {
@@ -213,7 +213,7 @@ do_mount() {
   is_mounted && fail "/mnt is mounted already"
   rm -f "$state/daemon.rc"
   (
-    warpfs -f "$DEVICE" /mnt >"$state/daemon.log" 2>&1
+    warpfs -f -o "stats=$state/stats.json" "$DEVICE" /mnt >"$state/daemon.log" 2>&1
     echo $? >"$state/daemon.rc.tmp"
     mv "$state/daemon.rc.tmp" "$state/daemon.rc"
   ) </dev/null &
@@ -316,6 +316,90 @@ do_verify() {
   [ "$(find /mnt/churn -type f | wc -l)" = 100 ] || fail "/mnt/churn does not hold 100 files"
 }
 
+# A stats field of the running daemon (SIGUSR1 makes it write $state/stats.json).
+stat_field() {
+  sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" "$state/stats.json"
+}
+dump_stats() {
+  rm -f "$state/stats.json"
+  kill -USR1 "$(pidof warpfs)" || fail "no warpfs to signal"
+  ticks=0
+  until [ -s "$state/stats.json" ]; do
+    [ "$ticks" -lt 100 ] || fail "no stats after SIGUSR1"
+    sleep 0.1
+    ticks=$((ticks + 1))
+  done
+}
+
+# The daemon over VFIO: MSI-X interrupts arrived, DMA memory came from hugepages when the
+# guest reserved some (multi) and from plain pages otherwise (single), and an idle mount
+# uses no CPU: the device's completions wake it through eventfds, nothing polls.
+do_device_stats() {
+  is_mounted || fail "/mnt is not mounted"
+  dump_stats
+  cat "$state/stats.json"
+  [ "$(stat_field transport)" = "\"$DEVICE_NAME\"" ] || fail "transport is $(stat_field transport)"
+  case $DEVICE in
+    vfio:*)
+      [ "$(stat_field interrupts)" -gt 0 ] || fail "no MSI-X interrupts were delivered"
+      [ "$(stat_field dma_bytes)" -gt 0 ] || fail "no DMA memory mapped"
+      huge=$(stat_field hugepage_bytes)
+      if [ "$(cat /proc/sys/vm/nr_hugepages)" -gt 0 ]; then
+        [ "$huge" -gt 0 ] || fail "hugepages are reserved but the DMA memory does not use them"
+      else
+        [ "$huge" = 0 ] || fail "hugepage bytes reported with no hugepages reserved"
+      fi
+      ;;
+  esac
+  pid=$(pidof warpfs)
+  sync
+  a=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+  irq_a=$(stat_field interrupts)
+  irq_a=${irq_a:-0}
+  sleep 10
+  b=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+  dump_stats
+  irq_b=$(stat_field interrupts)
+  irq_b=${irq_b:-0}
+  echo "  idle for 10 s: $((b - a)) ticks of CPU (of $((10 * $(getconf CLK_TCK 2>/dev/null || echo 100)))), $((irq_b - irq_a)) interrupts"
+  [ "$((b - a))" -le 5 ] || fail "an idle mount used $((b - a)) ticks in 10 s"
+}
+
+# kill -9 of the daemon after an fsync: the kernel closes the VFIO group and resets the
+# function; the next mount replays the journal and the fsync'd file is there.
+do_kill9() {
+  is_mounted || fail "/mnt is not mounted"
+  head -c 300000 /dev/urandom >"$state/k9.src"
+  cp "$state/k9.src" /mnt/k9 || fail "write /mnt/k9"
+  sync /mnt/k9 2>/dev/null || sync
+  kill -KILL "$(pidof warpfs)" || fail "kill -9"
+  ticks=0
+  while [ ! -e "$state/daemon.rc" ]; do
+    [ "$ticks" -lt 100 ] || fail "the daemon did not die"
+    sleep 0.1
+    ticks=$((ticks + 1))
+  done
+  umount /mnt 2>/dev/null || umount -l /mnt || fail "umount of the dead mount"
+  do_mount
+  cmp "$state/k9.src" /mnt/k9 || fail "the fsync'd file differs after kill -9 and remount"
+  check_data
+}
+
+# SIGTERM: the daemon unmounts, leaves the superblock clean and exits 0.
+do_sigterm() {
+  is_mounted || fail "/mnt is not mounted"
+  kill -TERM "$(pidof warpfs)" || fail "kill -TERM"
+  ticks=0
+  while [ ! -e "$state/daemon.rc" ]; do
+    [ "$ticks" -lt 1200 ] || fail "warpfs still running 120 s after SIGTERM"
+    sleep 0.1
+    ticks=$((ticks + 1))
+  done
+  [ "$(cat "$state/daemon.rc")" = 0 ] || fail "warpfs exited with status $(cat "$state/daemon.rc") after SIGTERM"
+  is_mounted && fail "/mnt is still mounted after SIGTERM"
+  return 0
+}
+
 do_fsck() {
   requires mkfs
   have fsck.warpfs || fail "fsck.warpfs not carried"
@@ -337,16 +421,28 @@ fi
 BDF=${1:?BDF}
 CONFIG=${2:-single}
 DEVICE=vfio:$BDF
-[ "$CONFIG" = multi ] && DEVICE=$DEVICE,ns=2  # namespace 1 is too small on purpose
-MKFS_OPTS=
+DEVICE_NAME=vfio:$BDF  # the transport's name in the daemon's stats
+TEST_DEVICE=vfio:$BDF  # where the driver's tests run
+if [ "$CONFIG" = multi ]; then
+  DEVICE=$DEVICE,ns=2            # namespace 1 is too small on purpose
+  TEST_DEVICE=$TEST_DEVICE,ns=3  # the driver's tests on yet another namespace
+  # DMA memory from hugepages (the cache's arena and the I/O buffers are >= 1 MiB).
+  echo 64 >/proc/sys/vm/nr_hugepages
+  echo "hugepages reserved: $(cat /proc/sys/vm/nr_hugepages)"
+fi
+# single: the driver's tests have left their patterns on the namespace. multi: they ran on
+# namespace 3, so namespace 2 must still be empty and mkfs needs no --force.
+MKFS_OPTS=--force
+[ "$CONFIG" = multi ] && MKFS_OPTS=
 # The harness's own test (run-guest.sh with WARPFS_VM_SELFTEST=1): the filesystem steps use
 # an emulated controller over an image in the guest's tmpfs instead of the VFIO device.
 if [ "${WARPFS_GUEST_SELFTEST:-0}" = 1 ]; then
   DEVICE=emu:/tmp/selftest.img
-  MKFS_OPTS="--size 512M"
+  DEVICE_NAME=emulated
+  MKFS_OPTS="--force --size 512M"
   echo "self-test: the filesystem steps use $DEVICE"
 fi
-export BDF CONFIG DEVICE MKFS_OPTS
+export BDF CONFIG DEVICE DEVICE_NAME TEST_DEVICE MKFS_OPTS
 rm -rf "$state"
 mkdir -p "$state"
 
@@ -362,5 +458,7 @@ step -t 300 workload do_workload
 step unmount do_unmount
 step remount do_mount
 step verify do_verify
-step final-unmount do_unmount
+step device-stats do_device_stats
+step kill9 do_kill9
+step sigterm do_sigterm
 step fsck do_fsck

@@ -16,6 +16,7 @@ struct StackOptions {
   uint64_t create_bytes = 0;  // emulated: create a missing image of this size
   uint16_t io_queues = 4;
   nvme::EmulatedConfig emulated;  // latency model, worker threads, ...
+  nvme::VfioOptions vfio;         // hugepages, interrupts, signal teardown
 };
 
 class DeviceStack {

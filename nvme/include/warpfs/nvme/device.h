@@ -9,6 +9,7 @@
 
 #include "warpfs/nvme/emulated.h"
 #include "warpfs/nvme/transport.h"
+#include "warpfs/nvme/vfio.h"
 
 namespace warpfs::nvme {
 
@@ -25,7 +26,9 @@ bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error);
 
 // Opens the transport. For an emulated device, `create_bytes` > 0 creates a missing image of
 // that size; `config` shapes the emulated controller (its namespaces cover the image).
+// `vfio` shapes the VFIO transport.
 std::unique_ptr<Transport> open_transport(const DeviceSpec& spec, const EmulatedConfig& config,
-                                          uint64_t create_bytes, std::string* error);
+                                          const VfioOptions& vfio, uint64_t create_bytes,
+                                          std::string* error);
 
 }  // namespace warpfs::nvme

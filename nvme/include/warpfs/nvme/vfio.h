@@ -30,8 +30,10 @@ struct VfioOptions {
   bool hugepages = true;    // back allocations of >= 1 MiB with 2 MiB hugepages if available
   bool interrupts = true;   // MSI-X through eventfds; false: the driver polls with back-off
   uint16_t max_vectors = 65;  // admin + one per I/O queue, capped by the device's MSI-X count
-  // Disable the controller on SIGINT/SIGTERM/SIGHUP/SIGQUIT and crash signals, for those
-  // whose disposition is still the default when the device is opened.
+  // Disable the controller on SIGINT/SIGTERM/SIGHUP/SIGQUIT, for those whose disposition is
+  // still the default when the device is opened. A program that stops cleanly on those
+  // signals itself (the FUSE daemon unmounts) turns this off. Crash signals (SIGSEGV,
+  // SIGBUS, SIGILL, SIGFPE, SIGABRT) with the default disposition are always covered.
   bool teardown_on_signal = true;
   std::string sysfs = "/sys";  // where the PCI device is looked up (tests use fake trees)
 };
