@@ -400,6 +400,42 @@ do_sigterm() {
   return 0
 }
 
+# warpfs-pci refuses to take the controller from a running warpfs (it holds /dev/vfio/N).
+do_in_use() {
+  have warpfs-pci || fail "warpfs-pci not carried"
+  is_mounted || fail "/mnt is not mounted"
+  out=$(warpfs-pci bind "$BDF" nvme 2>&1) && fail "warpfs-pci moved the controller of a mounted warpfs"
+  echo "  warpfs-pci bind $BDF nvme: $out"
+  echo "$out" | grep -q warpfs || fail "the refusal does not name the warpfs process"
+  drv=$(readlink "/sys/bus/pci/devices/$BDF/driver")
+  [ "${drv##*/}" = vfio-pci ] || fail "the controller moved to '${drv##*/}' anyway"
+}
+
+# The controller to the kernel's nvme driver (its namespaces appear as block devices) and
+# back to vfio-pci; the filesystem on it is untouched.
+do_to_nvme_and_back() {
+  have warpfs-pci || fail "warpfs-pci not carried"
+  while read -r m; do
+    [ -n "$m" ] || continue
+    [ -e "/sys/module/$(echo "$m" | tr - _)" ] && continue
+    insmod "/modules/later/$m.ko" || fail "insmod $m"
+  done </modules/later/order
+  warpfs-pci bind "$BDF" nvme || fail "warpfs-pci bind $BDF nvme"
+  drv=$(readlink "/sys/bus/pci/devices/$BDF/driver")
+  [ "${drv##*/}" = nvme ] || fail "the controller is bound to '${drv##*/}', not nvme"
+  ticks=0
+  until warpfs-pci list | grep "$BDF\|${BDF#0000:}" | grep -q 'nvme[0-9]*n[0-9]'; do
+    [ "$ticks" -lt 300 ] || fail "no namespace block device within 30 s"
+    sleep 0.1
+    ticks=$((ticks + 1))
+  done
+  warpfs-pci list
+  warpfs-pci bind "$BDF" vfio-pci || fail "warpfs-pci bind $BDF vfio-pci (back)"
+  drv=$(readlink "/sys/bus/pci/devices/$BDF/driver")
+  [ "${drv##*/}" = vfio-pci ] || fail "the controller is bound to '${drv##*/}', not vfio-pci"
+  fsck.warpfs -f -n "$DEVICE" || fail "fsck after the round trip through the nvme driver"
+}
+
 do_fsck() {
   requires mkfs
   have fsck.warpfs || fail "fsck.warpfs not carried"
@@ -458,7 +494,9 @@ step -t 300 workload do_workload
 step unmount do_unmount
 step remount do_mount
 step verify do_verify
+have warpfs-pci && step in-use do_in_use
 step device-stats do_device_stats
 step kill9 do_kill9
 step sigterm do_sigterm
 step fsck do_fsck
+case $DEVICE in vfio:*) have warpfs-pci && step to-nvme-and-back do_to_nvme_and_back ;; esac

@@ -32,6 +32,9 @@ log=${WARPFS_VM_LOG:-$bindir/vfio-guest-$config.log}
 # Loaded in this order (dependencies from modules.dep come first); nvme stays out so that
 # nothing but vfio-pci claims the controller.
 modules=(vfio vfio_iommu_type1 irqbypass vfio_virqfd vfio-pci-core vfio-pci fuse)
+# Carried but not loaded at boot: the kernel's nvme driver, for the step that moves the
+# controller to it and back with warpfs-pci (/modules/later/order).
+later_modules=(nvme)
 
 for tool in qemu-system-x86_64 cpio depmod dpkg; do
   command -v "$tool" >/dev/null || { echo "run-guest: $tool is missing (bash scripts/install-deps.sh)" >&2; exit 2; }
@@ -159,6 +162,25 @@ module_order() {
     }' "$mdir/modules.builtin" "$mdir/modules.dep"
 }
 
+# carry_modules DIR NAMES...: the modules for NAMES (dependencies first, decompressed) into
+# DIR, and their load order into DIR/order.
+carry_modules() {
+  local dir=$1 mdir=$kdir/root/lib/modules/$kver list m name order=()
+  shift
+  list=$(module_order "$@")
+  for m in $list; do
+    name=$(basename "$m")
+    case $name in
+      *.ko.xz) xz -dc "$mdir/$m" >"$dir/${name%.xz}" ;;
+      *.ko.zst) zstd -dcq "$mdir/$m" >"$dir/${name%.zst}" ;;
+      *.ko.gz) gzip -dc "$mdir/$m" >"$dir/${name%.gz}" ;;
+      *) cp "$mdir/$m" "$dir/$name" ;;
+    esac
+    order+=("${name%%.ko*}")
+  done
+  printf '%s\n' "${order[@]}" >"$dir/order"
+}
+
 build_initramfs() {
   mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,etc,proc,sys,dev,tmp,mnt,modules}
   cp "$busybox" "$root/bin/busybox"
@@ -168,19 +190,9 @@ build_initramfs() {
     [[ -e $root/$applet ]] || ln -s /bin/busybox "$root/$applet"
   done
 
-  local mdir=$kdir/root/lib/modules/$kver list m name order=()
-  list=$(module_order "${modules[@]}")
-  for m in $list; do
-    name=$(basename "$m")
-    case $name in
-      *.ko.xz) xz -dc "$mdir/$m" >"$root/modules/${name%.xz}" ;;
-      *.ko.zst) zstd -dcq "$mdir/$m" >"$root/modules/${name%.zst}" ;;
-      *.ko.gz) gzip -dc "$mdir/$m" >"$root/modules/${name%.gz}" ;;
-      *) cp "$mdir/$m" "$root/modules/$name" ;;
-    esac
-    order+=("${name%%.ko*}")
-  done
-  printf '%s\n' "${order[@]}" >"$root/modules/order"
+  carry_modules "$root/modules" "${modules[@]}"
+  mkdir -p "$root/modules/later"
+  carry_modules "$root/modules/later" "${later_modules[@]}"
 
   # The programs: the usual place in a build tree first, else any file of that name.
   local rel prog found carried=() missing=()
