@@ -12,8 +12,6 @@
 namespace warpfs::nvme::test {
 namespace {
 
-constexpr uint64_t kPage = 4096;
-
 // Builds PRP1/PRP2 by hand for data scattered over `pages` (bus addresses of whole pages),
 // starting `offset` bytes into the first one. PRP lists go into `lists` (DMA memory) starting
 // at byte `list_offset`, chaining to the next list page when one fills (Base §4.3).
@@ -57,32 +55,60 @@ class DataPath : public ::testing::Test {
     ASSERT_TRUE(r_);
     ASSERT_TRUE(r_->ctrl->create_queue_pair(1, 64, QueuePriority::kMedium, &v_).is_ok());
     qp_ = std::make_unique<RawQueuePair>(v_);
+    list_ = r_->alloc(kPage);
   }
   uint16_t run(SubmissionEntry c) { return sf(run_raw(*qp_, c)); }
+
+  // Moves `blocks` blocks at `slba` to (write) or from `buf`, in commands within MDTS.
+  void rw_range(bool write, uint64_t slba, uint32_t blocks, const DmaRegion& buf) {
+    const uint32_t per = r_->max_io_bytes() / r_->lba;
+    for (uint32_t done = 0; done < blocks; done += per) {
+      const uint32_t n = std::min(per, blocks - done);
+      SubmissionEntry c =
+          write ? make_write(r_->nsid, slba + done, n) : make_read(r_->nsid, slba + done, n);
+      ASSERT_TRUE(fill_prps(&c, buf.iova + uint64_t{done} * r_->lba, uint64_t{n} * r_->lba,
+                            PrpList{static_cast<uint64_t*>(list_.vaddr), list_.iova}));
+      ASSERT_EQ(run(c), 0) << (write ? "write" : "read") << " of " << n << " blocks at "
+                           << slba + done;
+    }
+  }
 
   std::unique_ptr<Rig> r_;
   QueueView v_;
   std::unique_ptr<RawQueuePair> qp_;
+  DmaRegion list_;
 };
 
+std::vector<uint64_t> pages_of(const DmaRegion& d, uint64_t len) {
+  std::vector<uint64_t> p;
+  for (uint64_t i = 0; i * kPage < len; ++i) p.push_back(d.iova + i * kPage);
+  return p;
+}
+
+// Transfers of every PRP shape up to the device's MDTS (at most 4 MiB): within one page,
+// PRP2 as a data pointer, one list page, and lists chained over several pages.
 TEST_F(DataPath, WriteThenReadEverySizeUpToMdts) {
-  DmaRegion wbuf = r_->alloc(4 << 20), rbuf = r_->alloc(4 << 20), list = r_->alloc(4 * kPage);
-  auto pages_of = [](const DmaRegion& d, uint64_t len) {
-    std::vector<uint64_t> p;
-    for (uint64_t i = 0; i * kPage < len; ++i) p.push_back(d.iova + i * kPage);
-    return p;
-  };
+  const uint64_t lb = r_->lba;
+  const uint64_t limit = std::min<uint64_t>(r_->ctrl->max_transfer_bytes(), 4ull << 20) / lb * lb;
+  DmaRegion wbuf = r_->alloc(limit), rbuf = r_->alloc(limit), list = r_->alloc(4 * kPage);
+  std::set<uint64_t> sizes;  // bytes, whole blocks
+  for (uint64_t want :
+       std::initializer_list<uint64_t>{lb, 7 * 512, kPage, kPage + 512, 2 * kPage, 2 * kPage + 512,
+                                       100 * 512, 512 << 10, 2 << 20, 4 << 20, limit}) {
+    const uint64_t len = (want + lb - 1) / lb * lb;
+    if (len <= limit) sizes.insert(len);
+  }
+  EXPECT_GE(sizes.size(), 3u) << "MDTS " << limit << " bytes leaves few PRP shapes to test";
   uint64_t lba = 0;
-  // Up to 8192 blocks = 4 MiB = 1024 pages: the PRP list chains over three list pages.
-  for (uint32_t blocks : {1u, 7u, 8u, 9u, 16u, 17u, 100u, 1024u, 4096u, 8192u}) {
-    const uint64_t len = uint64_t{blocks} * 512;
+  for (uint64_t len : sizes) {
+    const uint32_t blocks = static_cast<uint32_t>(len / lb);
     fill_pattern(wbuf.vaddr, len, lba, blocks);
-    SubmissionEntry w = make_write(1, lba, blocks);
+    SubmissionEntry w = make_write(r_->nsid, lba, blocks);
     HandPrp hw = build_prps(pages_of(wbuf, len), 0, len, list, 0);
     w.prp1 = hw.prp1, w.prp2 = hw.prp2;
     ASSERT_EQ(run(w), 0) << blocks;
     std::memset(rbuf.vaddr, 0xee, len);
-    SubmissionEntry rd = make_read(1, lba, blocks);
+    SubmissionEntry rd = make_read(r_->nsid, lba, blocks);
     HandPrp hr = build_prps(pages_of(rbuf, len), 0, len, list, 0);
     rd.prp1 = hr.prp1, rd.prp2 = hr.prp2;
     ASSERT_EQ(run(rd), 0) << blocks;
@@ -90,25 +116,31 @@ TEST_F(DataPath, WriteThenReadEverySizeUpToMdts) {
     lba += blocks;
   }
   // The driver's own builder agrees with the hand-built lists for one-list-page transfers.
-  fill_pattern(wbuf.vaddr, 2 << 20, 77, 77);
-  SubmissionEntry w = make_write(1, 20000, 4096);
+  const uint64_t len = r_->max_io_bytes();
+  const uint32_t blocks = static_cast<uint32_t>(len / lb);
+  fill_pattern(wbuf.vaddr, len, 77, 77);
+  SubmissionEntry w = make_write(r_->nsid, lba, blocks);
   ASSERT_TRUE(
-      fill_prps(&w, wbuf.iova, 2 << 20, PrpList{static_cast<uint64_t*>(list.vaddr), list.iova}));
+      fill_prps(&w, wbuf.iova, len, PrpList{static_cast<uint64_t*>(list.vaddr), list.iova}));
   ASSERT_EQ(run(w), 0);
-  SubmissionEntry rd = make_read(1, 20000, 4096);
-  HandPrp hr = build_prps(pages_of(rbuf, 2 << 20), 0, 2 << 20, list, 0);
+  SubmissionEntry rd = make_read(r_->nsid, lba, blocks);
+  HandPrp hr = build_prps(pages_of(rbuf, len), 0, len, list, 0);
   rd.prp1 = hr.prp1, rd.prp2 = hr.prp2;
   ASSERT_EQ(run(rd), 0);
-  EXPECT_TRUE(check_pattern(rbuf.vaddr, 2 << 20, 77, 77));
+  EXPECT_TRUE(check_pattern(rbuf.vaddr, len, 77, 77));
 }
 
 // Data scattered over pages in random order, a first page entered at an offset, a PRP list
 // that starts mid-page and chains over two list pages: bytes land where the entries say.
 TEST_F(DataPath, ScatteredPagesOffsetsAndChainedLists) {
   std::mt19937_64 rng(42);
+  const uint64_t lb = r_->lba;
+  // Up to 700 blocks of 512 B, a page under MDTS so that the offset's extra page fits too.
+  const uint64_t len = std::min<uint64_t>(700 * 512, r_->max_io_bytes() - kPage) / lb * lb;
+  ASSERT_GE(len, lb);
+  const uint32_t blocks = static_cast<uint32_t>(len / lb);
   for (uint64_t offset : {0ull, 4ull, 512ull, 4092ull}) {
     for (uint64_t list_offset : {0ull, 8ull, 4000ull, 4088ull}) {
-      const uint64_t len = 700 * 512 + (offset ? kPage - offset : 0);  // 700 blocks
       const uint64_t npages = (offset + len + kPage - 1) / kPage;
       DmaRegion pool = r_->alloc(npages * kPage), list = r_->alloc(4 * kPage);
       std::vector<uint64_t> order(npages);
@@ -124,18 +156,17 @@ TEST_F(DataPath, ScatteredPagesOffsetsAndChainedLists) {
       std::vector<uint8_t> want(len);
       for (uint64_t i = 0; i < len; ++i) want[i] = static_cast<uint8_t>(rng());
       for (uint64_t i = 0; i < len; ++i) *at(i) = want[i];
-      const uint32_t blocks = static_cast<uint32_t>(len / 512);
-      SubmissionEntry w = make_write(1, 1000, blocks);
-      HandPrp h = build_prps(pages, offset, uint64_t{blocks} * 512, list, list_offset);
+      SubmissionEntry w = make_write(r_->nsid, 1000, blocks);
+      HandPrp h = build_prps(pages, offset, len, list, list_offset);
       w.prp1 = h.prp1, w.prp2 = h.prp2;
       ASSERT_EQ(run(w), 0) << offset << "/" << list_offset;
       // Read back into a plain contiguous buffer and compare the stream.
-      DmaRegion out = r_->alloc(uint64_t{blocks} * 512), list2 = r_->alloc(kPage);
-      SubmissionEntry rd = make_read(1, 1000, blocks);
-      ASSERT_TRUE(fill_prps(&rd, out.iova, uint64_t{blocks} * 512,
-                            PrpList{static_cast<uint64_t*>(list2.vaddr), list2.iova}));
+      DmaRegion out = r_->alloc(len), list2 = r_->alloc(kPage);
+      SubmissionEntry rd = make_read(r_->nsid, 1000, blocks);
+      ASSERT_TRUE(
+          fill_prps(&rd, out.iova, len, PrpList{static_cast<uint64_t*>(list2.vaddr), list2.iova}));
       ASSERT_EQ(run(rd), 0);
-      EXPECT_EQ(0, std::memcmp(out.vaddr, want.data(), uint64_t{blocks} * 512))
+      EXPECT_EQ(0, std::memcmp(out.vaddr, want.data(), len))
           << "offset " << offset << " list offset " << list_offset;
       r_->transport->dma_free(pool);
       r_->transport->dma_free(list);
@@ -145,41 +176,84 @@ TEST_F(DataPath, ScatteredPagesOffsetsAndChainedLists) {
   }
 }
 
+// Write Zeroes (NVM §3.2.8) reads back zeroes with or without its Deallocate bit. Dataset
+// Management deallocate (NVM §3.2.3) is advisory: the emulated controller deallocates and
+// reads zeroes; another device may keep the data or return its DLFEAT value instead.
 TEST_F(DataPath, WriteZeroesAndDeallocateReadBackZeroes) {
-  DmaRegion buf = r_->alloc(64 * 512), list = r_->alloc(kPage);
-  const PrpList pl{static_cast<uint64_t*>(list.vaddr), list.iova};
-  fill_pattern(buf.vaddr, 64 * 512, 1, 1);
-  SubmissionEntry w = make_write(1, 100, 64);
-  ASSERT_TRUE(fill_prps(&w, buf.iova, 64 * 512, pl));
-  ASSERT_EQ(run(w), 0);
-  ASSERT_EQ(run(make_write_zeroes(1, 104, 4, false)), 0);  // blocks 104..107
-  ASSERT_EQ(run(make_write_zeroes(1, 120, 16, true)), 0);  // deallocate 120..135
-  DmaRegion ranges = r_->alloc(kPage);
-  auto* rg = static_cast<DsmRange*>(ranges.vaddr);
-  rg[0] = DsmRange{0, 3, 140};  // 140..142
-  rg[1] = DsmRange{0, 1, 163};  // 163
-  ASSERT_EQ(run(make_deallocate(1, ranges.iova, 2)), 0);
-  std::memset(buf.vaddr, 0xaa, 64 * 512);
-  SubmissionEntry rd = make_read(1, 100, 64);
-  ASSERT_TRUE(fill_prps(&rd, buf.iova, 64 * 512, pl));
-  ASSERT_EQ(run(rd), 0);
-  std::vector<uint8_t> expect(64 * 512);
+  const uint16_t oncs = r_->ctrl->identify().oncs;
+  const uint64_t lb = r_->lba;
+  constexpr uint64_t kBase = 100;
+  constexpr uint32_t kBlocks = 64;
+  DmaRegion buf = r_->alloc(kBlocks * lb);
+  fill_pattern(buf.vaddr, kBlocks * lb, 1, 1);
+  ASSERT_NO_FATAL_FAILURE(rw_range(true, kBase, kBlocks, buf));
+  std::vector<uint8_t> expect(kBlocks * lb);
   fill_pattern(expect.data(), expect.size(), 1, 1);
+  auto block = [&](uint8_t* base, uint64_t lba) { return base + (lba - kBase) * lb; };
   auto zero = [&](uint64_t from, uint64_t n) {
-    std::memset(expect.data() + (from - 100) * 512, 0, n * 512);
+    std::memset(block(expect.data(), from), 0, n * lb);
   };
-  zero(104, 4), zero(120, 16), zero(140, 3), zero(163, 1);
-  EXPECT_EQ(0, std::memcmp(buf.vaddr, expect.data(), expect.size()));
+  if (oncs & oncs::kWriteZeroes) {
+    ASSERT_EQ(run(make_write_zeroes(r_->nsid, 104, 4, false)), 0);  // blocks 104..107
+    ASSERT_EQ(run(make_write_zeroes(r_->nsid, 120, 16, true)), 0);  // deallocate 120..135
+    zero(104, 4), zero(120, 16);
+  }
+  const std::vector<std::pair<uint64_t, uint32_t>> dsm = {{140, 3}, {163, 1}};
+  if (oncs & oncs::kDatasetManagement) {
+    DmaRegion ranges = r_->alloc(kPage);
+    auto* rg = static_cast<DsmRange*>(ranges.vaddr);
+    for (size_t i = 0; i < dsm.size(); ++i) rg[i] = DsmRange{0, dsm[i].second, dsm[i].first};
+    ASSERT_EQ(run(make_deallocate(r_->nsid, ranges.iova, 2)), 0);
+  }
+  std::memset(buf.vaddr, 0xaa, kBlocks * lb);
+  ASSERT_NO_FATAL_FAILURE(rw_range(false, kBase, kBlocks, buf));
+  auto* got = static_cast<uint8_t*>(buf.vaddr);
+  if (oncs & oncs::kDatasetManagement) {
+    for (const auto& [from, n] : dsm) {
+      for (uint64_t b = from; b < from + n; ++b) {
+        if (r_->emu) {
+          std::memset(block(expect.data(), b), 0, lb);
+          continue;
+        }
+        const std::vector<uint8_t> zeroes(lb, 0), ones(lb, 0xff);
+        const bool kept = std::memcmp(block(got, b), block(expect.data(), b), lb) == 0;
+        const bool deallocated = std::memcmp(block(got, b), zeroes.data(), lb) == 0 ||
+                                 std::memcmp(block(got, b), ones.data(), lb) == 0;
+        EXPECT_TRUE(kept || deallocated) << "deallocated block " << b << " reads neither its "
+                                         << "data nor a deallocated value";
+        std::memcpy(block(expect.data(), b), block(got, b), lb);
+      }
+    }
+  }
+  for (uint64_t b = kBase; b < kBase + kBlocks; ++b) {
+    EXPECT_EQ(0, std::memcmp(block(got, b), block(expect.data(), b), lb)) << "block " << b;
+  }
 }
 
 TEST_F(DataPath, FlushAndFuaSucceed) {
   DmaRegion buf = r_->alloc(kPage);
-  SubmissionEntry w = make_write(1, 0, 8, /*fua=*/true);
+  SubmissionEntry w = make_write(r_->nsid, 0, static_cast<uint32_t>(kPage / r_->lba), /*fua=*/true);
   w.prp1 = buf.iova;
   EXPECT_EQ(run(w), 0);
-  EXPECT_EQ(run(make_flush(1)), 0);
-  EXPECT_EQ(run(make_flush(io::kBroadcastNsid)), 0);
-  EXPECT_GE(r_->transport->counters().flushes, 2u);
+  EXPECT_EQ(run(make_flush(r_->nsid)), 0);
+  // Identify VWC bits 2:1 (Base Figure 275): 11b the broadcast NSID flushes every namespace,
+  // 10b it is refused, 00b the controller does not say which.
+  const uint16_t all = r_->status(run(make_flush(io::kBroadcastNsid)));
+  const uint16_t refused = r_->status(make_status(sct::kGeneric, sc::kInvalidNamespace));
+  switch ((r_->ctrl->identify().vwc >> 1) & 3) {
+    case 3:
+      EXPECT_EQ(all, 0);
+      break;
+    case 2:
+      EXPECT_EQ(all, refused);
+      break;
+    default:
+      EXPECT_TRUE(all == 0 || all == refused) << all;
+      break;
+  }
+  if (r_->emu) {
+    EXPECT_GE(r_->emu->counters().flushes, 2u);
+  }
 }
 
 // A 4-entry queue wrapped hundreds of times: the phase tag flips on every pass and the driver
@@ -193,22 +267,23 @@ TEST(PhaseTag, HundredsOfWrapsOfASmallQueue) {
   DmaRegion buf = r->alloc(kPage);
   for (uint64_t i = 0; i < 1200; ++i) {  // 300 wraps of the 4-entry CQ
     const uint64_t lba = i % 64;
-    fill_pattern(buf.vaddr, 512, lba, i);
-    SubmissionEntry w = make_write(1, lba, 1);
+    fill_pattern(buf.vaddr, r->lba, lba, i);
+    SubmissionEntry w = make_write(r->nsid, lba, 1);
     w.prp1 = buf.iova;
     CompletionEntry c = run_raw(qp, w);
     ASSERT_EQ(sf(c), 0);
     ASSERT_EQ(c.sq_id, 1);
-    std::memset(buf.vaddr, 0, 512);
-    SubmissionEntry rd = make_read(1, lba, 1);
+    std::memset(buf.vaddr, 0, r->lba);
+    SubmissionEntry rd = make_read(r->nsid, lba, 1);
     rd.prp1 = buf.iova;
     ASSERT_EQ(sf(run_raw(qp, rd)), 0);
-    ASSERT_TRUE(check_pattern(buf.vaddr, 512, lba, i)) << i;
+    ASSERT_TRUE(check_pattern(buf.vaddr, r->lba, lba, i)) << i;
   }
 }
 
-// With latency jitter and shuffling, completions arrive out of submission order, carry the
-// SQ head, and each still names its own command.
+// 32 commands in flight at once: each completion names its own command, carries the SQ head,
+// and none is lost or doubled. With latency jitter and shuffling the emulated controller
+// completes them out of submission order, and the driver must cope.
 TEST(Completions, OutOfOrderWithSqHeadInEveryEntry) {
   EmulatedConfig cfg;
   cfg.latency_ns = 20'000;
@@ -223,7 +298,7 @@ TEST(Completions, OutOfOrderWithSqHeadInEveryEntry) {
   int reordered = 0;
   for (int round = 0; round < 20; ++round) {
     for (uint16_t i = 0; i < 32; ++i) {
-      SubmissionEntry c = make_read(1, i, 1);
+      SubmissionEntry c = make_read(r->nsid, i, 1);
       c.cid = i;
       c.prp1 = buf.iova + i * kPage;
       ASSERT_TRUE(qp.push(c).is_ok());
@@ -244,7 +319,9 @@ TEST(Completions, OutOfOrderWithSqHeadInEveryEntry) {
     EXPECT_EQ(std::set<uint16_t>(order.begin(), order.end()).size(), 32u);
     reordered += std::is_sorted(order.begin(), order.end()) ? 0 : 1;
   }
-  EXPECT_GT(reordered, 10);
+  if (r->emu) {
+    EXPECT_GT(reordered, 10);  // a real device may well complete in order
+  }
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // Durability: Flush, FUA and shutdown persist what was written before them; a power cut
-// may lose unflushed writes but never tears one inside the atomic write unit.
+// may lose unflushed writes but never tears one inside the atomic write unit. Power cuts are
+// the emulated controller's hook, so every test here is about the model (on any device,
+// Controller.ResetDeletesQueuesAndBringUpWorksAgain checks that a shutdown keeps the data).
 #include <unistd.h>
 
 #include <random>
@@ -10,18 +12,16 @@
 namespace warpfs::nvme::test {
 namespace {
 
-constexpr uint64_t kUnitBlocks = 8;  // 4 KiB of 512 B blocks: NAWUPF + 1
-
 // Writes `blocks` blocks at `lba` of generation `gen` through a fresh queue.
 void write_gen(Rig& r, RawQueuePair& qp, uint64_t lba, uint32_t blocks, uint64_t gen,
                bool fua = false) {
-  DmaRegion buf = r.alloc(uint64_t{blocks} * 512 + 4096);
+  DmaRegion buf = r.alloc(uint64_t{blocks} * r.lba + kPage);
   for (uint32_t b = 0; b < blocks; ++b) {
-    fill_pattern(static_cast<uint8_t*>(buf.vaddr) + b * 512, 512, lba + b, gen);
+    fill_pattern(static_cast<uint8_t*>(buf.vaddr) + uint64_t{b} * r.lba, r.lba, lba + b, gen);
   }
-  DmaRegion list = r.alloc(4096);
-  SubmissionEntry w = make_write(1, lba, blocks, fua);
-  ASSERT_TRUE(fill_prps(&w, buf.iova, uint64_t{blocks} * 512,
+  DmaRegion list = r.alloc(kPage);
+  SubmissionEntry w = make_write(r.nsid, lba, blocks, fua);
+  ASSERT_TRUE(fill_prps(&w, buf.iova, uint64_t{blocks} * r.lba,
                         PrpList{static_cast<uint64_t*>(list.vaddr), list.iova}));
   ASSERT_EQ(sf(run_raw(qp, w)), 0);
   r.transport->dma_free(buf);
@@ -31,15 +31,15 @@ void write_gen(Rig& r, RawQueuePair& qp, uint64_t lba, uint32_t blocks, uint64_t
 // Which generation each block holds (-1: neither expected one).
 std::vector<int> read_gens(Rig& r, RawQueuePair& qp, uint64_t lba, uint32_t blocks,
                            std::initializer_list<uint64_t> gens) {
-  DmaRegion buf = r.alloc(512);
+  DmaRegion buf = r.alloc(r.lba);
   std::vector<int> out;
   for (uint32_t b = 0; b < blocks; ++b) {
-    SubmissionEntry rd = make_read(1, lba + b, 1);
+    SubmissionEntry rd = make_read(r.nsid, lba + b, 1);
     rd.prp1 = buf.iova;
     EXPECT_EQ(sf(run_raw(qp, rd)), 0);
     int g = -1;
     for (uint64_t x : gens) {
-      if (check_pattern(buf.vaddr, 512, lba + b, x)) g = static_cast<int>(x);
+      if (check_pattern(buf.vaddr, r.lba, lba + b, x)) g = static_cast<int>(x);
     }
     out.push_back(g);
   }
@@ -64,17 +64,18 @@ Session power_on(std::shared_ptr<BackingStore> store, uint64_t seed = 1) {
 }
 void cut(Session& s, double persist) {
   s.qp.reset();
-  s.rig->transport->power_cut(persist);
+  s.rig->emu->power_cut(persist);
   s.rig->ctrl.reset();  // its shutdown now fails quietly: the device is gone
   s.rig.reset();
 }
 
 TEST(Persistence, UnflushedWritesAreVolatileFlushedOnesSurvive) {
+  WARPFS_EMULATED_ONLY() << "power cuts";
   auto store = BackingStore::ram(8 << 20);
   Session s = power_on(store);
   ASSERT_TRUE(s.rig);
   write_gen(*s.rig, *s.qp, 0, 64, 1);
-  ASSERT_EQ(sf(run_raw(*s.qp, make_flush(1))), 0);
+  ASSERT_EQ(sf(run_raw(*s.qp, make_flush(s.rig->nsid))), 0);
   write_gen(*s.rig, *s.qp, 64, 64, 2);  // never flushed
   cut(s, 0.0);
   s = power_on(store);
@@ -84,6 +85,7 @@ TEST(Persistence, UnflushedWritesAreVolatileFlushedOnesSurvive) {
 }
 
 TEST(Persistence, FuaWritesSurviveWithoutFlush) {
+  WARPFS_EMULATED_ONLY() << "power cuts";
   auto store = BackingStore::ram(8 << 20);
   Session s = power_on(store);
   ASSERT_TRUE(s.rig);
@@ -94,6 +96,7 @@ TEST(Persistence, FuaWritesSurviveWithoutFlush) {
 }
 
 TEST(Persistence, NormalShutdownPersistsEverything) {
+  WARPFS_EMULATED_ONLY() << "power cuts";
   auto store = BackingStore::ram(8 << 20);
   Session s = power_on(store);
   ASSERT_TRUE(s.rig);
@@ -108,14 +111,17 @@ TEST(Persistence, NormalShutdownPersistsEverything) {
 // Many 16 KiB writes (four atomic units each) over old data, then a cut that persists a
 // random half of the cached units: writes tear, but only at 4 KiB boundaries.
 TEST(Persistence, PowerCutTearsOnlyAtAtomicUnitBoundaries) {
+  WARPFS_EMULATED_ONLY() << "power cuts";
   for (uint64_t seed = 1; seed <= 5; ++seed) {
     auto store = BackingStore::ram(8 << 20);
     Session s = power_on(store, seed);
     ASSERT_TRUE(s.rig);
-    constexpr uint32_t kWrite = 32;  // blocks per write: 4 units
+    const uint32_t unit = s.rig->ctrl->find_namespace(s.rig->nsid)->atomic_write_blocks;
+    ASSERT_EQ(unit * s.rig->lba, 4096u);  // the model's atomic write unit
+    constexpr uint32_t kWrite = 32;       // blocks per write: 4 units
     constexpr int kWrites = 16;
     for (int i = 0; i < kWrites; ++i) write_gen(*s.rig, *s.qp, i * kWrite, kWrite, 1);
-    ASSERT_EQ(sf(run_raw(*s.qp, make_flush(1))), 0);
+    ASSERT_EQ(sf(run_raw(*s.qp, make_flush(s.rig->nsid))), 0);
     for (int i = 0; i < kWrites; ++i) write_gen(*s.rig, *s.qp, i * kWrite, kWrite, 2);
     cut(s, 0.5);
     s = power_on(store, seed);
@@ -127,7 +133,7 @@ TEST(Persistence, PowerCutTearsOnlyAtAtomicUnitBoundaries) {
       for (uint32_t b = 0; b < kWrite; ++b) {
         ASSERT_NE(g[b], -1) << "block " << i * kWrite + b << " is neither old nor new";
         // Inside one atomic unit every block has the same generation.
-        ASSERT_EQ(g[b], g[b - b % kUnitBlocks]) << "torn inside a unit at block " << b;
+        ASSERT_EQ(g[b], g[b - b % unit]) << "torn inside a unit at block " << b;
         mixed |= g[b] != g[0];
       }
       torn_writes += mixed ? 1 : 0;
@@ -138,6 +144,7 @@ TEST(Persistence, PowerCutTearsOnlyAtAtomicUnitBoundaries) {
 }
 
 TEST(Persistence, ImageFileKeepsDataAcrossControllers) {
+  WARPFS_EMULATED_ONLY() << "the model's image file";
   char path[] = "/tmp/warpfs-nvme-test-XXXXXX";
   int fd = mkstemp(path);
   ASSERT_GE(fd, 0);

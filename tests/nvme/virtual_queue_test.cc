@@ -20,18 +20,18 @@ TEST(VirtualQueue, SingleThreadWrapsSmallQueueManyTimes) {
   QueueView v;
   ASSERT_TRUE(r->ctrl->create_queue_pair(1, 8, QueuePriority::kMedium, &v).is_ok());
   VirtualQueuePtr vq = make_virtual_queue(v);
-  DmaRegion buf = r->alloc(4096);
+  DmaRegion buf = r->alloc(kPage);
   for (uint64_t i = 0; i < 500; ++i) {
     const uint64_t lba = (i * 37) % 1000;
-    fill_pattern(buf.vaddr, 512, lba, i);
-    SubmissionEntry w = make_write(1, lba, 1);
+    fill_pattern(buf.vaddr, r->lba, lba, i);
+    SubmissionEntry w = make_write(r->nsid, lba, 1);
     w.prp1 = buf.iova;
     ASSERT_EQ(vq->execute(w), 0);
-    std::memset(buf.vaddr, 0, 512);
-    SubmissionEntry rd = make_read(1, lba, 1);
+    std::memset(buf.vaddr, 0, r->lba);
+    SubmissionEntry rd = make_read(r->nsid, lba, 1);
     rd.prp1 = buf.iova;
     ASSERT_EQ(vq->execute(rd), 0);
-    ASSERT_TRUE(check_pattern(buf.vaddr, 512, lba, i)) << i;
+    ASSERT_TRUE(check_pattern(buf.vaddr, r->lba, lba, i)) << i;
   }
   EXPECT_EQ(vq->outstanding(), 0u);
 }
@@ -42,14 +42,18 @@ TEST(VirtualQueue, ErrorsComeBackToTheirOwnThread) {
   QueueView v;
   ASSERT_TRUE(r->ctrl->create_queue_pair(1, 4, QueuePriority::kMedium, &v).is_ok());
   VirtualQueuePtr vq = make_virtual_queue(v);
-  SubmissionEntry bad = make_read(1, ~0ull >> 2, 1);
-  bad.prp1 = 0x1000;
-  EXPECT_EQ(vq->execute(bad), make_status(sct::kGeneric, sc::kLbaOutOfRange));
+  DmaRegion buf = r->alloc(kPage);
+  SubmissionEntry bad = make_read(r->nsid, r->lbas, 1);  // one past the end
+  bad.prp1 = buf.iova;
+  EXPECT_EQ(r->status(vq->execute(bad)), r->status(make_status(sct::kGeneric, sc::kLbaOutOfRange)));
+  SubmissionEntry good = make_read(r->nsid, r->lbas - 1, 1);
+  good.prp1 = buf.iova;
+  EXPECT_EQ(vq->execute(good), 0);
 }
 
 // Each thread owns a range of blocks and repeatedly writes a new generation then reads it
-// back, through a QueueMapper over two 16-entry queues: ticket, turn, CID and marker
-// handling under contention, with out-of-order completions.
+// back, through a QueueMapper over two small queues: ticket, turn, CID and marker handling
+// under contention, with out-of-order completions where the device reorders them.
 void concurrent_mapper_run(EmulatedConfig cfg, int threads, int ops, uint32_t entries) {
   ControllerOptions o;
   o.io_queues = 2;
@@ -66,20 +70,20 @@ void concurrent_mapper_run(EmulatedConfig cfg, int threads, int ops, uint32_t en
   for (int t = 0; t < threads; ++t) {
     ts.emplace_back([&, t] {
       DmaRegion buf;
-      if (!r->transport->dma_alloc(4096, &buf).is_ok()) return failures.fetch_add(1), void();
+      if (!r->transport->dma_alloc(kPage, &buf).is_ok()) return failures.fetch_add(1), void();
       const uint64_t base = static_cast<uint64_t>(t) * 64;
       for (int i = 0; i < ops; ++i) {
         const uint64_t lba = base + static_cast<uint64_t>(i) % 64;
         const Priority p = i % 3 == 0 ? Priority::kMetadata : Priority::kBulk;
-        fill_pattern(buf.vaddr, 512, lba, static_cast<uint64_t>(i));
-        SubmissionEntry w = make_write(1, lba, 1);
+        fill_pattern(buf.vaddr, r->lba, lba, static_cast<uint64_t>(i));
+        SubmissionEntry w = make_write(r->nsid, lba, 1);
         w.prp1 = buf.iova;
         if (engine->mapper().execute(w, p) != 0) failures.fetch_add(1);
-        std::memset(buf.vaddr, 0, 512);
-        SubmissionEntry rd = make_read(1, lba, 1);
+        std::memset(buf.vaddr, 0, r->lba);
+        SubmissionEntry rd = make_read(r->nsid, lba, 1);
         rd.prp1 = buf.iova;
         if (engine->mapper().execute(rd, p) != 0) failures.fetch_add(1);
-        if (!check_pattern(buf.vaddr, 512, lba, static_cast<uint64_t>(i))) failures.fetch_add(1);
+        if (!check_pattern(buf.vaddr, r->lba, lba, static_cast<uint64_t>(i))) failures.fetch_add(1);
       }
     });
   }
@@ -116,29 +120,30 @@ TEST(IoBatch, ThirtyTwoInFlightOnAnEightEntryQueue) {
   std::string err;
   auto engine = IoEngine::create(*r->ctrl, eo, &err);
   ASSERT_TRUE(engine) << err;
-  DmaRegion buf = r->alloc(32 * 4096);
+  DmaRegion buf = r->alloc(32 * kPage);
   auto* base = static_cast<uint8_t*>(buf.vaddr);
+  const uint32_t blocks = static_cast<uint32_t>(kPage / r->lba);  // 4 KiB per command
   for (uint64_t round = 0; round < 20; ++round) {
     {
       IoBatch b(engine->mapper());
       for (int i = 0; i < IoBatch::kWidth; ++i) {
-        fill_pattern(base + i * 4096, 4096, round * 32 + i, round);
-        SubmissionEntry w = make_write(1, (round * 32 + i) * 8, 8);
-        w.prp1 = buf.iova + i * 4096;
+        fill_pattern(base + i * kPage, kPage, round * 32 + i, round);
+        SubmissionEntry w = make_write(r->nsid, (round * 32 + i) * blocks, blocks);
+        w.prp1 = buf.iova + i * kPage;
         b.submit(w, Priority::kBulk);
       }
       ASSERT_EQ(b.wait_all(), 0);
     }
-    std::memset(base, 0, 32 * 4096);
+    std::memset(base, 0, 32 * kPage);
     IoBatch b(engine->mapper());
     for (int i = 0; i < IoBatch::kWidth; ++i) {
-      SubmissionEntry rd = make_read(1, (round * 32 + i) * 8, 8);
-      rd.prp1 = buf.iova + i * 4096;
+      SubmissionEntry rd = make_read(r->nsid, (round * 32 + i) * blocks, blocks);
+      rd.prp1 = buf.iova + i * kPage;
       b.submit(rd, Priority::kBulk);
     }
     ASSERT_EQ(b.wait_all(), 0);
     for (int i = 0; i < IoBatch::kWidth; ++i) {
-      ASSERT_TRUE(check_pattern(base + i * 4096, 4096, round * 32 + i, round)) << i;
+      ASSERT_TRUE(check_pattern(base + i * kPage, kPage, round * 32 + i, round)) << i;
     }
   }
 }
@@ -157,33 +162,34 @@ TEST(IoBatch, ConcurrentBatchesOverSharedQueues) {
   ASSERT_TRUE(engine) << err;
   std::atomic<int> failures{0};
   std::vector<std::thread> ts;
+  const uint64_t lb = r->lba;
   for (int t = 0; t < 4; ++t) {
     ts.emplace_back([&, t] {
       DmaRegion buf;
-      if (!r->transport->dma_alloc(32 * 512, &buf).is_ok()) return failures.fetch_add(1), void();
+      if (!r->transport->dma_alloc(32 * lb, &buf).is_ok()) return failures.fetch_add(1), void();
       auto* p = static_cast<uint8_t*>(buf.vaddr);
       for (uint64_t round = 0; round < 15; ++round) {
         const uint64_t lba0 = static_cast<uint64_t>(t) * 1024 + (round % 4) * 32;
         {
           IoBatch b(engine->mapper());
           for (int i = 0; i < 32; ++i) {
-            fill_pattern(p + i * 512, 512, lba0 + i, round);
-            SubmissionEntry w = make_write(1, lba0 + i, 1);
-            w.prp1 = buf.iova + i * 512;
+            fill_pattern(p + i * lb, lb, lba0 + i, round);
+            SubmissionEntry w = make_write(r->nsid, lba0 + i, 1);
+            w.prp1 = buf.iova + i * lb;
             b.submit(w, i % 4 ? Priority::kBulk : Priority::kMetadata);
           }
           failures += b.wait_all();
         }
-        std::memset(p, 0, 32 * 512);
+        std::memset(p, 0, 32 * lb);
         IoBatch b(engine->mapper());
         for (int i = 0; i < 32; ++i) {
-          SubmissionEntry rd = make_read(1, lba0 + i, 1);
-          rd.prp1 = buf.iova + i * 512;
+          SubmissionEntry rd = make_read(r->nsid, lba0 + i, 1);
+          rd.prp1 = buf.iova + i * lb;
           b.submit(rd, Priority::kBulk);
         }
         failures += b.wait_all();
         for (int i = 0; i < 32; ++i)
-          failures += check_pattern(p + i * 512, 512, lba0 + i, round) ? 0 : 1;
+          failures += check_pattern(p + i * lb, lb, lba0 + i, round) ? 0 : 1;
       }
     });
   }
@@ -202,18 +208,18 @@ TEST(LockedQueue, ConcurrentThreadsVerifyContent) {
   for (int t = 0; t < 6; ++t) {
     ts.emplace_back([&, t] {
       DmaRegion buf;
-      if (!r->transport->dma_alloc(4096, &buf).is_ok()) return failures.fetch_add(1), void();
+      if (!r->transport->dma_alloc(kPage, &buf).is_ok()) return failures.fetch_add(1), void();
       for (uint64_t i = 0; i < 200; ++i) {
         const uint64_t lba = static_cast<uint64_t>(t) * 100 + i % 100;
-        fill_pattern(buf.vaddr, 512, lba, i);
-        SubmissionEntry w = make_write(1, lba, 1);
+        fill_pattern(buf.vaddr, r->lba, lba, i);
+        SubmissionEntry w = make_write(r->nsid, lba, 1);
         w.prp1 = buf.iova;
         failures += lq.execute(w) != 0;
-        std::memset(buf.vaddr, 0, 512);
-        SubmissionEntry rd = make_read(1, lba, 1);
+        std::memset(buf.vaddr, 0, r->lba);
+        SubmissionEntry rd = make_read(r->nsid, lba, 1);
         rd.prp1 = buf.iova;
         failures += lq.execute(rd) != 0;
-        failures += check_pattern(buf.vaddr, 512, lba, i) ? 0 : 1;
+        failures += check_pattern(buf.vaddr, r->lba, lba, i) ? 0 : 1;
       }
     });
   }
