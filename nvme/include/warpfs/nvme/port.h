@@ -121,11 +121,16 @@ WARPFS_HD inline void fence_seq_cst() {
 #endif
 }
 
-// A store to a device register (MMIO), ordered after every earlier store to memory.
+// A store to a device register (MMIO), ordered after every earlier store to memory. On x86
+// stores to write-back and uncached memory stay in program order, so a compiler barrier is
+// all it takes (as in Linux's writel()); arm64 needs the outer-shareable store barrier. (No
+// std::atomic_thread_fence: TSan cannot model fences, and this is not a thread-to-thread
+// ordering anyway.)
 inline void mmio_write32(uint32_t* reg, uint32_t value) {
-  std::atomic_thread_fence(std::memory_order_release);
 #if defined(__aarch64__)
-  asm volatile("dmb oshst" ::: "memory");  // device memory needs the outer-shareable barrier
+  asm volatile("dmb oshst" ::: "memory");
+#else
+  asm volatile("" ::: "memory");
 #endif
   *static_cast<volatile uint32_t*>(reg) = value;
 }
