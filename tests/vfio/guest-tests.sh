@@ -188,6 +188,24 @@ do_missing_device() {
   echo "$out" | grep -q '0000:99:00.0' || fail "the message does not name the device"
 }
 
+# A user whose locked-memory limit is too small for the DMA memory: the pinning fails and the
+# message says what to raise. (The group is opened up to the user for this step only.)
+do_memlock() {
+  requires bind
+  have mkfs.warpfs || fail "mkfs.warpfs not carried"
+  group=$(readlink "/sys/bus/pci/devices/$BDF/iommu_group")
+  group=${group##*/}
+  grep -q '^nobody:' /etc/passwd 2>/dev/null || echo 'nobody:x:65534:65534:nobody:/:/bin/sh' >>/etc/passwd
+  chmod 666 "/dev/vfio/$group"
+  out=$(su nobody -s /bin/sh -c "ulimit -l 64; mkfs.warpfs --force $DEVICE" 2>&1)
+  rc=$?
+  chmod 600 "/dev/vfio/$group"
+  echo "  as nobody with ulimit -l 64: status $rc: $out"
+  [ "$rc" != 0 ] || fail "mkfs.warpfs succeeded with 64 KiB of locked memory"
+  [ "$rc" -lt 128 ] || fail "mkfs.warpfs died of a signal"
+  echo "$out" | grep -q "locked-memory limit" || fail "the message does not name the locked-memory limit"
+}
+
 do_driver_tests() {
   requires bind
   have nvme_tests || fail "nvme_tests not carried"
@@ -487,6 +505,7 @@ step bind do_bind
 have warpfs-pci && step list do_list
 step binaries do_binaries
 step missing-device do_missing_device
+case $DEVICE in vfio:*) step memlock do_memlock ;; esac
 step -t 300 driver-tests do_driver_tests
 step mkfs do_mkfs
 step mount do_mount
