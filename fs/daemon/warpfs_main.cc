@@ -697,6 +697,8 @@ int main(int argc, char** argv) {
           rc = fuse_session_loop_mt(se, lc);
           fuse_loop_cfg_destroy(lc);
         }
+        // A second Ctrl-C or SIGTERM must not cut the unmount below short.
+        pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
         done = true;
         const uint64_t one = 1;
         if (::write(g_dump_fd, &one, sizeof one) != sizeof one) {

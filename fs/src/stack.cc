@@ -10,7 +10,9 @@ std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const 
   s->name_ = device;
   nvme::DeviceSpec spec;
   if (!nvme::parse_device(device, &spec, error)) return nullptr;
-  s->transport_ = nvme::open_transport(spec, o.emulated, o.vfio, o.create_bytes, error);
+  nvme::VfioOptions vfio = o.vfio;
+  vfio.max_vectors = static_cast<uint16_t>(o.io_queues + 1);  // admin + one per I/O queue
+  s->transport_ = nvme::open_transport(spec, o.emulated, vfio, o.create_bytes, error);
   if (!s->transport_) return nullptr;
   nvme::ControllerOptions co;
   co.io_queues = o.io_queues;

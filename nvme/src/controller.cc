@@ -28,9 +28,11 @@ Status Controller::wait_ready(bool ready, uint64_t timeout_ns) {
   for (;;) {
     const uint32_t csts = t_.read32(reg::kCsts);
     if (csts == 0xffffffffu) return Status::error(Code::kNotReady, "controller is not responding");
-    if (csts & csts::kCfs)
-      return Status::error(Code::kNotReady, "controller fatal status (CSTS.CFS)");
     if (((csts & csts::kRdy) != 0) == ready) return Status::ok();
+    // Disabling is the way out of a fatal status (CC.EN = 0 resets it): only an enable
+    // that meets CFS has failed.
+    if (ready && (csts & csts::kCfs))
+      return Status::error(Code::kNotReady, "controller fatal status (CSTS.CFS)");
     if (port::now_ns() > deadline) {
       return Status::error(Code::kTimeout, ready ? "timed out waiting for CSTS.RDY=1"
                                                  : "timed out waiting for CSTS.RDY=0");
@@ -51,8 +53,12 @@ bool Controller::bring_up(std::string* error) {
   if (cap_.mpsmin() > 0) return fail("controller needs pages larger than 4 KiB", {});
   const uint64_t to_ns = std::max<uint64_t>(cap_.to_500ms(), 1) * 500'000'000ull;
 
-  // 1. Disable, wait for CSTS.RDY = 0.
-  if (t_.read32(reg::kCc) & cc::kEn) t_.write32(reg::kCc, 0);
+  // 1. Disable, wait for CSTS.RDY = 0. A controller caught half-way through an enable
+  // (EN = 1, RDY = 0) finishes it first: clearing EN then is undefined (Base §3.1.4.5).
+  if (t_.read32(reg::kCc) & cc::kEn) {
+    if (!(t_.read32(reg::kCsts) & csts::kRdy)) (void)wait_ready(true, to_ns);
+    t_.write32(reg::kCc, 0);
+  }
   if (Status s = wait_ready(false, to_ns); !s.is_ok()) return fail("controller reset failed", s);
 
   // 2. Admin queues (Base §3.1.4.8-10).
@@ -94,7 +100,7 @@ bool Controller::bring_up(std::string* error) {
     return fail("Identify Controller", s);
   if ((id_->sqes & 0xf) > 6 || (id_->cqes & 0xf) > 4)
     return fail("controller needs larger queue entries than 64/16 B", {});
-  max_transfer_ = id_->mdts ? std::min<uint32_t>(4096u << id_->mdts, 1u << 30) : (1u << 30);
+  max_transfer_ = (id_->mdts == 0 || id_->mdts >= 18) ? (1u << 30) : (4096u << id_->mdts);
 
   // 5. Active namespaces (CNS 02h) and each namespace (CNS 00h).
   std::vector<uint32_t> list(1024);
@@ -135,6 +141,11 @@ bool Controller::bring_up(std::string* error) {
   // what was asked for, at most what it allocated (Base §5.27.1.5).
   granted_ = static_cast<uint16_t>(
       std::min<uint32_t>(std::min(dw0 & 0xffff, dw0 >> 16) + 1, want + 1));
+  // ...and no queue whose doorbells the transport cannot reach (a sparse BAR mapping).
+  while (granted_ > 0 &&
+         (t_.doorbell(granted_, false).reg == nullptr || t_.doorbell(granted_, true).reg == nullptr))
+    --granted_;
+  if (granted_ == 0) return fail("no I/O queue's doorbells are reachable", {});
   if (wrr_) {
     cmd = SubmissionEntry{};
     cmd.opcode = admin::kSetFeatures;
@@ -148,7 +159,15 @@ bool Controller::bring_up(std::string* error) {
 }
 
 Controller::~Controller() {
-  (void)shutdown();
+  // A controller that failed (or never came up) may still hold queue addresses: stop it
+  // before its memory goes back to the transport, where it could be reused.
+  if (!shutdown().is_ok() || failed_) {
+    const uint32_t cc = t_.read32(reg::kCc);
+    if (cc != 0xffffffffu && (cc & cc::kEn)) {
+      t_.write32(reg::kCc, cc & ~cc::kEn);
+      (void)wait_ready(false, std::max<uint64_t>(cap_.to_500ms(), 1) * 500'000'000ull);
+    }
+  }
   for (const IoQueueMemory& q : io_queues_) {
     t_.dma_free(q.sq);
     t_.dma_free(q.cq);
@@ -163,6 +182,9 @@ Status Controller::admin(SubmissionEntry cmd, void* data, size_t len, bool to_de
   if (len > scratch_.bytes) return Status::error(Code::kInvalidArgument, "admin data over 4 KiB");
   std::lock_guard<std::mutex> g(admin_mu_);
   if (shut_down_) return Status::error(Code::kNotReady, "controller is shut down");
+  if (failed_)
+    return Status::error(Code::kNotReady, "an earlier admin command timed out: reset needed");
+  if (next_cid_ == 0xffff) next_cid_ = 0;  // CID FFFFh is reserved (Base §4.6.1)
   cmd.cid = next_cid_++;
   if (len > 0) {
     cmd.prp1 = scratch_.iova;
@@ -182,6 +204,9 @@ Status Controller::admin(SubmissionEntry cmd, void* data, size_t len, bool to_de
     const uint32_t seen = irq ? irq->count.value.load(port::Order::kAcquire) : 0;
     if (admin_->pop(&cqe)) break;
     if (port::now_ns() > deadline) {
+      // The command is still outstanding: it may complete later, write into the scratch
+      // buffer and shift the admin CQ. No further admin command until a reset.
+      failed_ = true;
       return Status::error(Code::kTimeout, "admin command timed out");
     }
     if (b.should_block()) {  // waiting long: is there still a controller to answer?
@@ -290,11 +315,19 @@ Status Controller::shutdown() {
   }
   const uint32_t cc = t_.read32(reg::kCc);
   if (cc == 0xffffffffu) return Status::error(Code::kNotReady, "controller is not responding");
+  // Only a running controller can be shut down (a failed bring-up leaves nothing to save).
+  if (!(cc & cc::kEn) || !(t_.read32(reg::kCsts) & csts::kRdy)) return Status::ok();
   t_.write32(reg::kCc, (cc & ~cc::kShnMask) | (1u << cc::kShnShift));
-  const uint64_t deadline =
-      port::now_ns() + std::max<uint64_t>(cap_.to_500ms(), 1) * 500'000'000ull;
+  // As Linux: RTD3E when the controller reports it, at least 5 s, at most 60 s.
+  const uint64_t rtd3e_ns = id_ ? uint64_t{id_->rtd3e} * 1000 : 0;
+  const uint64_t limit_ns =
+      std::min<uint64_t>(std::max<uint64_t>(rtd3e_ns, 5'000'000'000ull), 60'000'000'000ull);
+  const uint64_t deadline = port::now_ns() + limit_ns;
   port::Backoff b;
-  while ((t_.read32(reg::kCsts) & csts::kShstMask) != csts::kShstComplete) {
+  for (;;) {
+    const uint32_t csts = t_.read32(reg::kCsts);
+    if (csts == 0xffffffffu) return Status::error(Code::kNotReady, "controller is not responding");
+    if ((csts & csts::kShstMask) == csts::kShstComplete) break;
     if (port::now_ns() > deadline) return Status::error(Code::kTimeout, "shutdown timed out");
     b.pause();
   }

@@ -58,10 +58,16 @@ std::string link_target_name(const std::string& path) {
 // loads on the registered BAR0 mappings, clock_gettime, then re-raising the signal.
 
 struct SignalSlot {
+  std::atomic<bool> used{false};                  // claimed by a transport
   std::atomic<volatile uint32_t*> regs{nullptr};  // BAR0 base (CC and CSTS live there)
   std::atomic<uint64_t> timeout_ns{0};            // CAP.TO
+  std::atomic<pid_t> owner{0};                    // a forked child must not stop our device
 };
-SignalSlot g_slots[8];
+constexpr int kSlots = 8;  // transports beyond this many are not covered (none in practice)
+SignalSlot g_slots[kSlots];
+// Handlers between taking a BAR pointer and finishing with it: teardown() waits for zero
+// before it unmaps the BAR, and a handler that finds nothing to do waits for the others.
+std::atomic<int> g_in_handler{0};
 
 uint64_t monotonic_ns() {
   timespec ts;
@@ -72,10 +78,16 @@ uint64_t monotonic_ns() {
 // Disables the controller whose registers start at `regs` and waits (bounded) for it to
 // stop. Safe in a signal handler.
 void disable_controller(volatile uint32_t* regs, uint64_t timeout_ns) {
-  const uint32_t cc = regs[reg::kCc / 4];
+  uint32_t cc = regs[reg::kCc / 4];
   if (cc == 0xffffffffu || (cc & cc::kEn) == 0) return;
+  uint64_t deadline = monotonic_ns() + timeout_ns;
+  // EN=1 with RDY=0 (enabling still in progress): clearing EN now has undefined results
+  // (Base §3.1.4.5); let the enable finish first.
+  while ((regs[reg::kCsts / 4] & csts::kRdy) == 0 && monotonic_ns() < deadline) {
+  }
+  cc = regs[reg::kCc / 4];
   regs[reg::kCc / 4] = cc & ~cc::kEn;
-  const uint64_t deadline = monotonic_ns() + timeout_ns;
+  deadline = monotonic_ns() + timeout_ns;
   while (monotonic_ns() < deadline) {
     const uint32_t csts = regs[reg::kCsts / 4];
     if (csts == 0xffffffffu || (csts & csts::kRdy) == 0) return;
@@ -83,13 +95,24 @@ void disable_controller(volatile uint32_t* regs, uint64_t timeout_ns) {
 }
 
 void teardown_signal_handler(int sig) {
+  const int saved_errno = errno;
+  g_in_handler.fetch_add(1);
+  const pid_t self = getpid();
   for (SignalSlot& s : g_slots) {
+    if (s.owner.load() != self) continue;
     volatile uint32_t* regs = s.regs.exchange(nullptr);
     if (regs != nullptr) disable_controller(regs, s.timeout_ns.load());
   }
-  // SA_RESETHAND restored the default action: a crash signal re-executes the faulting
-  // instruction on return; a terminating one is delivered again right after the handler.
-  if (sig != SIGSEGV && sig != SIGBUS && sig != SIGILL && sig != SIGFPE) raise(sig);
+  g_in_handler.fetch_sub(1);
+  // Another thread's handler may still be stopping a controller: let it finish (bounded).
+  const uint64_t deadline = monotonic_ns() + 2'000'000'000ull;
+  while (g_in_handler.load() != 0 && monotonic_ns() < deadline) {
+  }
+  errno = saved_errno;
+  // SA_RESETHAND restored the default action. The signal is blocked while its handler runs,
+  // so this raise stays pending and is delivered with the default action on return: the
+  // process ends as it would have without us (a fault also re-executes and faults again).
+  raise(sig);
 }
 
 void install_handler_if_default(int sig) {
@@ -115,12 +138,24 @@ void install_signal_teardown(bool terminating) {
 }
 
 int register_signal_slot(volatile uint32_t* regs, uint64_t timeout_ns) {
-  for (int i = 0; i < 8; ++i) {
-    volatile uint32_t* expected = nullptr;
+  for (int i = 0; i < kSlots; ++i) {
+    if (g_slots[i].used.exchange(true)) continue;
     g_slots[i].timeout_ns.store(timeout_ns);
-    if (g_slots[i].regs.compare_exchange_strong(expected, regs)) return i;
+    g_slots[i].owner.store(getpid());
+    g_slots[i].regs.store(regs);  // published last: a handler sees a complete slot
+    return i;
   }
   return -1;
+}
+
+// Takes the slot back; returns once no handler can still be using the BAR it named.
+void release_signal_slot(int i) {
+  g_slots[i].regs.store(nullptr);
+  const uint64_t deadline = monotonic_ns() + 2'000'000'000ull;
+  while (g_in_handler.load() != 0 && monotonic_ns() < deadline) {
+  }
+  g_slots[i].owner.store(0);
+  g_slots[i].used.store(false);
 }
 
 // ---- IOVA allocation ----------------------------------------------------------------------
@@ -135,11 +170,12 @@ class IovaSpace {
     next_ = ranges_.empty() ? 0 : ranges_[0].first;
   }
   bool alloc(uint64_t bytes, uint64_t align, uint64_t* iova) {
-    auto it = free_.find(bytes);
-    if (it != free_.end() && it->second % align == 0) {
-      *iova = it->second;
-      free_.erase(it);
-      return true;
+    for (auto [it, end] = free_.equal_range(bytes); it != end; ++it) {
+      if (it->second % align == 0) {
+        *iova = it->second;
+        free_.erase(it);
+        return true;
+      }
     }
     while (range_ < ranges_.size()) {
       const uint64_t start = std::max<uint64_t>((next_ + align - 1) / align * align,
@@ -195,6 +231,7 @@ struct VfioTransport::Impl {
 
   std::vector<int> irq_fds;
   int stop_fd = -1;
+  int epoll_fd = -1;
   std::unique_ptr<InterruptLine[]> lines;
   std::thread irq_thread;
   std::atomic<uint64_t> interrupts{0};
@@ -209,14 +246,18 @@ struct VfioTransport::Impl {
   }
 
   uint32_t read32(uint32_t off) {
-    if (off + 4 <= bar_mapped) return *reg32(off);
+    if (off + 4 <= bar_mapped) {
+      const uint32_t v = *reg32(off);
+      asm volatile("" ::: "memory");  // later accesses stay after the register read
+      return v;
+    }
     uint32_t v = 0xffffffffu;
     if (pread(device, &v, 4, static_cast<off_t>(bar_offset + off)) != 4) return 0xffffffffu;
     return v;
   }
   void write32(uint32_t off, uint32_t v) {
     if (off + 4 <= bar_mapped) {
-      *reg32(off) = v;
+      port::mmio_write32(const_cast<uint32_t*>(reg32(off)), v);
       return;
     }
     (void)!pwrite(device, &v, 4, static_cast<off_t>(bar_offset + off));
@@ -362,7 +403,11 @@ bool VfioTransport::Impl::read_iova_ranges(std::string* error) {
   }
   if (ranges.empty()) ranges.emplace_back(4ull << 30, (512ull << 30) - 1);
   // Never hand out bus address 0 or the first megabyte: a zero PRP is a driver bug to catch.
-  for (auto& r : ranges) r.first = std::max<uint64_t>(r.first, 1ull << 20);
+  // ...nor the top of the address space, where start + size would wrap.
+  for (auto& r : ranges) {
+    r.first = std::max<uint64_t>(r.first, 1ull << 20);
+    r.second = std::min<uint64_t>(r.second, (1ull << 63) - 1);
+  }
   ranges.erase(std::remove_if(ranges.begin(), ranges.end(),
                               [](const auto& r) { return r.first > r.second; }),
                ranges.end());
@@ -432,10 +477,22 @@ bool VfioTransport::Impl::map_bar0(std::string* error) {
   if (p == MAP_FAILED || bar_mapped == 0)
     return fail(error, "cannot mmap BAR0: " + errno_text(errno));
   bar = static_cast<uint8_t*>(p);
+  madvise(bar, bar_map_len, MADV_DONTFORK);  // a forked child gets no view of the registers
+  // Memory decoding on before the first register access (vfio-pci raises SIGBUS on a BAR
+  // access with it off); bus mastering stays off until the controller is known stopped.
+  uint16_t cmd = 0;
+  if (!config_rw(false, &cmd, 2, 4)) return fail(error, "cannot read the PCI command register");
+  if (!(cmd & 0x2)) {
+    cmd = static_cast<uint16_t>(cmd | 0x2);
+    if (!config_rw(true, &cmd, 2, 4)) return fail(error, "cannot enable memory decoding");
+  }
   const uint64_t cap = uint64_t{read32(reg::kCap)} | (uint64_t{read32(reg::kCap + 4)} << 32);
   if (cap == ~0ull) return fail(error, "BAR0 reads all ones: the device is not responding");
   stride = 4u << Cap{cap}.dstrd();
   cap_timeout_ns = std::max<uint64_t>(Cap{cap}.to_500ms(), 1) * 500'000'000ull;
+  // A controller left running by an earlier user (killed before it could stop it) stops
+  // here, before bus mastering lets it reach memory again.
+  disable_controller(reg32(0), cap_timeout_ns);
   return true;
 }
 
@@ -460,29 +517,51 @@ bool VfioTransport::Impl::setup_interrupts(std::string* error) {
       !(irq.flags & VFIO_IRQ_INFO_EVENTFD)) {
     return true;  // no MSI-X: the driver polls
   }
-  const uint32_t n = std::min<uint32_t>(irq.count, std::max<uint16_t>(o.max_vectors, 1));
-  std::vector<uint8_t> buf(sizeof(vfio_irq_set) + n * sizeof(int32_t));
-  auto* set = reinterpret_cast<vfio_irq_set*>(buf.data());
-  set->argsz = static_cast<uint32_t>(buf.size());
-  set->flags = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
-  set->index = VFIO_PCI_MSIX_IRQ_INDEX;
-  set->start = 0;
-  set->count = n;
+  uint32_t n = std::min<uint32_t>(irq.count, std::max<uint16_t>(o.max_vectors, 1));
   for (uint32_t i = 0; i < n; ++i) {
     const int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (fd < 0) return fail(error, "eventfd: " + errno_text(errno));
     irq_fds.push_back(fd);
-    std::memcpy(set->data + i * sizeof(int32_t), &fd, sizeof fd);
   }
-  if (ioctl(device, VFIO_DEVICE_SET_IRQS, set) != 0)
-    return fail(error, "VFIO_DEVICE_SET_IRQS (MSI-X): " + errno_text(errno));
+  // The host may grant fewer vectors than asked for: SET_IRQS then returns the number it
+  // could allocate (a positive value), and asking again for that many succeeds.
+  for (int attempt = 0;; ++attempt) {
+    std::vector<uint8_t> buf(sizeof(vfio_irq_set) + n * sizeof(int32_t));
+    auto* set = reinterpret_cast<vfio_irq_set*>(buf.data());
+    set->argsz = static_cast<uint32_t>(buf.size());
+    set->flags = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
+    set->index = VFIO_PCI_MSIX_IRQ_INDEX;
+    set->start = 0;
+    set->count = n;
+    std::memcpy(set->data, irq_fds.data(), n * sizeof(int32_t));
+    const int r = ioctl(device, VFIO_DEVICE_SET_IRQS, set);
+    if (r == 0) break;
+    if (r > 0 && static_cast<uint32_t>(r) < n && attempt == 0) {
+      for (uint32_t i = static_cast<uint32_t>(r); i < n; ++i) close(irq_fds[i]);
+      irq_fds.resize(static_cast<uint32_t>(r));
+      n = static_cast<uint32_t>(r);
+      continue;
+    }
+    return fail(error, "VFIO_DEVICE_SET_IRQS (MSI-X): " +
+                           (r < 0 ? errno_text(errno) : "the host granted too few vectors"));
+  }
   lines = std::make_unique<InterruptLine[]>(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    lines[i].count.value.unsafe_ref() = 0;
-    lines[i].waiters.value.unsafe_ref() = 0;
-  }
   stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (stop_fd < 0) return fail(error, "eventfd: " + errno_text(errno));
+  // The epoll set is built here, so that a failure is an error of open(), not a thread that
+  // silently never delivers.
+  epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd < 0) return fail(error, "epoll_create1: " + errno_text(errno));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u32 = UINT32_MAX;
+  if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, stop_fd, &ev) != 0)
+    return fail(error, "epoll_ctl: " + errno_text(errno));
+  for (uint32_t i = 0; i < n; ++i) {
+    ev.data.u32 = i;
+    if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, irq_fds[i], &ev) != 0)
+      return fail(error, "epoll_ctl: " + errno_text(errno));
+  }
   irq_thread = std::thread([this] { irq_loop(); });
   return true;
 }
@@ -490,22 +569,15 @@ bool VfioTransport::Impl::setup_interrupts(std::string* error) {
 // Turns eventfd signals into InterruptLine raises. Sleeps in epoll_wait when the device is
 // idle: no interrupts, no CPU.
 void VfioTransport::Impl::irq_loop() {
-  sigset_t all;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, nullptr);  // signals belong to the application's threads
-  const int ep = epoll_create1(EPOLL_CLOEXEC);
-  if (ep < 0) return;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u32 = UINT32_MAX;
-  epoll_ctl(ep, EPOLL_CTL_ADD, stop_fd, &ev);
-  for (uint32_t i = 0; i < irq_fds.size(); ++i) {
-    ev.data.u32 = i;
-    epoll_ctl(ep, EPOLL_CTL_ADD, irq_fds[i], &ev);
-  }
+  // Stop signals belong to the application's threads; faults stay deliverable here so that
+  // the crash teardown still runs if this thread faults.
+  sigset_t mask;
+  sigfillset(&mask);
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) sigdelset(&mask, sig);
+  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
   epoll_event events[16];
   for (;;) {
-    const int n = epoll_wait(ep, events, 16, -1);
+    const int n = epoll_wait(epoll_fd, events, 16, -1);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) break;
     bool stop = false;
@@ -522,13 +594,12 @@ void VfioTransport::Impl::irq_loop() {
     }
     if (stop) break;
   }
-  close(ep);
 }
 
 void VfioTransport::Impl::teardown() {
   // 1. Stop the device before anything it may DMA to goes away.
   if (signal_slot >= 0) {
-    g_slots[signal_slot].regs.store(nullptr);
+    release_signal_slot(signal_slot);
     signal_slot = -1;
   }
   if (bar != nullptr) disable_controller(reg32(0), cap_timeout_ns);
@@ -551,6 +622,8 @@ void VfioTransport::Impl::teardown() {
   irq_fds.clear();
   if (stop_fd >= 0) close(stop_fd);
   stop_fd = -1;
+  if (epoll_fd >= 0) close(epoll_fd);
+  epoll_fd = -1;
   // 3. Bus mastering off: the device can no longer reach memory at all.
   if (bus_master_set) {
     uint16_t cmd = 0;
@@ -566,7 +639,9 @@ void VfioTransport::Impl::teardown() {
     u.argsz = sizeof u;
     u.iova = iova_addr;
     u.size = m.bytes;
-    ioctl(container, VFIO_IOMMU_UNMAP_DMA, &u);
+    // If the unmap fails the pages stay pinned by the IOMMU until the container closes
+    // below; munmap only drops our view of them.
+    (void)ioctl(container, VFIO_IOMMU_UNMAP_DMA, &u);
     munmap(m.vaddr, m.bytes);
   }
   mappings.clear();
@@ -660,7 +735,10 @@ Status VfioTransport::dma_alloc(size_t bytes, DmaRegion* out) {
   if (p == MAP_FAILED) p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return Status::error(Code::kNoMemory, "DMA memory: mmap failed");
   // A child of fork() must not get copy-on-write views of pinned pages.
-  madvise(p, len, MADV_DONTFORK);
+  if (madvise(p, len, MADV_DONTFORK) != 0) {
+    munmap(p, len);
+    return Status::error(Code::kNoMemory, "DMA memory: madvise(MADV_DONTFORK) failed");
+  }
   uint64_t iova = 0;
   if (!m.iova.alloc(len, huge ? kHugePage : kPage, &iova)) {
     munmap(p, len);
@@ -679,7 +757,13 @@ Status VfioTransport::dma_alloc(size_t bytes, DmaRegion* out) {
     if (e == ENOMEM) {
       return Status::error(Code::kNoMemory,
                            "VFIO_IOMMU_MAP_DMA: cannot pin the pages; the locked-memory limit "
-                           "is too low: raise it (ulimit -l, LimitMEMLOCK=) or run as root");
+                           "is too low: raise it (ulimit -l, LimitMEMLOCK=) or run as root "
+                           "(as root: the system is out of memory)");
+    }
+    if (e == ENOSPC) {
+      return Status::error(Code::kNoMemory,
+                           "VFIO_IOMMU_MAP_DMA: too many DMA mappings (vfio_iommu_type1 "
+                           "dma_entry_limit)");
     }
     return Status::error(Code::kIoError, "VFIO_IOMMU_MAP_DMA failed");
   }
@@ -702,11 +786,12 @@ void VfioTransport::dma_free(const DmaRegion& region) {
   u.argsz = sizeof u;
   u.iova = it->first;
   u.size = it->second.bytes;
-  ioctl(m.container, VFIO_IOMMU_UNMAP_DMA, &u);
+  const bool unmapped = ioctl(m.container, VFIO_IOMMU_UNMAP_DMA, &u) == 0 && u.size == it->second.bytes;
   munmap(it->second.vaddr, it->second.bytes);
   m.dma_bytes -= it->second.bytes;
   if (it->second.huge) m.huge_bytes -= it->second.bytes;
-  m.iova.release(it->first, it->second.bytes);
+  // An IOVA whose mapping could not be removed is never handed out again.
+  if (unmapped) m.iova.release(it->first, it->second.bytes);
   m.mappings.erase(it);
 }
 

@@ -225,8 +225,10 @@ TEST(MkfsProgram, CreatesRefusesForcesAndExplains) {
   EXPECT_EQ(run_mkfs("--label " + std::string(64, 'x') + " " + img, &out), 2);
   EXPECT_EQ(run_mkfs("--size 1M emu:" + std::string(dir) + "/tiny.img", &out), 1);
   EXPECT_NE(out.find("too small"), std::string::npos) << out;
-  EXPECT_EQ(run_mkfs("vfio:0000:01:00.0", &out), 1);
-  EXPECT_NE(out.find("VFIO"), std::string::npos) << out;
+  // A PCI address with no device behind it: a message naming it and the list tool.
+  EXPECT_EQ(run_mkfs("vfio:00fe:fe:1f.7", &out), 1);
+  EXPECT_NE(out.find("no PCI device 00fe:fe:1f.7"), std::string::npos) << out;
+  EXPECT_NE(out.find("warpfs-pci list"), std::string::npos) << out;
   EXPECT_EQ(run_mkfs("", &out), 2);
   std::string rm = std::string("rm -rf ") + dir;
   ASSERT_EQ(std::system(rm.c_str()), 0);

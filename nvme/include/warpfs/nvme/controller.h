@@ -91,6 +91,7 @@ class Controller {
   uint16_t granted_ = 0;
   bool wrr_ = false;
   bool shut_down_ = false;
+  bool failed_ = false;  // an admin command timed out and may still complete: reset needed
   uint16_t next_cid_ = 0;  // admin command ids, under admin_mu_
 };
 

@@ -273,7 +273,9 @@ struct IdentifyController {
   uint8_t mdts;           // 77: max transfer 2^MDTS units of CAP.MPSMIN, 0 = no limit
   uint16_t cntlid;        // 79:78
   uint32_t ver;           // 83:80
-  uint8_t rsvd84[172];    // 255:84
+  uint32_t rtd3r;         // 87:84: RTD3 resume latency (microseconds)
+  uint32_t rtd3e;         // 91:88: RTD3 entry latency (microseconds): shutdown time
+  uint8_t rsvd92[164];    // 255:92
   uint16_t oacs;          // 257:256
   uint8_t acl;            // 258
   uint8_t aerl;           // 259
@@ -296,6 +298,7 @@ struct IdentifyController {
 };
 static_assert(sizeof(IdentifyController) == 4096, "Base §5.17.2.1: 4096 bytes");
 static_assert(offsetof(IdentifyController, mdts) == 77, "Figure 275: MDTS at byte 77");
+static_assert(offsetof(IdentifyController, rtd3e) == 88, "Figure 275: RTD3E at byte 88");
 static_assert(offsetof(IdentifyController, elpe) == 262, "Figure 275: ELPE at byte 262");
 static_assert(offsetof(IdentifyController, sqes) == 512, "Figure 275: SQES at byte 512");
 static_assert(offsetof(IdentifyController, nn) == 516, "Figure 275: NN at byte 516");

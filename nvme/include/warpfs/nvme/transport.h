@@ -44,9 +44,10 @@ struct Doorbell {
 #if !defined(__CUDA_ARCH__)
     if (mmio) {
       // A device register takes a plain 32-bit store: a locked RMW (what a seq_cst store
-      // compiles to on x86) would be a locked read-write transaction on the bus. The
-      // release fence orders the SQ entries (CQ consumption) before it, as the Linux
-      // driver's writel() does; on x86 stores to WB and UC memory stay in program order.
+      // compiles to on x86) would be a locked read-write transaction on the bus. The SQ
+      // entries written before stay before it: on x86 stores to WB and UC memory keep
+      // program order (a compiler barrier is enough, as in Linux's writel()); arm64 takes
+      // a store barrier (not tested; it would also need the CQE loads ordered).
       port::mmio_write32(reg->address(), value);
       return;
     }
