@@ -129,7 +129,13 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
       continue;
     io_error:
       log("inode " + std::to_string(n.ino) + ": data write failed: " + st.to_string());
-      rc = EIO;
+      // A device that ran out of space (thin-provisioned, NVMe Capacity Exceeded) is a full
+      // disk to the application, not an I/O error.
+      rc = (st.code() == nvme::Code::kNvme &&
+            (st.nvme_status() & 0x7ff) == nvme::make_status(nvme::sct::kGeneric,
+                                                            nvme::sc::kCapacityExceeded, false))
+               ? ENOSPC
+               : EIO;
       break;
     }
     if (rc) break;

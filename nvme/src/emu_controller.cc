@@ -825,6 +825,13 @@ EmulatedController::Result EmulatedController::read_write(Worker& w, const Submi
   if (slba >= ns.lba_count || nlb > ns.lba_count - slba) {
     return {make_status(sct::kGeneric, sc::kLbaOutOfRange), 0};
   }
+  if (write && capacity_exceeded_.load(std::memory_order_relaxed) && cmd.opcode == io::kWrite) {
+    faults_hit_.fetch_add(1, std::memory_order_relaxed);
+    return {make_status(sct::kGeneric, sc::kCapacityExceeded), 0};
+  }
+  if (any_fault_.load(std::memory_order_relaxed)) {
+    if (uint16_t st = injected_status(cmd.nsid, slba, nlb, write)) return {st, 0};
+  }
   const uint64_t offset = ns.base + (slba << ns.lba_shift);
   const uint64_t bytes = nlb << ns.lba_shift;
   Status s;
@@ -900,6 +907,35 @@ EmulatedCounters EmulatedController::counters() const {
     c.parked_workers += w.kick.sleeping.value.load(port::Order::kRelaxed) != 0 ? 1 : 0;
   }
   return c;
+}
+
+void EmulatedController::inject(const Fault& f) {
+  std::lock_guard<std::mutex> g(fault_mu_);
+  faults_.push_back(f);
+  any_fault_.store(true);
+}
+
+void EmulatedController::clear_faults() {
+  std::lock_guard<std::mutex> g(fault_mu_);
+  faults_.clear();
+  any_fault_.store(false);
+}
+
+// The status of the first fault covering any LBA of [slba, slba + nlb) in the command's
+// direction, or 0.
+uint16_t EmulatedController::injected_status(uint32_t nsid, uint64_t slba, uint64_t nlb,
+                                             bool write) {
+  std::lock_guard<std::mutex> g(fault_mu_);
+  for (Fault& f : faults_) {
+    if (f.nsid != nsid || f.times == 0) continue;
+    if ((f.kind == FaultKind::kWriteFault) != write) continue;
+    if (slba >= f.slba + f.nlb || f.slba >= slba + nlb) continue;
+    if (f.times != UINT32_MAX) --f.times;
+    faults_hit_.fetch_add(1, std::memory_order_relaxed);
+    return write ? make_status(sct::kMedia, sc::kWriteFault)
+                 : make_status(sct::kMedia, sc::kUnrecoveredReadError);
+  }
+  return 0;
 }
 
 void EmulatedController::trace_fetches(bool enable) {
@@ -986,6 +1022,18 @@ void EmulatedTransport::trace_fetches(bool e) {
 }
 std::vector<uint16_t> EmulatedTransport::fetch_trace() const {
   return c_->fetch_trace();
+}
+void EmulatedTransport::inject(const Fault& f) {
+  c_->inject(f);
+}
+void EmulatedTransport::clear_faults() {
+  c_->clear_faults();
+}
+void EmulatedTransport::set_capacity_exceeded(bool full) {
+  c_->set_capacity_exceeded(full);
+}
+uint64_t EmulatedTransport::faults_hit() const {
+  return c_->faults_hit();
 }
 void EmulatedTransport::power_cut(double p) {
   c_->power_cut(p);

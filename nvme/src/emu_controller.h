@@ -40,6 +40,10 @@ class EmulatedController {
   std::vector<uint16_t> fetch_trace() const;
   void power_cut(double persist_probability);
   const EmulatedConfig& config() const { return config_; }
+  void inject(const Fault& f);
+  void clear_faults();
+  void set_capacity_exceeded(bool full) { capacity_exceeded_.store(full); }
+  uint64_t faults_hit() const { return faults_hit_.load(); }
 
  private:
   struct Namespace {
@@ -153,6 +157,13 @@ class EmulatedController {
   std::deque<ErrorLogEntry> error_log_;  // newest first, at most 64
   uint64_t error_count_ = 0;
 
+  // Injected faults (test hook). `any_fault_` keeps the common path to one relaxed load.
+  uint16_t injected_status(uint32_t nsid, uint64_t slba, uint64_t nlb, bool write);
+  std::mutex fault_mu_;
+  std::vector<Fault> faults_;
+  std::atomic<bool> any_fault_{false};
+  std::atomic<bool> capacity_exceeded_{false};
+  std::atomic<uint64_t> faults_hit_{0};
   mutable std::mutex trace_mu_;
   std::atomic<bool> tracing_{false};
   std::vector<uint16_t> trace_;

@@ -79,6 +79,20 @@ struct EmulatedCounters {
   uint32_t parked_workers = 0;  // workers asleep on their futex right now
 };
 
+// Device faults the emulated controller can inject (issue 7): what a worn or failing drive
+// does to the commands that touch the affected blocks.
+enum class FaultKind : uint8_t {
+  kReadError,   // reads fail: Media Errors / Unrecovered Read Error (NVM §4.1.2.3)
+  kWriteFault,  // writes (and Write Zeroes) fail: Media Errors / Write Fault
+};
+struct Fault {
+  FaultKind kind = FaultKind::kReadError;
+  uint32_t nsid = 1;
+  uint64_t slba = 0;  // the first affected LBA of the namespace
+  uint64_t nlb = 1;   // how many
+  uint32_t times = UINT32_MAX;  // fail this many commands, then heal (UINT32_MAX: for good)
+};
+
 class EmulatedController;
 
 class EmulatedTransport final : public Transport {
@@ -116,6 +130,14 @@ class EmulatedTransport final : public Transport {
   // respect to commands being submitted (it is the power going out).
   void power_cut(double persist_probability);
   const EmulatedConfig& config() const;
+
+  // --- fault injection (thread-safe; takes effect for commands fetched afterwards) ---------
+  void inject(const Fault& f);
+  void clear_faults();
+  // A full namespace: every write fails with Capacity Exceeded (Base §4.6.1.2.1, SC 81h)
+  // while set, as a thin-provisioned or zoned device does when it runs out of space.
+  void set_capacity_exceeded(bool full);
+  uint64_t faults_hit() const;  // commands failed by inject() or set_capacity_exceeded()
 
  private:
   explicit EmulatedTransport(std::unique_ptr<EmulatedController> c);
