@@ -18,10 +18,28 @@
 namespace warpfs::fs::test {
 
 // Forwards to a device until cut(): from then on every call fails, as if the machine died.
+// cut_at() arms the cut for a later call instead, so that it can land inside a journal
+// commit, a checkpoint or a data write rather than only between operations.
 class CutDevice final : public blockdev::BlockDevice {
  public:
   explicit CutDevice(blockdev::BlockDevice& d) : d_(d) {}
   void cut() { cut_ = true; }
+  // Cuts when the nth write, flush or trim from now arrives (1: the next one): that call
+  // fails, and so does every later one. With `tear`, a write cut this way first sends a
+  // random subset (drawn from `seed`) of its blocks on, as a multi-block command that was
+  // partly written when the power went (whole blocks only: 4 KiB is the atomic unit).
+  // REQUIRES: no other thread is calling the device (the tear is not atomic).
+  void cut_at(uint64_t n, bool tear = false, uint64_t seed = 0) {
+    tear_ = tear;
+    tear_seed_ = seed;
+    cut_at_ = mutations_.load() + n;
+  }
+  // Cuts when the nth flush from now arrives: the moment the most is still volatile.
+  void cut_at_flush(uint64_t n) { cut_at_flush_ = flushes_.load() + n; }
+  bool is_cut() const { return cut_; }
+  // Writes, flushes and trims that arrived, the failed ones included; flushes alone.
+  uint64_t mutations() const { return mutations_.load(); }
+  uint64_t flushes() const { return flushes_.load(); }
   uint32_t block_bytes() const override { return d_.block_bytes(); }
   uint64_t block_count() const override { return d_.block_count(); }
   blockdev::Status read(uint64_t b, uint32_t n, void* buf) override {
@@ -29,12 +47,24 @@ class CutDevice final : public blockdev::BlockDevice {
   }
   blockdev::Status write(uint64_t b, uint32_t n, const void* buf) override {
     if (cut_) return dead();
+    if (arrive()) {
+      if (tear_) tear(b, n, buf);
+      return dead();
+    }
     writes_.fetch_add(1, std::memory_order_relaxed);
     return d_.write(b, n, buf);
   }
-  blockdev::Status flush() override { return cut_ ? dead() : d_.flush(); }
-  blockdev::Status trim(uint64_t b, uint64_t n) override {
+  blockdev::Status flush() override {
     if (cut_) return dead();
+    const bool chosen = flushes_.fetch_add(1, std::memory_order_relaxed) + 1 == cut_at_flush_.load();
+    if (arrive() || chosen) {
+      cut_ = true;
+      return dead();
+    }
+    return d_.flush();
+  }
+  blockdev::Status trim(uint64_t b, uint64_t n) override {
+    if (cut_ || arrive()) return dead();
     trims_.fetch_add(n, std::memory_order_relaxed);
     return d_.trim(b, n);
   }
@@ -42,9 +72,27 @@ class CutDevice final : public blockdev::BlockDevice {
 
  private:
   static blockdev::Status dead() { return blockdev::Status::error(blockdev::Code::kIoError, "cut off"); }
+  // Counts a mutating call; true (and cut from now on) if it is the one cut_at() chose.
+  bool arrive() {
+    const uint64_t k = mutations_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (k != cut_at_.load(std::memory_order_relaxed)) return false;
+    cut_ = true;
+    return true;
+  }
+  void tear(uint64_t b, uint32_t n, const void* buf) {
+    uint64_t x = (tear_seed_ ^ 0x9e3779b97f4a7c15ull) | 1;  // xorshift's state is never 0
+    for (uint32_t i = 0; i < n; ++i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+      if (x & 1) (void)d_.write(b + i, 1, static_cast<const char*>(buf) + size_t{i} * d_.block_bytes());
+    }
+  }
   blockdev::BlockDevice& d_;
   std::atomic<bool> cut_{false};
   std::atomic<uint64_t> writes_{0}, trims_{0};
+  std::atomic<uint64_t> mutations_{0}, cut_at_{0};  // cut_at_ 0: not armed
+  std::atomic<uint64_t> flushes_{0}, cut_at_flush_{0};
+  bool tear_ = false;
+  uint64_t tear_seed_ = 0;
 };
 
 struct Rig {

@@ -1,0 +1,1149 @@
+// The power-cut crash harness: model, workload, checker, session (crash_harness.h).
+#include "fs/crash_harness.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+namespace warpfs::fs::crash {
+
+namespace {
+
+constexpr uint64_t kB = kBlockSize;
+// file.cc: a write commits per piece of at most this many bytes (less the first block's
+// offset): a crash may show some of the pieces.
+constexpr uint64_t kWritePiece = 256 * kB;
+
+std::string dirname_of(const std::string& path) {
+  const size_t s = path.rfind('/');
+  return s == 0 ? "/" : path.substr(0, s);
+}
+std::string basename_of(const std::string& path) {
+  return path.substr(path.rfind('/') + 1);
+}
+std::string join(const std::string& dir, const std::string& name) {
+  return dir == "/" ? "/" + name : dir + "/" + name;
+}
+// True if `path` is `dir` or inside it.
+bool within(const std::string& path, const std::string& dir) {
+  if (dir == "/") return true;
+  return path == dir || path.compare(0, dir.size() + 1, dir + "/") == 0;
+}
+
+uint64_t mix(uint64_t x) {  // splitmix64: consecutive seeds give unrelated streams
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::string errno_name(int rc) {
+  return rc == 0 ? "0" : std::string(strerrorname_np(rc) ? strerrorname_np(rc) : "?");
+}
+
+std::string type_name(uint32_t mode) {
+  switch (mode & S_IFMT) {
+    case S_IFREG:
+      return "file";
+    case S_IFDIR:
+      return "directory";
+    case S_IFLNK:
+      return "symlink";
+    default:
+      return "type " + std::to_string(mode & S_IFMT);
+  }
+}
+
+std::string octal(uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%o", v);
+  return b;
+}
+
+std::string burst_name(uint64_t seed, uint64_t i) {
+  return "p" + std::to_string(seed + i) + "_" + std::string(100, 'p');
+}
+
+}  // namespace
+
+// --- model -------------------------------------------------------------------------------
+
+Model::Model() {
+  auto root = std::make_shared<MNode>();
+  root->ino = kRootInode;
+  root->mode = S_IFDIR | 0755;  // mkfs
+  root->links = 2;
+  cur_.nodes[0] = root;
+  hist_.push_back(cur_);
+}
+
+const MNode* Model::node(Id id) const {
+  auto it = cur_.nodes.find(id);
+  return it == cur_.nodes.end() ? nullptr : it->second.get();
+}
+
+MNode& Model::edit(Id id) {
+  auto& p = cur_.nodes.at(id);
+  // Shared with a recorded state: copy before changing (the history keeps the old one).
+  // Every node is made non-const (make_shared<MNode>), so the cast is sound once unshared.
+  if (p.use_count() > 1) p = std::make_shared<MNode>(*p);
+  return const_cast<MNode&>(*p);
+}
+
+Id Model::add(const MNode& n) {
+  const Id id = next_++;
+  cur_.nodes[id] = std::make_shared<MNode>(n);
+  return id;
+}
+
+void Model::remove(Id id) {
+  cur_.nodes.erase(id);
+}
+
+bool Model::resolve(const std::string& path, Id* id) const {
+  Id cur = 0;
+  size_t pos = 1;
+  while (pos < path.size()) {
+    const size_t end = std::min(path.find('/', pos), path.size());
+    const MNode* n = node(cur);
+    auto it = n->entries.find(path.substr(pos, end - pos));
+    if (it == n->entries.end()) return false;
+    cur = it->second;
+    pos = end + 1;
+  }
+  *id = cur;
+  return true;
+}
+
+std::vector<std::pair<std::string, Id>> Model::names() const {
+  std::vector<std::pair<std::string, Id>> out{{"/", 0}};
+  for (size_t i = 0; i < out.size(); ++i) {
+    const MNode* n = node(out[i].second);
+    if (!S_ISDIR(n->mode)) continue;
+    for (const auto& [name, child] : n->entries) out.emplace_back(join(out[i].first, name), child);
+  }
+  return out;
+}
+
+void Model::step() {
+  hist_.push_back(cur_);
+}
+
+void Model::durable(size_t k) {
+  while (base_ < k && hist_.size() > 1) {
+    hist_.pop_front();
+    ++base_;
+  }
+}
+
+void Model::restart(size_t k, const std::map<Id, std::string>& data) {
+  State s = state(k);
+  cur_.nodes.clear();
+  std::vector<Id> todo{0};
+  while (!todo.empty()) {
+    const Id id = todo.back();
+    todo.pop_back();
+    if (cur_.nodes.count(id)) continue;  // a hard link seen before
+    auto n = std::make_shared<MNode>(*s.nodes.at(id));
+    n->opens = 0;
+    for (const auto& [name, child] : n->entries) todo.push_back(child);
+    if (auto d = data.find(id); d != data.end()) {
+      n->size = 0;
+      n->blocks.clear();
+      model_write(*n, 0, d->second);
+    }
+    cur_.nodes[id] = n;
+  }
+  hist_.clear();
+  hist_.push_back(cur_);
+  base_ = 0;
+}
+
+void model_write(MNode& n, uint64_t off, const std::string& data) {
+  const uint64_t end = off + data.size();
+  if (end > n.size) {
+    n.size = end;
+    n.blocks.resize((end + kB - 1) / kB);
+  }
+  for (uint64_t pos = off; pos < end;) {
+    const uint64_t b = pos / kB, bs = b * kB, e = std::min(bs + kB, end);
+    auto blk = std::make_shared<std::string>(n.blocks[b] ? *n.blocks[b] : std::string(kB, '\0'));
+    blk->replace(pos - bs, e - pos, data, pos - off, e - pos);
+    n.blocks[b] = std::move(blk);
+    pos = e;
+  }
+}
+
+void model_truncate(MNode& n, uint64_t size) {
+  n.blocks.resize((size + kB - 1) / kB);
+  if (size < n.size && size % kB && n.blocks.back()) {
+    // The tail of the new last block reads as zeroes if the file grows again.
+    auto blk = std::make_shared<std::string>(*n.blocks.back());
+    std::fill(blk->begin() + static_cast<long>(size % kB), blk->end(), '\0');
+    n.blocks.back() = std::move(blk);
+  }
+  n.size = size;
+}
+
+// --- observing a mounted filesystem --------------------------------------------------------
+
+namespace {
+
+std::string read_node(Filesystem& fs, Ino ino, const Attr& a, const std::string& path, ONode* o) {
+  o->mode = a.mode;
+  o->nlink = a.nlink;
+  o->size = a.size;
+  if (S_ISREG(a.mode)) {
+    o->data.assign(a.size, '\0');
+    size_t got = 0;
+    if (int rc = fs.read(ino, 0, a.size, o->data.data(), &got); rc || got != a.size) {
+      return path + ": read of " + std::to_string(a.size) + " bytes gave " + errno_name(rc) + ", " +
+             std::to_string(got) + " bytes";
+    }
+  } else if (S_ISLNK(a.mode)) {
+    if (int rc = fs.readlink(ino, &o->target); rc) return path + ": readlink: " + errno_name(rc);
+  }
+  std::string names;
+  if (int rc = fs.listxattr(ino, &names); rc) return path + ": listxattr: " + errno_name(rc);
+  for (size_t p = 0; p < names.size();) {
+    const size_t e = names.find('\0', p);
+    const std::string name = names.substr(p, e == std::string::npos ? std::string::npos : e - p);
+    if (!name.empty()) {
+      std::string v;
+      if (int rc = fs.getxattr(ino, name, &v); rc)
+        return path + ": getxattr " + name + ": " + errno_name(rc);
+      o->xattrs[name] = v;
+    }
+    if (e == std::string::npos) break;
+    p = e + 1;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string observe(Filesystem& fs, Observed* out) {
+  out->nodes.clear();
+  Attr ra;
+  if (int rc = fs.getattr(kRootInode, &ra); rc) return "/: getattr: " + errno_name(rc);
+  if (std::string e = read_node(fs, kRootInode, ra, "/", &out->nodes[kRootInode]); !e.empty())
+    return e;
+  struct Dir {
+    Ino ino, parent;
+    std::string path;
+  };
+  std::vector<Dir> dirs{{kRootInode, kRootInode, "/"}};
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    const Dir d = dirs[i];
+    const Ino dino = d.ino;
+    const std::string& dpath = d.path;
+    std::vector<DirEntry> ents;
+    if (int rc = fs.readdir(dino, 0,
+                            [&](const DirEntry& e) {
+                              ents.push_back(e);
+                              return true;
+                            });
+        rc) {
+      return dpath + ": readdir: " + errno_name(rc);
+    }
+    // ".." names the directory this one was found in (the root: itself).
+    Attr up;
+    if (int rc = fs.lookup(dino, "..", &up); rc) return dpath + ": lookup ..: " + errno_name(rc);
+    fs.forget(up.ino, 1);
+    if (up.ino != d.parent) {
+      return dpath + ": '..' is inode " + std::to_string(up.ino) + ", but it is in inode " +
+             std::to_string(d.parent);
+    }
+    for (const DirEntry& e : ents) {
+      if (e.name == "." || e.name == "..") continue;
+      const std::string path = join(dpath, e.name);
+      Attr a;
+      if (int rc = fs.lookup(dino, e.name, &a); rc)
+        return path + ": listed but lookup gives " + errno_name(rc);
+      fs.forget(a.ino, 1);
+      if (a.ino != e.ino) {
+        return path + ": readdir says inode " + std::to_string(e.ino) + ", lookup " +
+               std::to_string(a.ino);
+      }
+      if (e.type != ((a.mode >> 12) & 017)) {
+        return path + ": entry type " + std::to_string(e.type) + " but inode mode " + octal(a.mode);
+      }
+      out->nodes[dino].entries[e.name] = {a.ino, e.type};
+      if (out->nodes.count(a.ino)) {
+        if (S_ISDIR(a.mode))
+          return path + ": directory inode " + std::to_string(a.ino) + " has two names";
+        continue;  // a hard link: read once
+      }
+      if (std::string err = read_node(fs, a.ino, a, path, &out->nodes[a.ino]); !err.empty())
+        return err;
+      if (S_ISDIR(a.mode)) dirs.push_back({a.ino, dino, path});
+    }
+  }
+  return "";
+}
+
+// --- checking ------------------------------------------------------------------------------
+
+namespace {
+
+std::string show(const std::string& s, size_t max = 40) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 32 && c < 127) {
+      out += static_cast<char>(c);
+    } else {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    }
+  }
+  return s.size() > max ? out + "..." : out;
+}
+
+std::string show_xattrs(const std::map<std::string, std::string>& x) {
+  std::string s = "{";
+  for (const auto& [k, v] : x)
+    s += (s.size() > 1 ? ", " : "") + k + "=" + show(v, 12) + "(" + std::to_string(v.size()) + ")";
+  return s + "}";
+}
+
+// A regular file found in both the state and the observed tree, for the data check.
+struct FileSeen {
+  Id id;
+  Ino ino;
+  std::string path;
+};
+
+// "" if the metadata of `o` is state `s`; else the first difference. `files`: the regular
+// files reached.
+std::string compare_meta(const State& s, const Observed& o, std::vector<FileSeen>* files) {
+  std::set<Id> seen;
+  std::vector<std::tuple<Id, Ino, std::string>> todo{{0, kRootInode, "/"}};
+  while (!todo.empty()) {
+    auto [id, ino, path] = todo.back();
+    todo.pop_back();
+    const MNode& m = *s.nodes.at(id);
+    auto oi = o.nodes.find(ino);
+    if (oi == o.nodes.end()) return path + ": inode " + std::to_string(ino) + " not read";
+    const ONode& on = oi->second;
+    if (m.ino != ino)
+      return path + ": inode " + std::to_string(ino) + ", expected " + std::to_string(m.ino);
+    if ((m.mode & S_IFMT) != (on.mode & S_IFMT))
+      return path + ": a " + type_name(on.mode) + ", expected a " + type_name(m.mode);
+    if ((m.mode & 07777) != (on.mode & 07777))
+      return path + ": mode " + octal(on.mode & 07777) + ", expected " + octal(m.mode & 07777);
+    if (m.links != on.nlink)
+      return path + ": " + std::to_string(on.nlink) + " links, expected " + std::to_string(m.links);
+    if (m.xattrs != on.xattrs)
+      return path + ": xattrs " + show_xattrs(on.xattrs) + ", expected " + show_xattrs(m.xattrs);
+    if (!seen.insert(id).second) continue;
+    if (S_ISREG(m.mode)) {
+      if (m.size != on.size)
+        return path + ": size " + std::to_string(on.size) + ", expected " + std::to_string(m.size);
+      files->push_back({id, ino, path});
+    } else if (S_ISLNK(m.mode)) {
+      if (m.target != on.target)
+        return path + ": symlink to '" + show(on.target) + "', expected '" + show(m.target) + "'";
+    } else if (S_ISDIR(m.mode)) {
+      for (const auto& [name, ent] : on.entries) {
+        if (!m.entries.count(name))
+          return join(path, name) + ": exists (inode " + std::to_string(ent.first) +
+                 "), expected absent";
+      }
+      for (const auto& [name, child] : m.entries) {
+        auto e = on.entries.find(name);
+        if (e == on.entries.end())
+          return join(path, name) + ": missing (inode " + std::to_string(s.nodes.at(child)->ino) +
+                 ")";
+        todo.emplace_back(child, e->second.first, join(path, name));
+      }
+    }
+  }
+  return "";
+}
+
+// The model's block b of node n (zeroes where unwritten or past the end).
+const std::string& model_block(const MNode& n, uint64_t b) {
+  static const std::string zero(kB, '\0');
+  return b < n.blocks.size() && n.blocks[b] ? *n.blocks[b] : zero;
+}
+
+// "" if every block of each file is one of its versions in states [k, hi], k being the state
+// the metadata came back in (see the oracle).
+std::string check_data(const Model& m, size_t k, size_t hi, const Observed& o,
+                       const std::vector<FileSeen>& files) {
+  for (const auto& [id, ino, path] : files) {
+    const std::string& data = o.nodes.at(ino).data;
+    for (uint64_t b = 0; b * kB < data.size(); ++b) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kB, data.size() - b * kB));
+      const char* got = data.data() + b * kB;
+      auto fits = [&](size_t t) {
+        auto it = m.state(t).nodes.find(id);
+        if (it == m.state(t).nodes.end()) return false;
+        return std::memcmp(model_block(*it->second, b).data(), got, len) == 0;
+      };
+      if (fits(k)) continue;
+      bool ok = false;
+      for (size_t t = k + 1; t <= hi && !ok; ++t) ok = fits(t);
+      if (ok) continue;
+      const std::string& want = model_block(*m.state(k).nodes.at(id), b);
+      size_t at = 0;
+      while (at < len && want[at] == got[at]) ++at;
+      return path + " (inode " + std::to_string(ino) + ", size " + std::to_string(data.size()) +
+             "): bytes " + std::to_string(b * kB) + ".." + std::to_string(b * kB + len) +
+             " (block " + std::to_string(b) + ") match none of the block's contents in states " +
+             std::to_string(k) + ".." + std::to_string(hi) + "; against state " +
+             std::to_string(k) + " byte " + std::to_string(b * kB + at) + " is '" +
+             show(std::string(got + at, std::min<size_t>(len - at, 16))) + "', expected '" +
+             show(want.substr(at, 16)) + "'";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string check(const Model& m, size_t hi, const Observed& o, size_t* matched) {
+  std::string data_failure;
+  for (size_t k = hi + 1; k-- > m.lo();) {
+    std::vector<FileSeen> files;
+    if (!compare_meta(m.state(k), o, &files).empty()) continue;
+    std::string d = check_data(m, k, hi, o, files);
+    if (d.empty()) {
+      if (matched) *matched = k;
+      return "";
+    }
+    if (data_failure.empty()) data_failure = "tree as in state " + std::to_string(k) + ", but " + d;
+  }
+  if (!data_failure.empty()) return data_failure;
+  std::vector<FileSeen> files;
+  std::string s = "the recovered tree is none of states " + std::to_string(m.lo()) + ".." +
+                  std::to_string(hi) + ": against state " + std::to_string(hi) + ": " +
+                  compare_meta(m.state(hi), o, &files);
+  if (hi != m.lo())
+    s += "; against state " + std::to_string(m.lo()) + ": " +
+         compare_meta(m.state(m.lo()), o, &files);
+  return s;
+}
+
+// --- operations ----------------------------------------------------------------------------
+
+std::string Op::describe() const {
+  auto who = [&] { return "#" + std::to_string(id); };
+  switch (kind) {
+    case OpKind::kCreate:
+      return "create " + path + " " + octal(perm);
+    case OpKind::kBurst:
+      return "create " + std::to_string(len) + " files " + join(path, burst_name(seed, 0)) + "...";
+    case OpKind::kMkdir:
+      return "mkdir " + path + " " + octal(perm);
+    case OpKind::kSymlink:
+      return "symlink " + path + " -> " + show(path2, 24);
+    case OpKind::kWrite:
+      return "write " + who() + " off " + std::to_string(off) + " len " + std::to_string(len) +
+             " seed " + std::to_string(seed);
+    case OpKind::kTruncate:
+      return "truncate " + who() + " to " + std::to_string(off);
+    case OpKind::kChmod:
+      return "chmod " + who() + " " + octal(perm);
+    case OpKind::kRename:
+      return std::string("rename ") + path + " -> " + path2 +
+             (flags & RENAME_NOREPLACE ? " noreplace" : "");
+    case OpKind::kExchange:
+      return "exchange " + path + " <-> " + path2;
+    case OpKind::kLink:
+      return "link " + who() + " as " + path2;
+    case OpKind::kUnlink:
+      return "unlink " + path;
+    case OpKind::kRmdir:
+      return "rmdir " + path;
+    case OpKind::kSetXattr:
+      return "setxattr " + who() + " " + name + " (" + std::to_string(value.size()) + " bytes)";
+    case OpKind::kRemoveXattr:
+      return "removexattr " + who() + " " + name;
+    case OpKind::kFsync:
+      return "fsync " + who();
+    case OpKind::kFdatasync:
+      return "fdatasync " + who();
+    case OpKind::kSync:
+      return "sync";
+    case OpKind::kOpen:
+      return "open " + who();
+    case OpKind::kRelease:
+      return "release " + who();
+  }
+  return "?";
+}
+
+Op next_op(const Model& m, std::mt19937_64& rng) {
+  static const char* const kNames[] = {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"};
+  static const uint32_t kPerms[] = {0644, 0600, 0755, 0700, 0640, 0444, 0750, 0604};
+  std::vector<std::pair<std::string, Id>> dirs, nondirs, all;
+  std::vector<Id> files, targets;  // regular files (linked or open); files and directories
+  uint64_t total = 0;
+  for (const auto& [path, id] : m.names()) {
+    const MNode* n = m.node(id);
+    if (S_ISDIR(n->mode)) {
+      dirs.emplace_back(path, id);
+      targets.push_back(id);
+    } else {
+      nondirs.emplace_back(path, id);
+    }
+    if (id != 0) all.emplace_back(path, id);
+  }
+  std::vector<Id> open_ids;
+  for (const auto& [id, n] : m.now().nodes) {
+    if (S_ISREG(n->mode)) {
+      files.push_back(id);
+      targets.push_back(id);
+      total += n->size;
+    }
+    if (n->opens > 0) open_ids.push_back(id);
+  }
+  auto below = [&](uint64_t n) { return n == 0 ? 0 : rng() % n; };
+  auto pick_id = [&](const std::vector<Id>& v) { return v[below(v.size())]; };
+  auto pick = [&](const std::vector<std::pair<std::string, Id>>& v) { return v[below(v.size())]; };
+  // A name for a new entry in `dir`, sometimes a long one (directory leaves fill sooner).
+  auto new_name = [&](Id dir, std::string* name) {
+    for (int t = 0; t < 4; ++t) {
+      std::string nm = kNames[below(std::size(kNames))];
+      if (below(6) == 0) nm += "_" + std::string(60 + below(120), 'n');
+      if (!m.node(dir)->entries.count(nm)) {
+        *name = nm;
+        return true;
+      }
+    }
+    return false;
+  };
+  Op op;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    op = Op{};
+    const uint64_t r = below(100);
+    if (r == 0) {  // many files in one directory
+      auto [dpath, did] = pick(dirs);
+      op.kind = OpKind::kBurst;
+      op.path = dpath;
+      op.len = 20 + below(60);
+      op.seed = rng() % 100000;  // names p<seed + i>_ppp...: free unless the seed repeats
+      bool free = true;
+      for (uint64_t i = 0; i < op.len && free; ++i) {
+        free = !m.node(did)->entries.count(burst_name(op.seed, i));
+      }
+      if (!free) continue;
+      return op;
+    }
+    if (r < 10) {  // create a file, or a symlink
+      auto [dpath, did] = pick(dirs);
+      std::string nm;
+      if (!new_name(did, &nm)) continue;
+      op.path = join(dpath, nm);
+      if (below(4) == 0) {
+        op.kind = OpKind::kSymlink;
+        // Inline (< 128 bytes) or in a block of its own.
+        op.path2 =
+            below(2) ? "../t/" + std::to_string(rng() % 1000) : std::string(130 + below(800), 's');
+      } else {
+        op.kind = OpKind::kCreate;
+        op.perm = kPerms[below(std::size(kPerms))];
+      }
+      return op;
+    }
+    if (r < 14) {  // mkdir
+      if (dirs.size() >= 10) continue;
+      auto [dpath, did] = pick(dirs);
+      if (std::count(dpath.begin(), dpath.end(), '/') >= 4) continue;
+      std::string nm;
+      if (!new_name(did, &nm)) continue;
+      op.kind = OpKind::kMkdir;
+      op.path = join(dpath, nm);
+      op.perm = below(2) ? 0755 : 0700;
+      return op;
+    }
+    if (r < 38) {  // write: append, overwrite, or anywhere (holes)
+      if (files.empty()) continue;
+      op.kind = OpKind::kWrite;
+      op.id = pick_id(files);
+      const uint64_t size = m.node(op.id)->size;
+      const uint64_t how = below(10);
+      op.off = how < 4 ? size : how < 7 && size > 0 ? below(size) : below(768 * 1024);
+      const uint64_t big = below(40);
+      op.len = big == 0  ? 256 * 1024 + below(1280 * 1024)  // more than one journal piece
+               : big < 6 ? 16 * 1024 + below(240 * 1024)
+                         : 1 + below(16 * 1024);
+      if (below(3) == 0) op.off -= op.off % kB;  // block-aligned: the direct path
+      if (op.off + op.len > 3ull << 20 || total + op.len > 20ull << 20) continue;  // room left
+      op.seed = rng();
+      return op;
+    }
+    if (r < 45) {  // truncate: shrink or grow
+      if (files.empty()) continue;
+      op.kind = OpKind::kTruncate;
+      op.id = pick_id(files);
+      const uint64_t size = m.node(op.id)->size;
+      op.off = below(3) == 0 ? size + below(256 * 1024) : below(size + 1);
+      if (below(4) == 0) op.off -= op.off % kB;
+      if (op.off > 3ull << 20) continue;
+      return op;
+    }
+    if (r < 48) {  // chmod
+      op.kind = OpKind::kChmod;
+      op.id = pick_id(targets);
+      op.perm = S_ISDIR(m.node(op.id)->mode) ? (below(2) ? 0755 : 0711)
+                                             : kPerms[below(std::size(kPerms))];
+      return op;
+    }
+    if (r < 57) {  // rename: to a free name, or over a compatible entry
+      if (all.empty()) continue;
+      auto [spath, sid] = pick(all);
+      const bool sdir = S_ISDIR(m.node(sid)->mode);
+      auto [dpath, did] = pick(dirs);
+      if (sdir && within(dpath, spath)) continue;  // into its own subtree: EINVAL
+      op.kind = OpKind::kRename;
+      op.path = spath;
+      const MNode* d = m.node(did);
+      if (below(5) < 2 && !d->entries.empty()) {
+        auto it = d->entries.begin();
+        std::advance(it, static_cast<long>(below(d->entries.size())));
+        const MNode* victim = m.node(it->second);
+        const bool vdir = S_ISDIR(victim->mode);
+        if (vdir != sdir) continue;
+        if (vdir && !victim->entries.empty()) continue;
+        op.path2 = join(dpath, it->first);
+        return op;
+      }
+      std::string nm;
+      if (!new_name(did, &nm)) continue;
+      op.path2 = join(dpath, nm);
+      if (below(3) == 0) op.flags = RENAME_NOREPLACE;
+      return op;
+    }
+    if (r < 59) {  // exchange two names, neither inside the other
+      if (all.size() < 2) continue;
+      auto [a, aid] = pick(all);
+      auto [b, bid] = pick(all);
+      if (within(a, b) || within(b, a)) continue;
+      op.kind = OpKind::kExchange;
+      op.path = a;
+      op.path2 = b;
+      return op;
+    }
+    if (r < 63) {  // hard link
+      if (nondirs.empty()) continue;
+      auto [spath, sid] = pick(nondirs);
+      auto [dpath, did] = pick(dirs);
+      std::string nm;
+      if (!new_name(did, &nm)) continue;
+      op.kind = OpKind::kLink;
+      op.id = sid;
+      op.path2 = join(dpath, nm);
+      return op;
+    }
+    if (r < 69) {  // unlink
+      if (nondirs.empty()) continue;
+      op.kind = OpKind::kUnlink;
+      op.path = pick(nondirs).first;
+      return op;
+    }
+    if (r < 72) {  // rmdir
+      std::vector<std::pair<std::string, Id>> empty;
+      for (const auto& d : dirs) {
+        if (d.second != 0 && m.node(d.second)->entries.empty()) empty.push_back(d);
+      }
+      if (empty.empty()) continue;
+      op.kind = OpKind::kRmdir;
+      op.path = pick(empty).first;
+      return op;
+    }
+    if (r < 79) {  // xattrs on files and directories
+      op.id = pick_id(targets);
+      const MNode* n = m.node(op.id);
+      if (below(4) == 0 && !n->xattrs.empty()) {
+        auto it = n->xattrs.begin();
+        std::advance(it, static_cast<long>(below(n->xattrs.size())));
+        op.kind = OpKind::kRemoveXattr;
+        op.name = it->first;
+        return op;
+      }
+      op.kind = OpKind::kSetXattr;
+      op.name = "user.x" + std::to_string(below(5));
+      op.value = test::pattern(rng(), 0, below(300));
+      return op;
+    }
+    if (r < 91) {  // fsync, fdatasync of a file or directory (open and unlinked ones too)
+      op.kind = below(3) == 0 ? OpKind::kFdatasync : OpKind::kFsync;
+      op.id = pick_id(targets);
+      return op;
+    }
+    if (r < 93) {
+      op.kind = OpKind::kSync;
+      return op;
+    }
+    if (r < 97) {  // keep a file open, so that unlinking it leaves an orphan
+      std::vector<Id> linked;
+      for (Id id : files) {
+        if (m.node(id)->links > 0 && m.node(id)->opens < 2) linked.push_back(id);
+      }
+      if (linked.empty()) continue;
+      op.kind = OpKind::kOpen;
+      op.id = pick_id(linked);
+      return op;
+    }
+    if (open_ids.empty()) continue;
+    op.kind = OpKind::kRelease;
+    op.id = pick_id(open_ids);
+    return op;
+  }
+  op.kind = OpKind::kSync;
+  return op;
+}
+
+// --- session -------------------------------------------------------------------------------
+
+std::unique_ptr<Session> Session::make(uint64_t seed, uint64_t mib, std::string* error) {
+  std::unique_ptr<Session> s(new Session());
+  s->seed_ = seed;
+  s->store_ = nvme::BackingStore::ram(mib << 20);
+  if (!s->power_on(seed, error)) return nullptr;
+  MkfsOptions mo;
+  mo.seed = 7;
+  Geometry g;
+  if (!plan_geometry(s->dev_->block_count(), mo, &g, error)) return nullptr;
+  if (blockdev::Status st = format(*s->dev_, mo, g, nullptr); !st.is_ok()) {
+    *error = "format: " + st.to_string();
+    return nullptr;
+  }
+  if (std::string e = s->mount(); !e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  return s;
+}
+
+Session::~Session() {
+  fs_.reset();
+  cut_.reset();
+  dev_.reset();
+  stack_.reset();
+}
+
+bool Session::power_on(uint64_t seed, std::string* error) {
+  nvme::EmulatedConfig cfg;
+  cfg.seed = mix(seed ^ ++power_ons_);  // the power-cut draws of this controller
+  stack_ = cache::test::Stack::make(0, store_, cfg);
+  if (!stack_) {
+    *error = "cannot start the emulated controller";
+    return false;
+  }
+  dev_ = blockdev::NvmeBlockDevice::create(*stack_->engine, 1, kBlockSize, error);
+  if (!dev_) return false;
+  cut_ = std::make_unique<CutDevice>(*dev_);
+  return true;
+}
+
+std::string Session::mount() {
+  MountOptions o;
+  o.commit_interval_ms = 24u * 3600 * 1000;  // no timed commits: the run is deterministic
+  o.log = [this](const std::string& s) { log_ += s + "\n"; };
+  std::string err;
+  fs_ = Filesystem::mount(*cut_, o, &err);
+  return fs_ ? "" : "mount failed: " + err;
+}
+
+std::string Session::fsck(const char* when) {
+  FsckOptions o;  // check only; the journal is replayed in memory
+  std::string out;
+  FsckResult r = warpfs::fs::fsck(*cut_, o, [&](const std::string& s) { out += "  " + s + "\n"; });
+  if (r.exit_code == kFsckClean) return "";
+  return std::string("fsck ") + when + ": exit " + std::to_string(r.exit_code) + " " + r.error +
+         "\n" + out;
+}
+
+void Session::power_cut(double persist) {
+  cut_->cut();
+  stack_->transport->power_cut(persist);
+  fs_.reset();  // its unmount fails against the cut-off device
+  cut_.reset();
+  dev_.reset();
+  stack_.reset();
+}
+
+std::string Session::run(const Op& op, int* rc) {
+  Model& m = model_;
+  Filesystem& fs = *fs_;
+  const bool was_cut = cut_->is_cut();
+  auto ino_of = [&](Id id) { return m.node(id)->ino; };
+  auto dir_ino = [&](const std::string& path, Id* id) {
+    m.resolve(dirname_of(path), id);
+    return ino_of(*id);
+  };
+  // The model changes if the call succeeded, or if the device was cut meanwhile (then the
+  // operation may or may not have happened: its states become possible).
+  auto happened = [&] { return *rc == 0 || (!was_cut && cut_->is_cut()); };
+  Attr a;
+  switch (op.kind) {
+    case OpKind::kCreate:
+    case OpKind::kMkdir:
+    case OpKind::kSymlink: {
+      Id did;
+      const Ino dino = dir_ino(op.path, &did);
+      const std::string name = basename_of(op.path);
+      if (op.kind == OpKind::kCreate) {
+        *rc = fs.mknod(dino, name, S_IFREG | op.perm, 0, Caller{}, &a);
+      } else if (op.kind == OpKind::kMkdir) {
+        *rc = fs.mkdir(dino, name, op.perm, Caller{}, &a);
+      } else {
+        *rc = fs.symlink(dino, name, op.path2, Caller{}, &a);
+      }
+      if (*rc) return "";  // no inode number: it cannot have become durable either
+      fs.forget(a.ino, 1);
+      MNode n;
+      n.ino = a.ino;
+      if (op.kind == OpKind::kCreate) {
+        n.mode = S_IFREG | op.perm;
+        n.links = 1;
+      } else if (op.kind == OpKind::kMkdir) {
+        n.mode = S_IFDIR | op.perm;
+        n.links = 2;
+        m.edit(did).links += 1;
+      } else {
+        n.mode = S_IFLNK | 0777;
+        n.links = 1;
+        n.target = op.path2;
+        n.size = op.path2.size();
+      }
+      if (a.mode != n.mode)
+        return "created with mode " + octal(a.mode) + ", expected " + octal(n.mode);
+      m.edit(did).entries[name] = m.add(n);
+      m.step();
+      return "";
+    }
+    case OpKind::kBurst: {
+      Id did;
+      m.resolve(op.path, &did);
+      const Ino dino = ino_of(did);
+      for (uint64_t i = 0; i < op.len; ++i) {  // one operation (and state) per file
+        const std::string name = burst_name(op.seed, i);
+        *rc = fs.mknod(dino, name, S_IFREG | 0644, 0, Caller{}, &a);
+        if (*rc) return "";
+        fs.forget(a.ino, 1);
+        MNode n;
+        n.ino = a.ino;
+        n.mode = S_IFREG | 0644;
+        n.links = 1;
+        m.edit(did).entries[name] = m.add(n);
+        m.step();
+        if (cut_->is_cut()) return "";
+      }
+      return "";
+    }
+    case OpKind::kWrite: {
+      const std::string data = test::pattern(op.seed, op.off, op.len);
+      size_t written = 0;
+      *rc = fs.write(ino_of(op.id), op.off, op.len, data.data(), &written);
+      if (!happened()) return "";
+      if (!cut_->is_cut() && written != op.len) {
+        return "wrote " + std::to_string(written) + " of " + std::to_string(op.len) + " bytes";
+      }
+      // One state per journal piece (file.cc): the size grows piece by piece.
+      for (uint64_t done = 0; done < op.len;) {
+        const uint64_t pos = op.off + done;
+        const uint64_t piece = std::min(op.len - done, kWritePiece - pos % kB);
+        model_write(m.edit(op.id), pos, data.substr(done, piece));
+        m.step();
+        done += piece;
+      }
+      return "";
+    }
+    case OpKind::kTruncate:
+    case OpKind::kChmod: {
+      SetAttr s;
+      if (op.kind == OpKind::kTruncate) {
+        s.size = true;
+        s.new_size = op.off;
+      } else {
+        s.mode = true;
+        s.new_mode = op.perm;
+      }
+      *rc = fs.setattr(ino_of(op.id), s, &a);
+      if (!happened()) return "";
+      MNode& n = m.edit(op.id);
+      if (op.kind == OpKind::kTruncate) {
+        model_truncate(n, op.off);
+      } else {
+        n.mode = (n.mode & S_IFMT) | op.perm;
+      }
+      m.step();
+      if (*rc == 0 && (a.mode != n.mode || (S_ISREG(n.mode) && a.size != n.size))) {
+        return "setattr gave mode " + octal(a.mode) + " size " + std::to_string(a.size);
+      }
+      return "";
+    }
+    case OpKind::kRename:
+    case OpKind::kExchange: {
+      Id sd, td, src, dst = 0;
+      const Ino sdi = dir_ino(op.path, &sd), tdi = dir_ino(op.path2, &td);
+      const std::string sn = basename_of(op.path), tn = basename_of(op.path2);
+      m.resolve(op.path, &src);
+      const bool has_dst = m.resolve(op.path2, &dst);
+      *rc = fs.rename(sdi, sn, tdi, tn, op.kind == OpKind::kExchange ? RENAME_EXCHANGE : op.flags);
+      if (!happened()) return "";
+      if (has_dst && dst == src) {  // the same inode under both names: nothing happens
+        m.step();
+        return "";
+      }
+      const bool sdir = S_ISDIR(m.node(src)->mode);
+      const bool ddir = has_dst && S_ISDIR(m.node(dst)->mode);
+      if (op.kind == OpKind::kExchange) {
+        m.edit(sd).entries[sn] = dst;
+        m.edit(td).entries[tn] = src;
+        if (sd != td) {
+          if (sdir) m.edit(td).links += 1, m.edit(sd).links -= 1;
+          if (ddir) m.edit(sd).links += 1, m.edit(td).links -= 1;
+        }
+        m.step();
+        return "";
+      }
+      m.edit(sd).entries.erase(sn);
+      m.edit(td).entries[tn] = src;
+      if (sdir && sd != td) m.edit(sd).links -= 1, m.edit(td).links += 1;
+      if (has_dst) {
+        MNode& v = m.edit(dst);
+        if (ddir) {
+          v.links = 0;
+          m.edit(td).links -= 1;
+        } else {
+          v.links -= 1;
+        }
+        if (v.links == 0 && v.opens == 0) m.remove(dst);
+      }
+      m.step();
+      return "";
+    }
+    case OpKind::kLink: {
+      Id td;
+      const Ino tdi = dir_ino(op.path2, &td);
+      *rc = fs.link(ino_of(op.id), tdi, basename_of(op.path2), &a);
+      if (*rc) return "";
+      fs.forget(a.ino, 1);
+      m.edit(op.id).links += 1;
+      m.edit(td).entries[basename_of(op.path2)] = op.id;
+      m.step();
+      if (a.nlink != m.node(op.id)->links) return "link gave nlink " + std::to_string(a.nlink);
+      return "";
+    }
+    case OpKind::kUnlink:
+    case OpKind::kRmdir: {
+      Id d, id;
+      const Ino dino = dir_ino(op.path, &d);
+      m.resolve(op.path, &id);
+      const std::string name = basename_of(op.path);
+      *rc = op.kind == OpKind::kUnlink ? fs.unlink(dino, name) : fs.rmdir(dino, name);
+      if (!happened()) return "";
+      m.edit(d).entries.erase(name);
+      if (op.kind == OpKind::kRmdir) {
+        m.edit(d).links -= 1;
+        m.remove(id);
+      } else {
+        MNode& n = m.edit(id);
+        n.links -= 1;
+        if (n.links == 0 && n.opens == 0) m.remove(id);
+      }
+      m.step();
+      return "";
+    }
+    case OpKind::kSetXattr:
+      *rc = fs.setxattr(ino_of(op.id), op.name, op.value.data(), op.value.size(), 0);
+      if (happened()) m.edit(op.id).xattrs[op.name] = op.value, m.step();
+      return "";
+    case OpKind::kRemoveXattr:
+      *rc = fs.removexattr(ino_of(op.id), op.name);
+      if (happened()) m.edit(op.id).xattrs.erase(op.name), m.step();
+      return "";
+    case OpKind::kFsync:
+    case OpKind::kFdatasync:
+      *rc = fs.fsync(ino_of(op.id), op.kind == OpKind::kFdatasync);
+      if (*rc == 0) m.durable(m.current());  // acknowledged: durable, whatever the device did
+      return "";
+    case OpKind::kSync:
+      *rc = fs.sync();
+      if (*rc == 0) m.durable(m.current());
+      return "";
+    case OpKind::kOpen:
+      *rc = fs.open(ino_of(op.id), O_RDWR);
+      if (*rc == 0) m.edit(op.id).opens += 1;
+      return "";
+    case OpKind::kRelease: {
+      fs.release(ino_of(op.id));
+      MNode& n = m.edit(op.id);
+      n.opens -= 1;
+      if (n.links == 0 && n.opens == 0) m.remove(op.id);
+      return "";
+    }
+  }
+  return "";
+}
+
+std::string Session::apply(const Op& op) {
+  const bool was_cut = cut_->is_cut();
+  const size_t before = model_.current();
+  const uint64_t commits = fs_->stats().commits;
+  int rc = 0;
+  std::string bad = run(op, &rc);
+  // A commit counted during the operation is durable: everything before the operation is.
+  if (fs_->stats().commits != commits) model_.durable(before);
+  if (!bad.empty()) return bad;
+  if (rc != 0 && !was_cut && !cut_->is_cut())
+    return "returned " + errno_name(rc) + " before the cut\n" + log_;
+  return "";
+}
+
+std::string Session::recover(uint64_t cut_after, double persist) {
+  std::string err;
+  if (!power_on(seed_, &err)) return err;
+  if (cut_after > 0) {
+    // The power goes again while the journal is being replayed or the mount commits.
+    cut_->cut_at(cut_after, true, mix(seed_ + cut_after));
+    (void)mount();
+    power_cut(persist);
+    if (!power_on(seed_, &err)) return err;
+  }
+  if (std::string e = fsck("of the crashed image"); !e.empty()) return e;
+  if (std::string e = mount(); !e.empty()) return e + "\n" + log_;
+  Observed o;
+  if (std::string e = observe(*fs_, &o); !e.empty()) return "reading the recovered tree: " + e;
+  size_t k = 0;
+  if (std::string e = check(model_, model_.current(), o, &k); !e.empty()) return e;
+  matched_ = k;
+  // Continue from what is there.
+  std::vector<FileSeen> files;
+  compare_meta(model_.state(k), o, &files);
+  std::map<Id, std::string> data;
+  for (const FileSeen& f : files) data[f.id] = o.nodes.at(f.ino).data;
+  model_.restart(k, data);
+  if (int rc = fs_->unmount(); rc) return "unmount after recovery: " + errno_name(rc) + "\n" + log_;
+  fs_.reset();
+  if (std::string e = fsck("after recovery"); !e.empty()) return e;
+  return mount();
+}
+
+std::string Session::clean_cycle() {
+  if (int rc = fs_->unmount(); rc) return "unmount: " + errno_name(rc) + "\n" + log_;
+  fs_.reset();
+  if (std::string e = fsck("after a clean unmount"); !e.empty()) return e;
+  if (std::string e = mount(); !e.empty()) return e;
+  model_.durable(model_.current());
+  Observed o;
+  if (std::string e = observe(*fs_, &o); !e.empty()) return "reading the tree: " + e;
+  return check(model_, model_.current(), o);
+}
+
+// --- one cut -------------------------------------------------------------------------------
+
+namespace {
+// Mutating device calls per operation of next_op's mix, measured (about 2.3: most operations
+// only change cached metadata; writes, and the commits of fsync and of the journal's
+// half-full rule, reach the device): the cut point is drawn from [1, ops * kCallsPerOp], so
+// that it nearly always lands inside the workload.
+constexpr uint64_t kCallsPerOp = 2;
+constexpr uint64_t kFlushesPerOp = 40;  // per 100 operations, measured likewise (about 41)
+}  // namespace
+
+CutReport run_cut(const CutOptions& o) {
+  CutReport r;
+  std::mt19937_64 work(mix(o.seed));          // the operations
+  std::mt19937_64 cuts(mix(o.seed) ^ 0xc07);  // where and how the power goes
+  auto trace = [&](const std::string& s) {
+    if (o.verbose) r.trace.push_back(s);
+  };
+  std::string err;
+  auto s = Session::make(o.seed, 64, &err);
+  if (!s) {
+    r.failure = "setup: " + err;
+    return r;
+  }
+  // Where the power goes: after the last operation (one cut in ten); as a flush is issued
+  // (three in ten: everything written since the previous flush is still volatile, which is
+  // what finds a missing flush); or at any write (torn), flush or trim.
+  const uint64_t ops = static_cast<uint64_t>(std::max(o.ops, 1));
+  const uint64_t where = cuts() % 10;
+  if (where >= 1 && where <= 3) {
+    s->device().cut_at_flush(1 + cuts() % (ops * kFlushesPerOp / 100 + 1));
+  } else if (where > 3) {
+    const uint64_t n = 1 + cuts() % (ops * kCallsPerOp);
+    s->device().cut_at(n, true, cuts());
+  }
+  for (int i = 0; i < o.ops && !s->device().is_cut(); ++i) {
+    const Op op = next_op(s->model(), work);
+    const uint64_t calls = s->device().mutations();
+    std::string bad = s->apply(op);
+    ++r.ops_run;
+    trace("op " + std::to_string(i) + ": " + op.describe() + "  [device calls " +
+          std::to_string(calls) + ".." + std::to_string(s->device().mutations()) + ", states " +
+          std::to_string(s->model().lo()) + ".." + std::to_string(s->model().current()) + "]");
+    if (!bad.empty()) {
+      r.failure = "op " + std::to_string(i) + " (" + op.describe() + "): " + bad;
+      return r;
+    }
+  }
+  r.calls = s->device().mutations();
+  r.flushes = s->device().flushes();
+  r.cut_call = s->device().is_cut() ? r.calls : 0;
+  r.cut_at_flush = where >= 1 && where <= 3 && r.cut_call;
+  // How much of the volatile cache survives: none, all, half, any share, or nearly all
+  // (a few writes lost among many kept: what catches a missing flush) or nearly none.
+  std::uniform_real_distribution<double> share(0, 1);
+  const int how = static_cast<int>(cuts() % 6);
+  r.persist = how == 0   ? 0.0
+              : how == 1 ? 1.0
+              : how == 2 ? 0.5
+              : how == 3 ? share(cuts)
+              : how == 4 ? 1 - 0.1 * share(cuts)
+                         : 0.1 * share(cuts);
+  r.lo = s->model().lo();
+  r.hi = s->model().current();
+  trace(r.cut_call ? "cut at device call " + std::to_string(r.cut_call) : "cut after the workload");
+  s->power_cut(r.persist);
+  if (cuts() % 5 == 0) r.recovery_cut = 1 + cuts() % 40;
+  const double persist2 = static_cast<double>(cuts() % 3) / 2;
+  trace("power cut, persist " + std::to_string(r.persist) +
+        (r.recovery_cut ? "; recovery cut at call " + std::to_string(r.recovery_cut) : ""));
+  if (std::string e = s->recover(r.recovery_cut, persist2); !e.empty()) {
+    r.failure =
+        "recovery (states " + std::to_string(r.lo) + ".." + std::to_string(r.hi) + "): " + e;
+    return r;
+  }
+  r.matched = s->matched();
+  if (o.verbose) {
+    trace("recovered state " + std::to_string(r.matched) + ":");
+    for (const auto& [path, id] : s->model().names()) {
+      const MNode* n = s->model().node(id);
+      trace("  " + path + " #" + std::to_string(id) + " inode " + std::to_string(n->ino) + " " +
+            type_name(n->mode) + (S_ISREG(n->mode) ? " size " + std::to_string(n->size) : ""));
+    }
+  }
+  // The recovered filesystem works: a few more operations, then a clean unmount and check.
+  const int more = 5 + static_cast<int>(work() % 16);
+  for (int i = 0; i < more; ++i) {
+    const Op op = next_op(s->model(), work);
+    std::string bad = s->apply(op);
+    trace("after recovery, op " + std::to_string(i) + ": " + op.describe());
+    if (!bad.empty()) {
+      r.failure = "after recovery, op " + std::to_string(i) + " (" + op.describe() + "): " + bad;
+      return r;
+    }
+  }
+  if (std::string e = s->clean_cycle(); !e.empty()) {
+    r.failure = "after recovery: " + e;
+    return r;
+  }
+  r.passed = true;
+  return r;
+}
+
+}  // namespace warpfs::fs::crash

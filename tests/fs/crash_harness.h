@@ -1,0 +1,251 @@
+// The power-cut crash harness (issue 7). A seeded workload of file operations drives the
+// filesystem core in-process, on a RAM-backed emulated NVMe controller behind a CutDevice.
+// A Model follows every operation and keeps the states the filesystem may come back in.
+// The device is cut at a chosen write, flush or trim (so inside journal commits,
+// checkpoints and data writes), the controller loses its volatile write cache
+// (EmulatedTransport::power_cut: each cached 4 KiB unit persists or not), a new controller
+// powers up over the same media, and then: fsck of the crashed image must be clean (it
+// replays the journal in memory), the mount replays the journal, the tree read back must be
+// one the model allows, fsck after unmount must be clean, and a few more operations on the
+// recovered filesystem must work and check clean too.
+//
+// The oracle, from what warpfs promises (fs/FORMAT.md "Journal"; filesystem.h): there is one
+// metadata journal; every operation joins the running transaction as a whole, and a commit
+// contains whole operations (the gate waits until no operation is inside), except for the
+// operations that run as several transactions: a write commits per piece of at most 1 MiB
+// (file.cc kBlocksPerTxn), and a truncate sets the size in one transaction and frees blocks
+// in later ones (invisible here, as is freeing an unlinked inode). fsync, fdatasync (of any
+// file or directory) and sync commit the whole running transaction and flush the device
+// (warpfs's fdatasync is its fsync: POSIX would promise less, and this checks what warpfs
+// promises).
+// So, numbering the model's states S_0, S_1, ... (one per operation, one per piece of a
+// large write):
+//   metadata  The recovered tree (every name, its inode number, type, permission bits, link
+//             count, size, symlink target and xattrs; hard links as the same inode) equals
+//             S_k for one k with lo <= k <= hi. lo: the state at the last fsync/fdatasync/
+//             sync that returned 0, or the state before an operation during which a commit
+//             completed (FsStats::commits rose: commits are durable when counted). hi: the
+//             last state an operation reached before the cut, the cut one included.
+//   data      File data is written in place, outside the journal, before the transaction
+//             that maps it closes, and every commit flushes before it writes the journal
+//             (ordered mode). So when the metadata came back as S_k, every data write of
+//             the operations up to k was durable, and each 4 KiB block of a recovered file,
+//             as far as its recovered size reaches, equals that block in some S_t with
+//             k <= t <= hi: a later write may have landed or not, block by block, never
+//             torn inside a block. A file untouched since an acknowledged fsync has exactly
+//             its fsync'd content; data that a committed size covers is never lost.
+// Nothing else is allowed: no half-done rename, no name in two places, no size or xattr
+// from outside [lo, hi]; fsck finds leaked blocks and inodes. (Several states may have the
+// same metadata, e.g. around an overwrite; the tree passes if one of them explains it all.)
+//
+// Thread-safety: none; a Session (and a Model) is used by one thread at a time.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fs/core_rig.h"
+
+namespace warpfs::fs::crash {
+
+using test::CutDevice;
+
+using Id = uint64_t;  // a model inode: one per creation, never reused; the root is 0
+// A 4 KiB block of file data, shared between the states that did not change it; null reads
+// as zeroes. Bytes past the end of the file are zero.
+using Block = std::shared_ptr<const std::string>;
+
+struct MNode {
+  Ino ino = 0;
+  uint32_t mode = 0;          // type and permission bits
+  uint64_t size = 0;          // regular files; symlinks: the target's length
+  std::vector<Block> blocks;  // regular files: ceil(size / 4096)
+  std::string target;         // symlinks
+  std::map<std::string, std::string> xattrs;
+  std::map<std::string, Id> entries;  // directories
+  uint32_t links = 0;                 // names (directories: 2 + subdirectories)
+  uint32_t opens = 0;                 // open handles the workload holds
+};
+
+// One state of the filesystem as the workload sees it: linked inodes, and unlinked ones that
+// are still open.
+struct State {
+  std::map<Id, std::shared_ptr<const MNode>> nodes;
+};
+
+class Model {
+ public:
+  Model();  // an empty root (inode 1)
+  const State& now() const { return cur_; }
+  const MNode* node(Id id) const;
+  // A private copy of `id` in the current state, to change (copy-on-write).
+  MNode& edit(Id id);
+  Id add(const MNode& n);
+  void remove(Id id);
+  bool resolve(const std::string& path, Id* id) const;  // "/" and "/a/b"
+  // Every name, the root first, breadth first: (path, id).
+  std::vector<std::pair<std::string, Id>> names() const;
+
+  // The current state is one the filesystem may be found in after a crash.
+  void step();
+  size_t current() const { return base_ + hist_.size() - 1; }  // index of the last step()
+  // States before `k` can no longer be found (k's transaction is durable).
+  void durable(size_t k);
+  size_t lo() const { return base_; }
+  const State& state(size_t k) const { return hist_[k - base_]; }
+  // After a recovery: state k (dropping open-unlinked inodes), with each file's data
+  // replaced by what the disk holds (`data`: id -> contents). The history restarts there.
+  void restart(size_t k, const std::map<Id, std::string>& data);
+
+ private:
+  State cur_;
+  std::deque<State> hist_;  // states base_ .. base_ + size - 1
+  size_t base_ = 0;
+  Id next_ = 1;
+};
+
+// The model's file bytes [off, off + len) written into `n` (regular file); size grows.
+void model_write(MNode& n, uint64_t off, const std::string& data);
+void model_truncate(MNode& n, uint64_t size);  // bytes past the new end become zero
+
+// What a mounted filesystem shows, read through the Filesystem API from the root.
+struct ONode {
+  uint32_t mode = 0, nlink = 0;
+  uint64_t size = 0;
+  std::string data, target;
+  std::map<std::string, std::string> xattrs;
+  std::map<std::string, std::pair<Ino, uint8_t>> entries;  // name -> (inode, DT_*)
+};
+struct Observed {
+  std::map<Ino, ONode> nodes;
+};
+// Reads the whole tree; "" or what could not be read (or a directory reachable twice, an
+// entry whose lookup disagrees with readdir, a ".." naming the wrong parent).
+std::string observe(Filesystem& fs, Observed* out);
+
+// "" if `o` is a state the model allows: metadata S_k with k in [m.lo(), hi], data from
+// [k, hi] (the oracle above); then *matched = k. Else the violation, naming the path.
+std::string check(const Model& m, size_t hi, const Observed& o, size_t* matched = nullptr);
+
+// Operations of the workload. Ops on an inode name it by Id (it may be unlinked and open).
+enum class OpKind : uint8_t {
+  kCreate,
+  kBurst,  // `len` files with long names in directory `path` (directory leaves fill and split)
+  kMkdir,
+  kSymlink,
+  kWrite,
+  kTruncate,
+  kChmod,
+  kRename,
+  kExchange,
+  kLink,
+  kUnlink,
+  kRmdir,
+  kSetXattr,
+  kRemoveXattr,
+  kFsync,
+  kFdatasync,
+  kSync,
+  kOpen,
+  kRelease,
+};
+struct Op {
+  OpKind kind = OpKind::kSync;
+  Id id = 0;                // the inode operated on (write, truncate, chmod, xattr, fsync,
+                            // open, release, link's source)
+  std::string path, path2;  // create/mkdir/symlink/unlink/rmdir: path; burst: the directory;
+                            // rename, exchange: path -> path2; link: path2; symlink: path2
+                            // is the target
+  uint64_t off = 0, len = 0, seed = 0;  // write: pattern(seed, off, len); truncate: size off;
+                                        // burst: len files, names from seed
+  uint32_t perm = 0;                    // create, mkdir, chmod
+  unsigned flags = 0;                   // rename: RENAME_NOREPLACE
+  std::string name, value;              // xattr
+  std::string describe() const;
+};
+
+// The next operation: valid in the model's current state (every one must succeed on a
+// healthy filesystem), chosen from `rng` and the state only.
+Op next_op(const Model& m, std::mt19937_64& rng);
+
+// A formatted, mounted filesystem on its own emulated controller, with a model.
+class Session {
+ public:
+  // `seed` seeds the controller's power-cut draws (EmulatedConfig::seed).
+  static std::unique_ptr<Session> make(uint64_t seed, uint64_t mib, std::string* error);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  Filesystem& fs() { return *fs_; }
+  Model& model() { return model_; }
+  CutDevice& device() { return *cut_; }
+
+  // Runs `op` on the filesystem and on the model. "" or the failure: an error returned
+  // before the device was cut (ops are valid by construction), or a mismatch of what the
+  // operation reported. Once the device is cut, the op's states are kept as possible.
+  std::string apply(const Op& op);
+  // The power goes out: the device is cut (if it was not already) and the controller loses
+  // what its volatile cache held, each unit kept with probability `persist`; the filesystem
+  // object is dropped.
+  void power_cut(double persist);
+  // Powers a new controller up over the media; with `cut_after` > 0 the first mount is
+  // itself cut at its cut_after'th mutating call (a crash during recovery) and powered off
+  // again (`persist`) before the real recovery. Then: fsck of the crashed image, mount,
+  // check against the model (hi = the last state reached), unmount, fsck; on success the
+  // model restarts from the matched state, the filesystem mounted again. "" or the failure.
+  std::string recover(uint64_t cut_after = 0, double persist = 0);
+  // Commits, unmounts, fscks, mounts and checks that nothing changed. "" or the failure.
+  std::string clean_cycle();
+  std::string log() const { return log_; }
+  size_t matched() const { return matched_; }  // the state the last recover() found
+
+ private:
+  Session() = default;
+  bool power_on(uint64_t seed, std::string* error);
+  std::string mount();
+  std::string fsck(const char* when);
+  std::string run(const Op& op, int* rc);  // the filesystem side of apply()
+
+  std::shared_ptr<nvme::BackingStore> store_;
+  std::unique_ptr<cache::test::Stack> stack_;
+  std::unique_ptr<blockdev::NvmeBlockDevice> dev_;
+  std::unique_ptr<CutDevice> cut_;
+  std::unique_ptr<Filesystem> fs_;
+  Model model_;
+  uint64_t seed_ = 0, power_ons_ = 0;
+  size_t matched_ = 0;
+  std::string log_;
+};
+
+// One cut: seeded workload, cut, recovery, checks.
+struct CutOptions {
+  uint64_t seed = 1;
+  int ops = 150;  // at most this many operations; the power goes at one of their device
+                  // calls (nine cuts in ten) or after the last
+  bool verbose = false;
+};
+struct CutReport {
+  bool passed = false;
+  std::string failure;        // the first violation
+  int ops_run = 0;            // operations started before the cut (the cut one included)
+  uint64_t cut_call = 0;      // the mutating device call that was cut (0: after the workload)
+  uint64_t calls = 0;         // mutating device calls of the workload, the cut one included
+  uint64_t flushes = 0;       // of those, flushes
+  bool cut_at_flush = false;  // the cut call was a flush chosen as such
+  double persist = 0;         // power_cut's probability
+  uint64_t recovery_cut = 0;  // > 0: recovery itself was cut at this call
+  size_t lo = 0, hi = 0, matched = 0;  // the states allowed and the one found
+  std::vector<std::string> trace;      // the operations, with their results (verbose)
+};
+CutReport run_cut(const CutOptions& o);
+
+}  // namespace warpfs::fs::crash
