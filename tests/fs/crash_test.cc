@@ -202,7 +202,7 @@ TEST(Crash, BlocksMayMixVersionsButNotTearInsideOne) {
 // The mount marks the superblock dirty only through the journal: its home write is a
 // checkpoint, durable at the next commit's flush. A crash before that leaves a superblock
 // that says "clean" beside a committed transaction, which fsck reports as an error (exit 4)
-// although the mount would replay it. (warpfs-crash --seed 315 --cuts 1)
+// although the mount would replay it. (warpfs-crash --seed 743 --cuts 1)
 TEST(Crash, DISABLED_KnownBug_CrashRightAfterMountFailsFsck) {
   auto s = session();
   ASSERT_TRUE(s);
@@ -214,7 +214,7 @@ TEST(Crash, DISABLED_KnownBug_CrashRightAfterMountFailsFsck) {
 // an in-place write that extended the file in that block lands on the media before its new
 // size commits. After a crash the file has its old size and the block those bytes; growing
 // the file (truncate up, or a write further on) then shows them instead of zeroes.
-// (warpfs-crash --seed 156 --cuts 1)
+// (warpfs-crash --seed 271 --cuts 1)
 TEST(Crash, DISABLED_KnownBug_GrowingAfterCrashShowsBytesPastTheOldEnd) {
   auto s = session();
   ASSERT_TRUE(s);
