@@ -80,6 +80,14 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
 
 // One transaction's worth of a write. REQUIRES: rw exclusive, mapping loaded.
 int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, size_t* written) {
+  // Bytes past the end of file in its last block read as zeroes once the file grows over
+  // them. They are not always zero on the media: a write that extended the file may have
+  // reached the media before a crash lost its new size. Zero the gap between the old end and
+  // this write in that block before anything exposes it.
+  if (const uint64_t old = n.disk.size; off > old && old % kBlockSize) {
+    const uint64_t end = std::min<uint64_t>(off, (old / kBlockSize + 1) * kBlockSize);
+    if (int rc = zero_range(n, old, end - old); rc) return rc;
+  }
   Journal::Txn t(*journal_);
   const uint64_t first = off / kBlockSize, last = (off + len - 1) / kBlockSize;
   std::vector<uint8_t> block(kBlockSize);
@@ -188,6 +196,10 @@ int FsImpl::set_size(Node& n, uint64_t size) {
   if (size < old && size % kBlockSize) {
     // The tail of the new last block must read as zeroes if the file grows again.
     if (int rc = zero_range(n, size, kBlockSize - size % kBlockSize); rc) return rc;
+  } else if (size > old && old % kBlockSize) {
+    // Growing: the old last block's tail becomes file data and must read as zeroes, whatever
+    // an extending write lost in a crash left there (see write_locked).
+    if (int rc = zero_range(n, old, kBlockSize - old % kBlockSize); rc) return rc;
   }
   {
     Journal::Txn t(*journal_);

@@ -160,6 +160,22 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
       *error = "cannot write to the device (journal commit failed)";
       return rc;
     }
+    // The dirty state must be on the media before anything relies on it: the commit above
+    // only checkpoints the superblock home, which becomes durable at the next flush, and a
+    // crash before that would leave a "clean" superblock beside a committed transaction.
+    {
+      Superblock d;
+      std::memcpy(&d, sb_buf_->data, sizeof d);
+      d.checksum = superblock_checksum(d);
+      if (int rc = journal_->write_direct(0, &d); rc) {
+        *error = "cannot write the superblock";
+        return rc;
+      }
+      if (!dev_.flush().is_ok()) {
+        *error = "cannot flush the device";
+        return EIO;
+      }
+    }
     committer_ = std::thread([this] { commit_loop(); });
   }
   return 0;

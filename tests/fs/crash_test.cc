@@ -196,14 +196,15 @@ TEST(Crash, BlocksMayMixVersionsButNotTearInsideOne) {
   EXPECT_NE(check(m, m.current(), o).find("/f2: exists"), std::string::npos);
 }
 
-// Known warpfs bugs the harness found (issue 7), reduced to a few operations. Disabled until
-// fixed; run with --gtest_also_run_disabled_tests.
+// warpfs bugs the harness found (issue 7), reduced to a few operations; both fixed, kept as
+// regression tests.
 
 // The mount marks the superblock dirty only through the journal: its home write is a
 // checkpoint, durable at the next commit's flush. A crash before that leaves a superblock
 // that says "clean" beside a committed transaction, which fsck reports as an error (exit 4)
 // although the mount would replay it. (warpfs-crash --seed 743 --cuts 1)
-TEST(Crash, DISABLED_KnownBug_CrashRightAfterMountFailsFsck) {
+// Fixed: mount writes and flushes the dirty superblock home itself.
+TEST(Crash, Regression_CrashRightAfterMountFailsFsck) {
   auto s = session();
   ASSERT_TRUE(s);
   s->power_cut(0.0);
@@ -215,7 +216,8 @@ TEST(Crash, DISABLED_KnownBug_CrashRightAfterMountFailsFsck) {
 // size commits. After a crash the file has its old size and the block those bytes; growing
 // the file (truncate up, or a write further on) then shows them instead of zeroes.
 // (warpfs-crash --seed 271 --cuts 1)
-TEST(Crash, DISABLED_KnownBug_GrowingAfterCrashShowsBytesPastTheOldEnd) {
+// Fixed: growing a file zeroes the old last block's tail first (file.cc).
+TEST(Crash, Regression_GrowingAfterCrashShowsBytesPastTheOldEnd) {
   auto s = session();
   ASSERT_TRUE(s);
   ASSERT_EQ(s->apply(create("/f")), "");
