@@ -13,6 +13,7 @@ pkgs=(
   fio                                          # file benchmarks
   qemu-system-x86 busybox-static cpio kmod     # tests/vfio: the VFIO transport in a QEMU guest
   xz-utils zstd
+  clang libclang-rt-14-dev                     # tests/fuzz: libFuzzer, ASan and UBSan runtimes
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -45,5 +45,21 @@ run_suite "tsan" "$repo/build-tsan" \
   "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARPFS_SANITIZE=thread -DWARPFS_BUILD_BENCH=OFF" \
   "-L nvme|cache|blockdev|fs -E posix_on_tmpfs|persist_on_tmpfs|fsx_"
 
+# libFuzzer targets (tests/fuzz/run.sh): a clang build in build-fuzz/, each target fuzzed for
+# a bounded time, the seed and regression corpora replayed; its last line is "N passed, N failed".
+run_fuzz() {
+  echo "=== fuzz: tests/fuzz/run.sh"
+  mkdir -p "$repo/build-fuzz"
+  local log="$repo/build-fuzz/run.log" line
+  bash "$repo/tests/fuzz/run.sh" 2>&1 | tee "$log"
+  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -1)
+  if [[ -z $line ]]; then
+    echo "fuzz: run.sh printed no summary"; failed=$((failed + 1)); return
+  fi
+  passed=$((passed + $(cut -d' ' -f1 <<<"$line")))
+  failed=$((failed + $(cut -d' ' -f3 <<<"$line")))
+}
+run_fuzz
+
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
