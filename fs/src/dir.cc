@@ -368,8 +368,9 @@ int FsImpl::dir_readdir(Node& dir, uint64_t offset, const std::function<bool(con
     if (int rc = dir_block(dir, re[i].block, &ib); rc) return rc;
     const DirIndexHeader ih = index_header(ib);
     const DirIndexEntry* ie = index_entries(ib);
-    for (uint16_t k = 0; k < std::min<uint32_t>(ih.count, kDirIndexCapacity); ++k) {
-      if (k + 1 < ih.count && ie[k + 1].hash_low <= from) continue;
+    const uint32_t entries = std::min<uint32_t>(ih.count, kDirIndexCapacity);
+    for (uint16_t k = 0; k < entries; ++k) {
+      if (k + 1u < entries && ie[k + 1].hash_low <= from) continue;
       leaves.push_back(ie[k].block);
     }
   }

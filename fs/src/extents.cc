@@ -97,11 +97,11 @@ int FsImpl::load_map(Node& n) {
     const uint8_t* e = nullptr;
     uint16_t count = 0;
     if (int rc = read_node(block, 0, &e, &count); rc) return rc;
+    if (count == 0) return bad("has an empty leaf");
     ExtentLeaf l;
     l.block = block;
     l.ext.resize(count);
     std::memcpy(l.ext.data(), e, count * sizeof(Extent));
-    if (count == 0) return bad("has an empty leaf");
     n.leaves.push_back(std::move(l));
     return 0;
   };

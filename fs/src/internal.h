@@ -87,6 +87,8 @@ class FsImpl final : public Filesystem {
   int start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* error);
 
   int unmount() override;
+  // After a failed start(): stop the committer and write nothing, not even at destruction.
+  void abandon();
   int lookup(Ino parent, std::string_view name, Attr* out) override;
   void forget(Ino ino, uint64_t n) override;
   int lookup_ino(Ino ino, Attr* out) override;

@@ -97,7 +97,12 @@ std::unique_ptr<Filesystem> Filesystem::mount(blockdev::BlockDevice& dev, const 
   MountOptions mo = o;
   mo.log = log;
   auto fs = std::make_unique<FsImpl>(dev, *sb, mo);
-  if (fs->start(rr.next_pos, rr.next_seq, rr.transactions, error) != 0) return nullptr;
+  if (fs->start(rr.next_pos, rr.next_seq, rr.transactions, error) != 0) {
+    // A mount that failed writes nothing: its destructor must not commit or mark the
+    // superblock clean (fsck would then skip a filesystem that does not mount).
+    fs->abandon();
+    return nullptr;
+  }
   return fs;
 }
 
@@ -193,6 +198,16 @@ void FsImpl::commit_loop() {
 }
 
 FsImpl::~FsImpl() { unmount(); }
+
+void FsImpl::abandon() {
+  {
+    std::lock_guard<std::mutex> lk(committer_mu_);
+    stopping_ = true;
+  }
+  committer_cv_.notify_all();
+  if (committer_.joinable()) committer_.join();
+  unmounted_ = true;
+}
 
 int FsImpl::unmount() {
   if (unmounted_) return 0;

@@ -136,6 +136,9 @@ void EmulatedController::write32(uint32_t off, uint32_t v) {
       return;
     default:
       if (off >= reg::kDoorbellBase) {
+        // A disabled controller has no queues: their doorbells ignore writes (an admin CQ
+        // head written now would otherwise outlive the next enable and stall the queue).
+        if (!(reg_load(reg::kCc) & cc::kEn)) return;
         reg_store(off, v);
         const uint32_t qid = (off - reg::kDoorbellBase) / (4u << dstrd_) / 2;
         Doorbell::wake(workers_[worker_of(static_cast<uint16_t>(qid))].kick);
@@ -654,6 +657,9 @@ EmulatedController::Result EmulatedController::get_log_page(Worker& w, const Sub
   if (offset > page.size() || (offset & 3)) {
     return {make_status(sct::kGeneric, sc::kInvalidField), 0};
   }
+  // A transfer beyond MDTS is refused before anything is allocated (NUMD reaches 16 GiB).
+  if (dwords * 4 > std::min<uint64_t>(max_transfer(), 16u << 20))
+    return {make_status(sct::kGeneric, sc::kInvalidField), 0};
   std::vector<uint8_t> out(dwords * 4, 0);
   std::memcpy(out.data(), page.data() + offset,
               std::min<uint64_t>(out.size(), page.size() - offset));
