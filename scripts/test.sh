@@ -59,9 +59,10 @@ run_fuzz() {
   passed=$((passed + $(cut -d' ' -f1 <<<"$line")))
   failed=$((failed + $(cut -d' ' -f3 <<<"$line")))
 }
-# Not run yet: the regression corpus holds inputs for 7 open bugs the fuzzers found in the
-# mount path and the emulated controller (tests/fuzz/README.md); the suite joins CI once they
-# are fixed. Run it by hand: bash tests/fuzz/run.sh
+# Not run yet: the regression corpus still holds inputs for 2 open bugs the fuzzers found (a
+# block bitmap that frees its group's metadata; an admin-queue stall in the emulated
+# controller; tests/fuzz/regress); the suite joins CI once they are fixed. By hand:
+# bash tests/fuzz/run.sh
 # run_fuzz
 
 echo "$passed passed, $failed failed"
