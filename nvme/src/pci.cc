@@ -3,6 +3,8 @@
 // (driver_override, drivers_probe, unbind) and sysfs-kernel-iommu_groups.
 #include "warpfs/nvme/pci.h"
 
+#include "sysfs.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
@@ -32,6 +34,11 @@ extern char** environ;
 namespace warpfs::nvme::pci {
 namespace {
 
+using sysfs::entries;
+using sysfs::iommu_group_of;
+using sysfs::link_name;
+using sysfs::read_text;
+
 // PCI Code and ID Assignment §1.2: base class 01h (mass storage), sub-class 08h
 // (non-volatile memory), programming interface 02h (NVM Express I/O controller).
 constexpr uint32_t kNvmeClass = 0x010802;
@@ -43,29 +50,6 @@ constexpr auto kSettle = std::chrono::seconds(1);
 
 // ---- small file helpers ------------------------------------------------------------------
 
-bool read_text(const std::string& path, std::string* out) {
-  FILE* f = std::fopen(path.c_str(), "re");
-  if (f == nullptr) return false;
-  char buf[4096];
-  out->clear();
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, n);
-  std::fclose(f);
-  while (!out->empty() && (out->back() == '\n' || out->back() == ' ')) out->pop_back();
-  return true;
-}
-
-// The last component of a symlink's target ("" when `path` is no symlink): a device's
-// `driver` and `iommu_group` links name the driver and the group that way.
-std::string link_name(const std::string& path) {
-  char buf[4096];
-  const ssize_t n = ::readlink(path.c_str(), buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  const std::string target(buf, static_cast<size_t>(n));
-  const size_t slash = target.rfind('/');
-  return slash == std::string::npos ? target : target.substr(slash + 1);
-}
-
 std::string link_target(const std::string& path) {
   char buf[4096];
   const ssize_t n = ::readlink(path.c_str(), buf, sizeof buf - 1);
@@ -75,18 +59,6 @@ std::string link_target(const std::string& path) {
 bool exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
-}
-
-std::vector<std::string> entries(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return names;
-  while (const dirent* e = ::readdir(d)) {
-    if (e->d_name[0] != '.') names.emplace_back(e->d_name);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 bool all_digits(const std::string& s, size_t from = 0) {
@@ -122,11 +94,6 @@ std::string devices_dir(const Roots& r) {
 }
 std::string drivers_dir(const Roots& r) {
   return r.sysfs + "/bus/pci/drivers/";
-}
-
-int iommu_group_of(const std::string& dev_dir) {
-  const std::string g = link_name(dev_dir + "/iommu_group");
-  return all_digits(g) ? std::atoi(g.c_str()) : -1;
 }
 
 // The namespaces' block devices of a controller bound to nvme: the `nvmeXnY` disks under
@@ -457,15 +424,7 @@ bool check_group_viable(const Roots& roots, const std::string& bdf, const std::s
              "the firmware if it is still off";
     return false;
   }
-  std::vector<std::string> blockers;
-  const std::string gdir =
-      roots.sysfs + "/kernel/iommu_groups/" + std::to_string(group) + "/devices";
-  for (const std::string& peer : entries(gdir)) {
-    if (peer == bdf) continue;
-    const std::string drv = link_name(devices_dir(roots) + peer + "/driver");
-    if (drv.empty() || drv == kVfio || drv == "pci-stub" || drv == "pcieport") continue;
-    blockers.push_back(peer + " (bound to " + drv + ")");
-  }
+  const std::vector<std::string> blockers = sysfs::group_blockers(roots.sysfs, group, bdf);
   if (blockers.empty()) return true;
   *error = "IOMMU group " + std::to_string(group) + " of " + bdf +
            " is not viable for VFIO: it also holds " + join(blockers, ", ") +

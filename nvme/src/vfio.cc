@@ -1,6 +1,5 @@
 #include "warpfs/nvme/vfio.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/vfio.h>
 #include <pthread.h>
@@ -16,13 +15,13 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "warpfs/nvme/spec.h"
+#include "sysfs.h"
 
 namespace warpfs::nvme {
 namespace {
@@ -33,23 +32,6 @@ constexpr uint64_t kDoorbellBase = 0x1000;  // Base §3.1.4: doorbells follow th
 
 std::string errno_text(int e) {
   return std::string(std::strerror(e));
-}
-
-std::string read_line(const std::string& path) {
-  std::ifstream f(path);
-  std::string s;
-  std::getline(f, s);
-  return s;
-}
-
-// The last path component a sysfs link points at ("" if there is no link).
-std::string link_target_name(const std::string& path) {
-  char buf[4096];
-  const ssize_t n = readlink(path.c_str(), buf, sizeof buf - 1);
-  if (n <= 0) return "";
-  buf[n] = 0;
-  const char* slash = std::strrchr(buf, '/');
-  return slash ? slash + 1 : buf;
 }
 
 // ---- Signal-time teardown -----------------------------------------------------------------
@@ -290,13 +272,14 @@ int vfio_precheck(const std::string& sysfs, const std::string& bdf, std::string*
     *error = where + "no PCI device " + bdf + " (list NVMe controllers with `warpfs-pci list`)";
     return -1;
   }
-  const std::string cls = read_line(dir + "/class");
+  std::string cls;
+  sysfs::read_text(dir + "/class", &cls);
   if (cls != "0x010802") {
     *error = where + "not an NVMe controller (PCI class " + (cls.empty() ? "unknown" : cls) +
              ", expected 0x010802)";
     return -1;
   }
-  const std::string driver = link_target_name(dir + "/driver");
+  const std::string driver = sysfs::link_name(dir + "/driver");
   if (driver != "vfio-pci") {
     *error = where + (driver.empty() ? "not bound to any driver"
                                      : "bound to the '" + driver + "' driver, not vfio-pci") +
@@ -304,13 +287,13 @@ int vfio_precheck(const std::string& sysfs, const std::string& bdf, std::string*
              "the device are mounted)";
     return -1;
   }
-  const std::string group = link_target_name(dir + "/iommu_group");
-  if (group.empty()) {
+  const int group = sysfs::iommu_group_of(dir);
+  if (group < 0) {
     *error = where + "the device has no IOMMU group: the IOMMU is off. Enable VT-d / AMD-Vi "
              "in the firmware and boot with intel_iommu=on (or amd_iommu=on)";
     return -1;
   }
-  return std::atoi(group.c_str());
+  return group;
 }
 
 bool VfioTransport::Impl::open_container_and_group(std::string* error) {
@@ -345,21 +328,9 @@ bool VfioTransport::Impl::open_container_and_group(std::string* error) {
   if (ioctl(group, VFIO_GROUP_GET_STATUS, &st) != 0)
     return fail(error, "VFIO_GROUP_GET_STATUS: " + errno_text(errno));
   if (!(st.flags & VFIO_GROUP_FLAGS_VIABLE)) {
-    // Name the devices that share the group and are still bound to a host driver.
-    const std::string gdir =
-        o.sysfs + "/kernel/iommu_groups/" + std::to_string(group_no) + "/devices";
-    std::vector<std::string> names;
-    if (DIR* d = opendir(gdir.c_str())) {
-      while (dirent* e = readdir(d)) {
-        const std::string n = e->d_name;
-        if (n == "." || n == ".." || n == bdf) continue;
-        const std::string drv = link_target_name(gdir + "/" + n + "/driver");
-        if (!drv.empty() && drv != "vfio-pci") names.push_back(n + " (" + drv + ")");
-      }
-      closedir(d);
-    }
     std::string others;
-    for (size_t i = 0; i < names.size(); ++i) others += (i ? ", " : "") + names[i];
+    for (const std::string& b : sysfs::group_blockers(o.sysfs, group_no, bdf))
+      others += (others.empty() ? "" : ", ") + b;
     return fail(error, "IOMMU group " + std::to_string(group_no) +
                            " is not viable: every device in it must be bound to vfio-pci or to "
                            "no driver" + (others.empty() ? "" : "; still bound: " + others));
