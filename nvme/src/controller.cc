@@ -41,6 +41,19 @@ Status Controller::wait_ready(bool ready, uint64_t timeout_ns) {
   }
 }
 
+// CC.EN = 0 and a wait for CSTS.RDY = 0: the controller forgets its queues and stops DMA. A
+// controller caught half-way through an enable (EN = 1, RDY = 0) finishes it first: clearing
+// EN then is undefined (Base §3.1.4.5).
+Status Controller::disable() {
+  const uint32_t cc = t_.read32(reg::kCc);
+  if (cc == 0xffffffffu) return Status::error(Code::kNotReady, "controller is not responding");
+  if (cc & cc::kEn) {
+    if (!(t_.read32(reg::kCsts) & csts::kRdy)) (void)wait_ready(true, ready_timeout_ns());
+    t_.write32(reg::kCc, 0);
+  }
+  return wait_ready(false, ready_timeout_ns());
+}
+
 // Controller initialisation, Base §3.5.1 steps 1-9.
 bool Controller::bring_up(std::string* error) {
   auto fail = [&](const std::string& what, const Status& s) {
@@ -51,15 +64,10 @@ bool Controller::bring_up(std::string* error) {
   if (cap_.raw == ~0ull) return fail("controller registers read all ones (device gone?)", {});
   if (!cap_.css_nvm()) return fail("controller does not support the NVM command set", {});
   if (cap_.mpsmin() > 0) return fail("controller needs pages larger than 4 KiB", {});
-  const uint64_t to_ns = std::max<uint64_t>(cap_.to_500ms(), 1) * 500'000'000ull;
+  const uint64_t to_ns = ready_timeout_ns();
 
-  // 1. Disable, wait for CSTS.RDY = 0. A controller caught half-way through an enable
-  // (EN = 1, RDY = 0) finishes it first: clearing EN then is undefined (Base §3.1.4.5).
-  if (t_.read32(reg::kCc) & cc::kEn) {
-    if (!(t_.read32(reg::kCsts) & csts::kRdy)) (void)wait_ready(true, to_ns);
-    t_.write32(reg::kCc, 0);
-  }
-  if (Status s = wait_ready(false, to_ns); !s.is_ok()) return fail("controller reset failed", s);
+  // 1. Disable, wait for CSTS.RDY = 0.
+  if (Status s = disable(); !s.is_ok()) return fail("controller reset failed", s);
 
   // 2. Admin queues (Base §3.1.4.8-10).
   const uint32_t entries = std::min(o_.admin_entries, cap_.mqes() + 1);
@@ -161,13 +169,7 @@ bool Controller::bring_up(std::string* error) {
 Controller::~Controller() {
   // A controller that failed (or never came up) may still hold queue addresses: stop it
   // before its memory goes back to the transport, where it could be reused.
-  if (!shutdown().is_ok() || failed_) {
-    const uint32_t cc = t_.read32(reg::kCc);
-    if (cc != 0xffffffffu && (cc & cc::kEn)) {
-      t_.write32(reg::kCc, cc & ~cc::kEn);
-      (void)wait_ready(false, std::max<uint64_t>(cap_.to_500ms(), 1) * 500'000'000ull);
-    }
-  }
+  if (!shutdown().is_ok() || failed_) (void)disable();
   for (const IoQueueMemory& q : io_queues_) {
     t_.dma_free(q.sq);
     t_.dma_free(q.cq);

@@ -71,6 +71,11 @@ class Controller {
   Controller(Transport& t, const ControllerOptions& o);
   bool bring_up(std::string* error);
   Status wait_ready(bool ready, uint64_t timeout_ns);
+  Status disable();
+  // CAP.TO: how long the controller may take to change CSTS.RDY.
+  uint64_t ready_timeout_ns() const {
+    return (cap_.to_500ms() > 0 ? cap_.to_500ms() : 1) * 500'000'000ull;
+  }
   uint32_t doorbell_stride() const { return cap_.dstrd(); }
 
   struct IoQueueMemory {
