@@ -29,6 +29,20 @@ requires() {
   for r in "$@"; do passed "$r" || fail "skipped: step '$r' did not pass"; done
 }
 
+# wait_until SECONDS MESSAGE COMMAND...: polls COMMAND every 0.1 s; fails with MESSAGE if it
+# has not succeeded within SECONDS (a bounded poll, never a sleep as synchronisation).
+wait_until() {
+  wu_ticks=$(($1 * 10))
+  wu_msg=$2
+  shift 2
+  until "$@"; do
+    [ "$wu_ticks" -gt 0 ] || fail "$wu_msg"
+    sleep 0.1
+    wu_ticks=$((wu_ticks - 1))
+  done
+}
+daemon_exited() { [ -e "$state/daemon.rc" ]; }
+
 # step [-t SECONDS] NAME FUNCTION ARGS...: runs FUNCTION in a new session with a time limit
 # and prints the verdict line.
 step() {
@@ -256,12 +270,7 @@ do_mount() {
 do_unmount() {
   is_mounted || fail "/mnt is not mounted"
   umount /mnt || fail "umount /mnt"
-  ticks=0
-  while [ ! -e "$state/daemon.rc" ]; do
-    [ "$ticks" -lt 1200 ] || fail "warpfs still running 120 s after umount"
-    sleep 0.1
-    ticks=$((ticks + 1))
-  done
+  wait_until 120 "warpfs still running 120 s after umount" daemon_exited
   rc=$(cat "$state/daemon.rc")
   if [ "$rc" != 0 ]; then
     cat "$state/daemon.log"
@@ -341,12 +350,7 @@ stat_field() {
 dump_stats() {
   rm -f "$state/stats.json"
   kill -USR1 "$(pidof warpfs)" || fail "no warpfs to signal"
-  ticks=0
-  until [ -s "$state/stats.json" ]; do
-    [ "$ticks" -lt 100 ] || fail "no stats after SIGUSR1"
-    sleep 0.1
-    ticks=$((ticks + 1))
-  done
+  wait_until 10 "no stats after SIGUSR1" test -s "$state/stats.json"
 }
 
 # The daemon over VFIO: MSI-X interrupts arrived, DMA memory came from hugepages when the
@@ -391,12 +395,7 @@ do_kill9() {
   cp "$state/k9.src" /mnt/k9 || fail "write /mnt/k9"
   sync /mnt/k9 2>/dev/null || sync
   kill -KILL "$(pidof warpfs)" || fail "kill -9"
-  ticks=0
-  while [ ! -e "$state/daemon.rc" ]; do
-    [ "$ticks" -lt 100 ] || fail "the daemon did not die"
-    sleep 0.1
-    ticks=$((ticks + 1))
-  done
+  wait_until 10 "the daemon did not die" daemon_exited
   umount /mnt 2>/dev/null || umount -l /mnt || fail "umount of the dead mount"
   do_mount
   cmp "$state/k9.src" /mnt/k9 || fail "the fsync'd file differs after kill -9 and remount"
@@ -407,12 +406,7 @@ do_kill9() {
 do_sigterm() {
   is_mounted || fail "/mnt is not mounted"
   kill -TERM "$(pidof warpfs)" || fail "kill -TERM"
-  ticks=0
-  while [ ! -e "$state/daemon.rc" ]; do
-    [ "$ticks" -lt 1200 ] || fail "warpfs still running 120 s after SIGTERM"
-    sleep 0.1
-    ticks=$((ticks + 1))
-  done
+  wait_until 120 "warpfs still running 120 s after SIGTERM" daemon_exited
   [ "$(cat "$state/daemon.rc")" = 0 ] || fail "warpfs exited with status $(cat "$state/daemon.rc") after SIGTERM"
   is_mounted && fail "/mnt is still mounted after SIGTERM"
   return 0
@@ -429,6 +423,10 @@ do_in_use() {
   [ "${drv##*/}" = vfio-pci ] || fail "the controller moved to '${drv##*/}' anyway"
 }
 
+listed_with_namespaces() {
+  warpfs-pci list | grep "$BDF\|${BDF#0000:}" | grep -q 'nvme[0-9]*n[0-9]'
+}
+
 # The controller to the kernel's nvme driver (its namespaces appear as block devices) and
 # back to vfio-pci; the filesystem on it is untouched.
 do_to_nvme_and_back() {
@@ -441,12 +439,7 @@ do_to_nvme_and_back() {
   warpfs-pci bind "$BDF" nvme || fail "warpfs-pci bind $BDF nvme"
   drv=$(readlink "/sys/bus/pci/devices/$BDF/driver")
   [ "${drv##*/}" = nvme ] || fail "the controller is bound to '${drv##*/}', not nvme"
-  ticks=0
-  until warpfs-pci list | grep "$BDF\|${BDF#0000:}" | grep -q 'nvme[0-9]*n[0-9]'; do
-    [ "$ticks" -lt 300 ] || fail "no namespace block device within 30 s"
-    sleep 0.1
-    ticks=$((ticks + 1))
-  done
+  wait_until 30 "no namespace block device within 30 s" listed_with_namespaces
   warpfs-pci list
   warpfs-pci bind "$BDF" vfio-pci || fail "warpfs-pci bind $BDF vfio-pci (back)"
   drv=$(readlink "/sys/bus/pci/devices/$BDF/driver")
