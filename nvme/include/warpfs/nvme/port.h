@@ -1,9 +1,15 @@
 // The portability layer for the lock-light core (virtual queues, queue mapper, cache).
 //
 // The core is plain data manipulated through `Atomic<T>`, which wraps std::atomic_ref on the
-// host and cuda::atomic_ref (system scope: the host-side device model touches the same memory)
-// under nvcc. Every ordering is named at the call site; the protocol headers say why each one
-// was chosen. Nothing here allocates, throws or takes a std::mutex.
+// host and cuda::atomic_ref under nvcc. Every ordering is named at the call site; the protocol
+// headers say why each one was chosen. Nothing here allocates, throws or takes a std::mutex.
+//
+// Scope (CUDA only; the host ignores it). An atomic synchronises with the threads its scope
+// names. The default, Scope::kSystem, is for memory the host also touches (queues shared with
+// the host-side device model, doorbells): it compiles to .sys operations and system-wide
+// fences. Scope::kDevice is for memory only GPU threads touch (the GPU cache's state words,
+// tags and set locks): .gpu operations, whose release fences need not wait for PCIe writes
+// (BaM §2.1.1 uses the narrowest scope that is correct, with acquire/release orderings).
 //
 // Thread-safety: everything in this header is safe to use from any number of threads.
 #pragma once
@@ -31,6 +37,7 @@ inline constexpr std::size_t kCacheLine = 64;
 #endif
 
 enum class Order { kRelaxed, kAcquire, kRelease, kAcqRel, kSeqCst };
+enum class Scope { kSystem, kDevice };
 
 #if defined(__CUDACC__)
 WARPFS_HD constexpr cuda::std::memory_order to_std(Order o) {
@@ -47,8 +54,9 @@ WARPFS_HD constexpr cuda::std::memory_order to_std(Order o) {
       return cuda::std::memory_order_seq_cst;
   }
 }
-template <typename T>
-using AtomicRef = cuda::atomic_ref<T, cuda::thread_scope_system>;
+template <typename T, Scope S = Scope::kSystem>
+using AtomicRef = cuda::atomic_ref<
+    T, S == Scope::kSystem ? cuda::thread_scope_system : cuda::thread_scope_device>;
 #else
 constexpr std::memory_order to_std(Order o) {
   switch (o) {
@@ -64,28 +72,28 @@ constexpr std::memory_order to_std(Order o) {
       return std::memory_order_seq_cst;
   }
 }
-template <typename T>
+template <typename T, Scope S = Scope::kSystem>
 using AtomicRef = std::atomic_ref<T>;
 #endif
 
 // A plain integer that is only ever accessed atomically. Trivially constructible, so it can
 // live in shared or device memory that was zero-filled rather than constructed.
-template <typename T>
+template <typename T, Scope S = Scope::kSystem>
 class Atomic {
   static_assert(std::is_integral_v<T>, "Atomic<T> holds integers");
 
  public:
-  WARPFS_HD T load(Order o) const { return AtomicRef<T>(const_cast<T&>(v_)).load(to_std(o)); }
-  WARPFS_HD void store(T x, Order o) { AtomicRef<T>(v_).store(x, to_std(o)); }
-  WARPFS_HD T fetch_add(T x, Order o) { return AtomicRef<T>(v_).fetch_add(x, to_std(o)); }
-  WARPFS_HD T fetch_sub(T x, Order o) { return AtomicRef<T>(v_).fetch_sub(x, to_std(o)); }
-  WARPFS_HD T fetch_or(T x, Order o) { return AtomicRef<T>(v_).fetch_or(x, to_std(o)); }
-  WARPFS_HD T fetch_and(T x, Order o) { return AtomicRef<T>(v_).fetch_and(x, to_std(o)); }
-  WARPFS_HD T fetch_xor(T x, Order o) { return AtomicRef<T>(v_).fetch_xor(x, to_std(o)); }
-  WARPFS_HD T exchange(T x, Order o) { return AtomicRef<T>(v_).exchange(x, to_std(o)); }
+  WARPFS_HD T load(Order o) const { return AtomicRef<T, S>(const_cast<T&>(v_)).load(to_std(o)); }
+  WARPFS_HD void store(T x, Order o) { AtomicRef<T, S>(v_).store(x, to_std(o)); }
+  WARPFS_HD T fetch_add(T x, Order o) { return AtomicRef<T, S>(v_).fetch_add(x, to_std(o)); }
+  WARPFS_HD T fetch_sub(T x, Order o) { return AtomicRef<T, S>(v_).fetch_sub(x, to_std(o)); }
+  WARPFS_HD T fetch_or(T x, Order o) { return AtomicRef<T, S>(v_).fetch_or(x, to_std(o)); }
+  WARPFS_HD T fetch_and(T x, Order o) { return AtomicRef<T, S>(v_).fetch_and(x, to_std(o)); }
+  WARPFS_HD T fetch_xor(T x, Order o) { return AtomicRef<T, S>(v_).fetch_xor(x, to_std(o)); }
+  WARPFS_HD T exchange(T x, Order o) { return AtomicRef<T, S>(v_).exchange(x, to_std(o)); }
   // On failure `expected` receives the current value.
   WARPFS_HD bool compare_exchange(T& expected, T desired, Order o) {
-    return AtomicRef<T>(v_).compare_exchange_strong(expected, desired, to_std(o),
+    return AtomicRef<T, S>(v_).compare_exchange_strong(expected, desired, to_std(o),
                                                     to_std(Order::kRelaxed));
   }
   // Raises the value to at least x; returns the previous value.
@@ -202,10 +210,11 @@ class Backoff {
 // A fair FIFO lock (ticket lock): waiters are served in arrival order, so no waiter starves
 // (the thesis's unfair spinlocks produced "locked hits" over 100 ms, §6.3). `next` and
 // `serving` live on separate lines: arriving threads do not disturb the holder's line.
-// Trivially constructible; zero-filled memory is an unlocked lock.
-struct TicketLock {
-  Padded<Atomic<uint32_t>> next;
-  Padded<Atomic<uint32_t>> serving;
+// Trivially constructible; zero-filled memory is an unlocked lock. `S`: see Scope above.
+template <Scope S>
+struct BasicTicketLock {
+  Padded<Atomic<uint32_t, S>> next;
+  Padded<Atomic<uint32_t, S>> serving;
 
   WARPFS_HD void lock() {
     const uint32_t me = next.value.fetch_add(1, Order::kRelaxed);
@@ -224,6 +233,8 @@ struct TicketLock {
     serving.value.store(serving.value.load(Order::kRelaxed) + 1, Order::kRelease);
   }
 };
+
+using TicketLock = BasicTicketLock<Scope::kSystem>;
 
 // RAII holder for TicketLock.
 class TicketGuard {
