@@ -22,8 +22,8 @@ steps=("$@")
 jobs=$(nproc)
 passed=0
 failed=0
-tests=(gpu_io_test)
-benches=()
+tests=(gpu_io_test gpu_cache_test)
+benches=(warpfs-bench-gpu-queues warpfs-bench-gpu-cache)
 
 generator="Unix Makefiles"
 command -v ninja >/dev/null && generator=Ninja
@@ -72,7 +72,7 @@ for step in "${steps[@]}"; do
     bench)
       for b in "${benches[@]}"; do
         echo "=== $b"
-        timeout 400 "$build/gpu/$b" | tee "$out/${b#warpfs-bench-}.jsonl"; record "$b" "${PIPESTATUS[0]}"
+        timeout 250 "$build/gpu/$b" ${BENCH_ARGS:-} | tee "$out/${b#warpfs-bench-}.jsonl"; record "$b" "${PIPESTATUS[0]}"
       done
       ;;
     *) echo "unknown step $step"; exit 2 ;;

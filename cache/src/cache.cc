@@ -8,17 +8,18 @@
 #include <new>
 #include <vector>
 
+#include "warpfs/cache/line_state.h"
+
 namespace warpfs::cache {
 namespace {
 
-// The state word (BaM Table 6.1).
-constexpr uint32_t kValid = 1u << 31;
-constexpr uint32_t kBusy = 1u << 30;
-constexpr uint32_t kDirty = 1u << 29;
-constexpr uint32_t kCountMask = kDirty - 1;
-// Line flags.
-constexpr uint32_t kRef = 1;    // clock: referenced since the hand last passed
-constexpr uint32_t kAhead = 2;  // filled by read-ahead, not yet used
+// The state word (BaM Table 6.1) and line flags: one definition for the CPU and GPU caches.
+using line_state::kAhead;      // filled by read-ahead, not yet used
+using line_state::kBusy;
+using line_state::kCountMask;
+using line_state::kDirty;
+using line_state::kRef;        // clock: referenced since the hand last passed
+using line_state::kValid;
 
 enum Stat {
   kHits,

@@ -15,6 +15,7 @@ void sync_or_die(const char* what, double seconds) {
     if (std::chrono::steady_clock::now() > deadline) {
       std::fprintf(stderr, "%s did not finish within %.0f s (a hang: lost completion or "
                    "deadlock)\n", what, seconds);
+      std::fflush(stdout);
       std::fflush(stderr);
       std::_Exit(1);  // no destructors: they would wait for the stuck kernel
     }

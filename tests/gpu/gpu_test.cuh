@@ -30,6 +30,7 @@ WARPFS_HD inline uint64_t image_word(uint64_t seed, uint64_t word_index) {
 
 // Exits with kSkip when no CUDA device can be used.
 inline void require_gpu(const char* program) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows even if a step hangs
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {

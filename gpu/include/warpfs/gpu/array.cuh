@@ -1,0 +1,137 @@
+// warpfs::gpu::array<T>: BaM's bam::array (BaM §7.1-7.3) over the GPU cache. Element i of a
+// storage-backed array lives in line first_line + i / (line_bytes / sizeof(T)) of the
+// namespace; a kernel reads and writes elements through the cache, with the lanes of a warp
+// that touch the same line coalesced into one acquisition (cache.cuh: __match_any_sync,
+// __popc, __ffs, __any_sync, __shfl_sync).
+//
+//   array<T>::read(i)   acquire (coalesced), copy the element, release. Not an lvalue.
+//   array<T>::write(i, v)  the same with a store; the line becomes Dirty.
+//   array_ref<T>        BaM's array_ref (§7.2.2): a per-thread cursor that keeps its line
+//                       referenced while consecutive accesses stay in it and re-acquires
+//                       (coalesced with the lanes that move at the same time) only when the
+//                       index leaves the line. It holds one reference at most, released by
+//                       reset() or its destructor; a thread holding several may deadlock a
+//                       small cache (BaM's caveat), so hold one per thread.
+// Elements never straddle lines: line_bytes must be a multiple of sizeof(T).
+//
+// Thread-safety: any number of GPU threads; an array_ref belongs to its thread. Every lane of
+// a warp that reaches an access must take part in it (the warp primitives use __activemask).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "warpfs/gpu/cache.cuh"
+
+namespace warpfs::gpu {
+
+template <typename T>
+class array {
+ public:
+  array() = default;
+  // Host: an array of `n` elements starting at namespace line `first_line`.
+  array(const CacheView& c, uint64_t n, uint64_t first_line)
+      : c_(c), n_(n), first_(first_line), per_line_(c.line_bytes / sizeof(T)) {}
+
+  __host__ __device__ uint64_t size() const { return n_; }
+  __device__ uint64_t line_of(uint64_t i) const { return first_ + i / per_line_; }
+  __device__ uint32_t offset_of(uint64_t i) const {
+    return static_cast<uint32_t>(i % per_line_ * sizeof(T));
+  }
+
+  __device__ T read(uint64_t i) const {
+    Group g;
+    const uint8_t* d = warp_acquire(c_, line_of(i), &g);
+    T v{};
+    if (d != nullptr) std::memcpy(&v, d + offset_of(i), sizeof(T));
+    warp_release(c_, g, false);
+    return v;
+  }
+  __device__ T operator[](uint64_t i) const { return read(i); }
+
+  __device__ void write(uint64_t i, const T& v) const {
+    Group g;
+    uint8_t* d = warp_acquire(c_, line_of(i), &g);
+    if (d != nullptr) std::memcpy(d + offset_of(i), &v, sizeof(T));
+    warp_release(c_, g, d != nullptr);
+  }
+
+  // Without coalescing: every lane acquires its own reference (the ablation of BaM Fig 7.2).
+  __device__ T read_uncoalesced(uint64_t i) const {
+    const uint32_t line = acquire_line_wait(c_, line_of(i), 1);
+    T v{};
+    if (line == kNoLine) return v;
+    std::memcpy(&v, c_.data + uint64_t{line} * c_.line_bytes + offset_of(i), sizeof(T));
+    release_line(c_, line, 1, false);
+    return v;
+  }
+
+  const CacheView& cache() const { return c_; }
+
+ private:
+  template <typename U>
+  friend class array_ref;
+  CacheView c_;
+  uint64_t n_ = 0;
+  uint64_t first_ = 0;
+  uint64_t per_line_ = 1;
+};
+
+template <typename T>
+class array_ref {
+ public:
+  __device__ explicit array_ref(const array<T>& a) : a_(a) {}
+  __device__ ~array_ref() { reset(); }
+  array_ref(const array_ref&) = delete;
+  array_ref& operator=(const array_ref&) = delete;
+
+  __device__ T read(uint64_t i) {
+    const uint8_t* d = get(a_.line_of(i));
+    T v{};
+    if (d != nullptr) std::memcpy(&v, d + a_.offset_of(i), sizeof(T));
+    return v;
+  }
+  __device__ void write(uint64_t i, const T& v) {
+    uint8_t* d = get(a_.line_of(i));
+    if (d == nullptr) return;
+    std::memcpy(d + a_.offset_of(i), &v, sizeof(T));
+    wrote_ = true;
+  }
+  // Releases the held line; the lanes releasing the same line together do it with one atomic.
+  __device__ void reset() {
+    const uint32_t mask = __match_any_sync(__activemask(), line_);
+    if (line_ == kNoLine) return;
+    const int leader = __ffs(mask) - 1;
+    const bool any = __any_sync(mask, wrote_);
+    if (static_cast<int>(threadIdx.x % 32) == leader) {
+      release_line(a_.c_, line_, static_cast<uint32_t>(__popc(mask)), any);
+    }
+    line_ = kNoLine;
+    block_ = ~0ull;
+    wrote_ = false;
+  }
+
+ private:
+  __device__ uint8_t* get(uint64_t block) {
+    if (block != block_) {
+      reset();  // hold nothing while acquiring (no waiting while holding: cache.cuh, "full")
+      const uint32_t mask = __match_any_sync(__activemask(), block);
+      const int leader = __ffs(mask) - 1;
+      uint32_t line = kNoLine;
+      if (static_cast<int>(threadIdx.x % 32) == leader) {
+        line = acquire_line_wait(a_.c_, block, static_cast<uint32_t>(__popc(mask)));
+      }
+      line_ = __shfl_sync(mask, line, leader);  // each lane now holds one reference
+      block_ = line_ == kNoLine ? ~0ull : block;
+      if (line_ == kNoLine) return nullptr;
+    }
+    return a_.c_.data + uint64_t{line_} * a_.c_.line_bytes;
+  }
+
+  const array<T>& a_;
+  uint64_t block_ = ~0ull;
+  uint32_t line_ = kNoLine;
+  bool wrote_ = false;
+};
+
+}  // namespace warpfs::gpu
