@@ -46,6 +46,7 @@ struct Options {
   unsigned latency_us = 0;
   unsigned workers = 1;
   unsigned commit_s = 5;
+  unsigned io_timeout_s = 30;
   char* stats = nullptr;
   int ro = 0;
   int nodiscard = 0;
@@ -59,6 +60,7 @@ const fuse_opt kOpts[] = {
     WARPFS_OPT("latency_us=%u", latency_us), WARPFS_OPT("workers=%u", workers),
     WARPFS_OPT("commit=%u", commit_s),       WARPFS_OPT("stats=%s", stats),
     WARPFS_OPT("nodiscard", nodiscard),      FUSE_OPT_KEY("ro", FUSE_OPT_KEY_KEEP),
+    WARPFS_OPT("io_timeout=%u", io_timeout_s),
     WARPFS_OPT("-h", help),                  WARPFS_OPT("--help", help),
     WARPFS_OPT("--list-devices", list_devices),
     FUSE_OPT_END};
@@ -461,6 +463,10 @@ std::string stats_json(const Daemon& d) {
     << "\",\"nsid\":" << d.stack->nsid() << ",\"lba_bytes\":" << (ns ? ns->lba_bytes : 0)
     << ",\"io_queues\":" << ctrl.io_queues_granted()
     << ",\"max_transfer\":" << ctrl.max_transfer_bytes();
+  const warpfs::nvme::EngineCounters ec = d.stack->engine().counters();
+  j << ",\"timeouts\":" << ec.timeouts << ",\"fatal_status\":" << ec.fatal_status
+    << ",\"resets\":" << ec.resets << ",\"failed_resets\":" << ec.failed_resets
+    << ",\"dead\":" << (ec.dead ? "true" : "false");
   if (auto* v = dynamic_cast<warpfs::nvme::VfioTransport*>(&d.stack->controller().transport())) {
     const warpfs::nvme::VfioCounters c = v->counters();
     j << ",\"iommu_group\":" << v->iommu_group() << ",\"interrupts\":" << c.interrupts
@@ -505,6 +511,8 @@ void usage(const char* prog) {
       "  latency_us=N    emulated device: completion latency in microseconds (default 0)\n"
       "  workers=N       emulated device: controller worker threads (default 1)\n"
       "  commit=N        commit the journal at least every N seconds (default 5)\n"
+      "  io_timeout=N    reset the controller when a busy queue completes nothing for N\n"
+      "                  seconds; the commands in flight fail with EIO (default 30; 0: never)\n"
       "  stats=FILE      write cache and journal counters as JSON to FILE at unmount and on SIGUSR1\n"
       "  nodiscard       do not trim freed blocks\n"
       "  ro              read-only\n"
@@ -611,6 +619,14 @@ int main(int argc, char** argv) {
   // SIGTERM/SIGINT/SIGHUP end the FUSE loop and unmount cleanly (libfuse installs its handlers
   // only where the disposition is still the default, so the transport must leave them).
   so.vfio.teardown_on_signal = false;
+  so.io_timeout_ns = uint64_t{o.io_timeout_s} * 1'000'000'000ull;
+  so.log = [](const std::string& s) {
+    if (g_detached) {
+      syslog(LOG_ERR, "nvme: %s", s.c_str());
+    } else {
+      std::fprintf(stderr, "warpfs: nvme: %s\n", s.c_str());
+    }
+  };
   std::string err;
   d.stack = warpfs::fs::DeviceStack::open(o.device, so, &err);
   if (!d.stack) {

@@ -25,7 +25,10 @@ std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const 
     *error = device + ": the controller has no usable namespace";
     return nullptr;
   }
-  s->engine_ = nvme::IoEngine::create(*s->ctrl_, nvme::EngineOptions{}, error);
+  nvme::EngineOptions eo;
+  eo.io_timeout_ns = o.io_timeout_ns;
+  eo.log = o.log;
+  s->engine_ = nvme::IoEngine::create(*s->ctrl_, eo, error);
   if (!s->engine_) {
     *error = device + ": " + *error;
     return nullptr;

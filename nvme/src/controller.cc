@@ -64,40 +64,15 @@ bool Controller::bring_up(std::string* error) {
   if (cap_.raw == ~0ull) return fail("controller registers read all ones (device gone?)", {});
   if (!cap_.css_nvm()) return fail("controller does not support the NVM command set", {});
   if (cap_.mpsmin() > 0) return fail("controller needs pages larger than 4 KiB", {});
-  const uint64_t to_ns = ready_timeout_ns();
 
-  // 1. Disable, wait for CSTS.RDY = 0.
-  if (Status s = disable(); !s.is_ok()) return fail("controller reset failed", s);
-
-  // 2. Admin queues (Base §3.1.4.8-10).
   const uint32_t entries = std::min(o_.admin_entries, cap_.mqes() + 1);
   if (Status s = t_.dma_alloc(entries * sizeof(SubmissionEntry), &admin_sq_); !s.is_ok())
     return fail("admin SQ allocation", s);
   if (Status s = t_.dma_alloc(entries * sizeof(CompletionEntry), &admin_cq_); !s.is_ok())
     return fail("admin CQ allocation", s);
   if (Status s = t_.dma_alloc(4096, &scratch_); !s.is_ok()) return fail("scratch allocation", s);
-  t_.write32(reg::kAqa, (entries - 1) | ((entries - 1) << 16));
-  t_.write64(reg::kAsq, admin_sq_.iova);
-  t_.write64(reg::kAcq, admin_cq_.iova);
-  QueueView av;
-  av.qid = 0;
-  av.entries = entries;
-  av.sq = static_cast<SubmissionEntry*>(admin_sq_.vaddr);
-  av.cq = static_cast<CompletionEntry*>(admin_cq_.vaddr);
-  av.sq_doorbell = t_.doorbell(0, false);
-  av.cq_doorbell = t_.doorbell(0, true);
-  if (av.sq_doorbell.reg == nullptr || av.cq_doorbell.reg == nullptr)
-    return fail("the admin doorbells are not reachable through the transport", {});
-  av.irq = t_.interrupt(0);
-  admin_ = std::make_unique<RawQueuePair>(av);
-
-  // 3. Enable with 4 KiB pages, 64 B SQEs, 16 B CQEs, and WRR if offered and wanted.
-  wrr_ = o_.wrr && cap_.ams_wrr();
-  const uint32_t cc = cc::kEn | (0u << cc::kCssShift) | (0u << cc::kMpsShift) |
-                      ((wrr_ ? cc::kAmsWrr : 0u) << cc::kAmsShift) | (6u << cc::kIosqesShift) |
-                      (4u << cc::kIocqesShift);
-  t_.write32(reg::kCc, cc);
-  if (Status s = wait_ready(true, to_ns); !s.is_ok()) return fail("controller enable failed", s);
+  const char* stage = nullptr;
+  if (Status s = start_admin(&stage); !s.is_ok()) return fail(stage, s);
 
   // 4. Identify Controller (CNS 01h).
   id_ = std::make_unique<IdentifyController>();
@@ -136,34 +111,114 @@ bool Controller::bring_up(std::string* error) {
     namespaces_.push_back(info);
   }
 
-  // 6. Number of Queues (Base §5.27.1.5), then arbitration weights (Base §5.27.1.1).
+  // 6. Number of Queues and arbitration.
+  if (Status s = configure_queues(&stage); !s.is_ok()) return fail(stage, s);
+  if (granted_ == 0) return fail("no I/O queue's doorbells are reachable", {});
+  return true;
+}
+
+// Steps 1-3 of initialisation on the admin queue memory already allocated: disable, program
+// the admin queue (zeroed: a reset starts it over), enable. `stage` names what failed.
+Status Controller::start_admin(const char** stage) {
+  // 1. Disable, wait for CSTS.RDY = 0.
+  *stage = "controller reset failed";
+  if (Status s = disable(); !s.is_ok()) return s;
+
+  // 2. Admin queues (Base §3.1.4.8-10).
+  const auto entries = static_cast<uint32_t>(admin_sq_.bytes / sizeof(SubmissionEntry));
+  std::memset(admin_sq_.vaddr, 0, admin_sq_.bytes);
+  std::memset(admin_cq_.vaddr, 0, admin_cq_.bytes);
+  t_.write32(reg::kAqa, (entries - 1) | ((entries - 1) << 16));
+  t_.write64(reg::kAsq, admin_sq_.iova);
+  t_.write64(reg::kAcq, admin_cq_.iova);
+  QueueView av;
+  av.qid = 0;
+  av.entries = entries;
+  av.sq = static_cast<SubmissionEntry*>(admin_sq_.vaddr);
+  av.cq = static_cast<CompletionEntry*>(admin_cq_.vaddr);
+  av.sq_doorbell = t_.doorbell(0, false);
+  av.cq_doorbell = t_.doorbell(0, true);
+  *stage = "the admin doorbells are not reachable through the transport";
+  if (av.sq_doorbell.reg == nullptr || av.cq_doorbell.reg == nullptr)
+    return Status::error(Code::kInvalidArgument, "no admin doorbells");
+  av.irq = t_.interrupt(0);
+  {
+    std::lock_guard<std::mutex> g(admin_mu_);
+    admin_ = std::make_unique<RawQueuePair>(av);
+    failed_ = false;
+    next_cid_ = 0;
+  }
+
+  // 3. Enable with 4 KiB pages, 64 B SQEs, 16 B CQEs, and WRR if offered and wanted.
+  wrr_ = o_.wrr && cap_.ams_wrr();
+  const uint32_t cc = cc::kEn | (0u << cc::kCssShift) | (0u << cc::kMpsShift) |
+                      ((wrr_ ? cc::kAmsWrr : 0u) << cc::kAmsShift) | (6u << cc::kIosqesShift) |
+                      (4u << cc::kIocqesShift);
+  t_.write32(reg::kCc, cc);
+  *stage = "controller enable failed";
+  return wait_ready(true, ready_timeout_ns());
+}
+
+// Number of Queues (Base §5.27.1.5), then arbitration weights (Base §5.27.1.1): at bring-up
+// and again after every reset.
+Status Controller::configure_queues(const char** stage) {
   uint32_t dw0 = 0;
-  cmd = SubmissionEntry{};
+  SubmissionEntry cmd{};
   cmd.opcode = admin::kSetFeatures;
   cmd.cdw10 = fid::kNumberOfQueues;
   const uint32_t want = std::max<uint16_t>(o_.io_queues, 1) - 1u;
   cmd.cdw11 = want | (want << 16);
-  if (Status s = admin(cmd, nullptr, 0, false, &dw0); !s.is_ok())
-    return fail("Set Features (Number of Queues)", s);
+  *stage = "Set Features (Number of Queues)";
+  if (Status s = admin(cmd, nullptr, 0, false, &dw0); !s.is_ok()) return s;
   // The controller may allocate more than was asked for (QEMU reports its maximum): use
   // what was asked for, at most what it allocated (Base §5.27.1.5).
-  granted_ = static_cast<uint16_t>(
-      std::min<uint32_t>(std::min(dw0 & 0xffff, dw0 >> 16) + 1, want + 1));
+  granted_ =
+      static_cast<uint16_t>(std::min<uint32_t>(std::min(dw0 & 0xffff, dw0 >> 16) + 1, want + 1));
   // ...and no queue whose doorbells the transport cannot reach (a sparse BAR mapping).
-  while (granted_ > 0 &&
-         (t_.doorbell(granted_, false).reg == nullptr || t_.doorbell(granted_, true).reg == nullptr))
+  while (granted_ > 0 && (t_.doorbell(granted_, false).reg == nullptr ||
+                          t_.doorbell(granted_, true).reg == nullptr))
     --granted_;
-  if (granted_ == 0) return fail("no I/O queue's doorbells are reachable", {});
   if (wrr_) {
     cmd = SubmissionEntry{};
     cmd.opcode = admin::kSetFeatures;
     cmd.cdw10 = fid::kArbitration;
     cmd.cdw11 = 3u /* burst of 8 */ | (uint32_t{o_.low_weight} << 8) |
                 (uint32_t{o_.medium_weight} << 16) | (uint32_t{o_.high_weight} << 24);
-    if (Status s = admin(cmd, nullptr, 0, false, nullptr); !s.is_ok())
-      return fail("Set Features (Arbitration)", s);
+    *stage = "Set Features (Arbitration)";
+    if (Status s = admin(cmd, nullptr, 0, false, nullptr); !s.is_ok()) return s;
   }
-  return true;
+  return Status::ok();
+}
+
+Status Controller::reset() {
+  {
+    std::lock_guard<std::mutex> g(admin_mu_);
+    if (shut_down_) return Status::error(Code::kNotReady, "controller is shut down");
+  }
+  const char* stage = nullptr;
+  if (Status s = start_admin(&stage); !s.is_ok()) return s;
+  const uint16_t before = granted_;
+  if (Status s = configure_queues(&stage); !s.is_ok()) return s;
+  if (granted_ < before) {
+    return Status::error(Code::kNotReady, "the controller grants fewer queues after the reset");
+  }
+  std::vector<IoQueueMemory> queues;
+  {
+    std::lock_guard<std::mutex> g(admin_mu_);
+    queues = io_queues_;
+  }
+  for (const IoQueueMemory& q : queues) {
+    // Zeroed: the SQ starts empty and the CQ's phase tags at 0, so the first pass posts 1.
+    std::memset(q.sq.vaddr, 0, q.sq.bytes);
+    std::memset(q.cq.vaddr, 0, q.cq.bytes);
+    if (Status s = create_queues(q); !s.is_ok()) return s;
+  }
+  return Status::ok();
+}
+
+bool Controller::needs_reset() {
+  std::lock_guard<std::mutex> g(admin_mu_);
+  return failed_;
 }
 
 Controller::~Controller() {
@@ -240,7 +295,8 @@ Status Controller::create_queue_pair(uint16_t qid, uint32_t entries, QueuePriori
   if (entries < 2 || entries > max_queue_entries())
     return Status::error(Code::kInvalidArgument, "queue size beyond CAP.MQES");
   if (t_.doorbell(qid, false).reg == nullptr || t_.doorbell(qid, true).reg == nullptr)
-    return Status::error(Code::kInvalidArgument, "the queue's doorbells lie outside the mapped BAR");
+    return Status::error(Code::kInvalidArgument,
+                         "the queue's doorbells lie outside the mapped BAR");
   IoQueueMemory mem;
   mem.qid = qid;
   if (Status s = t_.dma_alloc(entries * sizeof(SubmissionEntry), &mem.sq); !s.is_ok()) return s;
@@ -249,28 +305,10 @@ Status Controller::create_queue_pair(uint16_t qid, uint32_t entries, QueuePriori
     return s;
   }
   const uint16_t vectors = t_.interrupt_vectors();
-  const uint16_t vector = vectors > 1 ? static_cast<uint16_t>(1 + (qid - 1) % (vectors - 1)) : 0;
-  SubmissionEntry cmd{};
-  cmd.opcode = admin::kCreateIoCq;  // Base §5.4: the CQ first
-  cmd.prp1 = mem.cq.iova;
-  cmd.cdw10 = qid | ((entries - 1) << 16);
-  cmd.cdw11 = 1u /* PC */ | (vectors ? 2u /* IEN */ : 0u) | (uint32_t{vector} << 16);
-  Status s = admin(cmd, nullptr, 0, false, nullptr);
-  if (s.is_ok()) {
-    cmd = SubmissionEntry{};
-    cmd.opcode = admin::kCreateIoSq;  // Base §5.5
-    cmd.prp1 = mem.sq.iova;
-    cmd.cdw10 = qid | ((entries - 1) << 16);
-    cmd.cdw11 = 1u | (uint32_t{static_cast<uint8_t>(prio)} << 1) | (uint32_t{qid} << 16);
-    s = admin(cmd, nullptr, 0, false, nullptr);
-    if (!s.is_ok()) {
-      SubmissionEntry del{};
-      del.opcode = admin::kDeleteIoCq;
-      del.cdw10 = qid;
-      (void)admin(del, nullptr, 0, false, nullptr);
-    }
-  }
-  if (!s.is_ok()) {
+  mem.entries = entries;
+  mem.prio = prio;
+  mem.vector = vectors > 1 ? static_cast<uint16_t>(1 + (qid - 1) % (vectors - 1)) : 0;
+  if (Status s = create_queues(mem); !s.is_ok()) {
     t_.dma_free(mem.sq);
     t_.dma_free(mem.cq);
     return s;
@@ -285,8 +323,32 @@ Status Controller::create_queue_pair(uint16_t qid, uint32_t entries, QueuePriori
   out->cq = static_cast<CompletionEntry*>(mem.cq.vaddr);
   out->sq_doorbell = t_.doorbell(qid, false);
   out->cq_doorbell = t_.doorbell(qid, true);
-  out->irq = vectors ? t_.interrupt(vector) : nullptr;
+  out->irq = vectors ? t_.interrupt(mem.vector) : nullptr;
   return Status::ok();
+}
+
+// Create I/O CQ then SQ (Base §5.4, §5.5) on `q`'s memory; neither is left behind on failure.
+Status Controller::create_queues(const IoQueueMemory& q) {
+  SubmissionEntry cmd{};
+  cmd.opcode = admin::kCreateIoCq;
+  cmd.prp1 = q.cq.iova;
+  cmd.cdw10 = q.qid | ((q.entries - 1) << 16);
+  cmd.cdw11 =
+      1u /* PC */ | (t_.interrupt_vectors() ? 2u /* IEN */ : 0u) | (uint32_t{q.vector} << 16);
+  if (Status s = admin(cmd, nullptr, 0, false, nullptr); !s.is_ok()) return s;
+  cmd = SubmissionEntry{};
+  cmd.opcode = admin::kCreateIoSq;
+  cmd.prp1 = q.sq.iova;
+  cmd.cdw10 = q.qid | ((q.entries - 1) << 16);
+  cmd.cdw11 = 1u | (uint32_t{static_cast<uint8_t>(q.prio)} << 1) | (uint32_t{q.qid} << 16);
+  Status s = admin(cmd, nullptr, 0, false, nullptr);
+  if (!s.is_ok()) {
+    SubmissionEntry del{};
+    del.opcode = admin::kDeleteIoCq;
+    del.cdw10 = q.qid;
+    (void)admin(del, nullptr, 0, false, nullptr);
+  }
+  return s;
 }
 
 Status Controller::delete_queue_pair(uint16_t qid) {

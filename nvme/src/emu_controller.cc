@@ -194,6 +194,14 @@ bool EmulatedController::pass(unsigned idx) {
   Worker& w = workers_[idx];
   bool worked = false;
   if (idx == 0) worked |= handle_cc();
+  if (fatal_.load() != 0) {
+    // A failed controller (Base §3.1.4.6) fetches and completes nothing until a reset.
+    if (idx == 0 && enabled_ && !(reg_load(reg::kCsts) & csts::kCfs)) {
+      reg_store(reg::kCsts, reg_load(reg::kCsts) | csts::kCfs);
+      worked = true;
+    }
+    return worked;
+  }
   if (enabled_ && !paused_.load(std::memory_order_relaxed)) {
     if (idx == 0) worked |= fetch(w, 0, kAdminBudget) > 0;
     const uint32_t ab = arbitration_ & 7;
@@ -219,6 +227,7 @@ bool EmulatedController::has_work(unsigned idx) {
   // Seq_cst loads: the other half of the handshake with Doorbell::wake (see park()).
   auto load = [this](uint32_t off) { return regs_[off / 4].load(port::Order::kSeqCst); };
   if (idx == 0 && load(reg::kCc) != cc_seen_) return true;
+  if (fatal_.load() != 0) return idx == 0 && enabled_ && !(load(reg::kCsts) & csts::kCfs);
   if (!enabled_ || paused_.load()) return false;
   for (uint16_t q = 0; q < sqs_.size(); ++q) {
     const SqState& sq = sqs_[q];
@@ -282,6 +291,8 @@ bool EmulatedController::handle_cc() {
   if ((prev & cc::kEn) && !(cc & cc::kEn)) {
     reset_locked();
     reg_store(reg::kCsts, 0);
+    uint8_t once = 1;
+    fatal_.compare_exchange_strong(once, 0);  // a reset clears a transient fatal status
     return true;
   }
   if (!(prev & cc::kEn) && (cc & cc::kEn)) {
@@ -293,14 +304,19 @@ bool EmulatedController::handle_cc() {
     auto* cq = reinterpret_cast<CompletionEntry*>(dma_.translate(acq, acqs * 16ull));
     const uint32_t mps = (cc >> cc::kMpsShift) & 0xf;
     if (asqs < 2 || acqs < 2 || sq == nullptr || cq == nullptr || (asq | acq) % 4096 != 0 ||
-        mps != 0) {
+        mps != 0 || fatal_.load() == 2) {
       reg_store(reg::kCsts, csts::kCfs);  // the host gave us nothing we can run
       return true;
     }
     lock_others();
+    // Doorbells start at zero with the queues. Doorbell::ring stores to the register file
+    // directly (as an MMIO store reaches a device), so a ring while disabled is not seen by
+    // write32's filter: a stale admin CQ head would otherwise stall the new admin queue.
+    for (uint32_t off = reg::kDoorbellBase; off / 4 < reg_words_; off += 4) reg_store(off, 0);
     sqs_[0] = SqState{true, sq, asqs, 0, 0, QueuePriority::kUrgent};
     CqState& c = cqs_[0];
-    c.live = true, c.ring = cq, c.size = acqs, c.tail = 0, c.phase = true, c.ien = true;
+    c.live = true, c.ring = cq, c.size = acqs, c.tail = 0, c.head = 0, c.phase = true;
+    c.ien = true;
     c.vector = 0, c.sq_refs = 1;
     wrr_active_ = config_.wrr && ((cc & cc::kAmsMask) >> cc::kAmsShift) == cc::kAmsWrr;
     enabled_ = true;
@@ -365,7 +381,9 @@ uint32_t EmulatedController::fetch(Worker& w, uint16_t qid, uint32_t budget) {
       log_error(qid, cmd, r.status, cmd.cdw10 | (uint64_t{cmd.cdw11} << 32));
     }
     Completion c{0, qid, cmd.cid, r.status, r.dw0};
-    if (qid != 0 && (config_.latency_ns || config_.latency_jitter_ns)) {
+    if (r.lost) {
+      // Swallowed: the slot is consumed (the SQ head moves on), no entry is ever posted.
+    } else if (qid != 0 && (config_.latency_ns || config_.latency_jitter_ns)) {
       uint64_t lat = config_.latency_ns;
       if (config_.latency_jitter_ns) lat += w.rng() % (config_.latency_jitter_ns + 1ull);
       c.due_ns = port::now_ns() + lat;
@@ -425,11 +443,15 @@ bool EmulatedController::post(const Completion& c, std::vector<uint16_t>* raised
   CqState& cq = cqs_[cqid];
   std::lock_guard<std::mutex> g(cq.mu);
   if (!cq.live) return true;
-  const uint32_t head = reg_load(reg::cq_doorbell(cqid, dstrd_));
+  uint32_t head = reg_load(reg::cq_doorbell(cqid, dstrd_));
   if (head >= cq.size) {
+    // Base §4.1: an Invalid Doorbell Write Value is ignored (and logged), as fetch() does
+    // for an SQ tail: the last valid head stands.
+    reg_store(reg::cq_doorbell(cqid, dstrd_), cq.head);
     log_error_raw(cqid, 0xffff, make_status(sct::kGeneric, sc::kInvalidField));
-    return false;
+    head = cq.head;
   }
+  cq.head = head;
   if ((cq.tail + 1) % cq.size == head) return false;
   CompletionEntry* e = &cq.ring[cq.tail];
   e->dw0 = c.dw0;
@@ -724,7 +746,8 @@ EmulatedController::Result EmulatedController::create_cq(const SubmissionEntry& 
   {
     CqState& c = cqs_[qid];
     std::lock_guard<std::mutex> g(c.mu);
-    c.ring = ring, c.size = size, c.tail = 0, c.phase = true, c.ien = ien, c.vector = iv;
+    c.ring = ring, c.size = size, c.tail = 0, c.head = 0, c.phase = true, c.ien = ien,
+    c.vector = iv;
     c.sq_refs = 0, c.live = true;
     reg_store(reg::cq_doorbell(qid, dstrd_), 0);
   }
@@ -836,7 +859,7 @@ EmulatedController::Result EmulatedController::read_write(Worker& w, const Submi
     return {make_status(sct::kGeneric, sc::kCapacityExceeded), 0};
   }
   if (any_fault_.load(std::memory_order_relaxed)) {
-    if (uint16_t st = injected_status(cmd.nsid, slba, nlb, write)) return {st, 0};
+    if (Result r = injected(cmd.nsid, slba, nlb, write); r.status != 0 || r.lost) return r;
   }
   const uint64_t offset = ns.base + (slba << ns.lba_shift);
   const uint64_t bytes = nlb << ns.lba_shift;
@@ -927,21 +950,30 @@ void EmulatedController::clear_faults() {
   any_fault_.store(false);
 }
 
-// The status of the first fault covering any LBA of [slba, slba + nlb) in the command's
-// direction, or 0.
-uint16_t EmulatedController::injected_status(uint32_t nsid, uint64_t slba, uint64_t nlb,
-                                             bool write) {
+// What the first fault covering any LBA of [slba, slba + nlb) does to the command: an error
+// status in its direction, or no completion at all; {0, 0} when none applies.
+EmulatedController::Result EmulatedController::injected(uint32_t nsid, uint64_t slba, uint64_t nlb,
+                                                        bool write) {
   std::lock_guard<std::mutex> g(fault_mu_);
   for (Fault& f : faults_) {
     if (f.nsid != nsid || f.times == 0) continue;
-    if ((f.kind == FaultKind::kWriteFault) != write) continue;
+    const bool lost = f.kind == FaultKind::kNoCompletion;
+    if (!lost && (f.kind == FaultKind::kWriteFault) != write) continue;
     if (slba >= f.slba + f.nlb || f.slba >= slba + nlb) continue;
     if (f.times != UINT32_MAX) --f.times;
     faults_hit_.fetch_add(1, std::memory_order_relaxed);
-    return write ? make_status(sct::kMedia, sc::kWriteFault)
-                 : make_status(sct::kMedia, sc::kUnrecoveredReadError);
+    if (lost) return {0, 0, true};
+    return {write ? make_status(sct::kMedia, sc::kWriteFault)
+                  : make_status(sct::kMedia, sc::kUnrecoveredReadError),
+            0};
   }
-  return 0;
+  return {0, 0};
+}
+
+void EmulatedController::inject_fatal(bool persistent) {
+  fatal_.store(persistent ? 2 : 1);
+  faults_hit_.fetch_add(1, std::memory_order_relaxed);
+  Doorbell::wake(workers_[0].kick);  // worker 0 raises CSTS.CFS
 }
 
 void EmulatedController::trace_fetches(bool enable) {
@@ -1031,6 +1063,9 @@ std::vector<uint16_t> EmulatedTransport::fetch_trace() const {
 }
 void EmulatedTransport::inject(const Fault& f) {
   c_->inject(f);
+}
+void EmulatedTransport::inject_fatal(bool persistent) {
+  c_->inject_fatal(persistent);
 }
 void EmulatedTransport::clear_faults() {
   c_->clear_faults();

@@ -41,6 +41,7 @@ class EmulatedController {
   void power_cut(double persist_probability);
   const EmulatedConfig& config() const { return config_; }
   void inject(const Fault& f);
+  void inject_fatal(bool persistent);
   void clear_faults();
   void set_capacity_exceeded(bool full) { capacity_exceeded_.store(full); }
   uint64_t faults_hit() const { return faults_hit_.load(); }
@@ -65,6 +66,7 @@ class EmulatedController {
     CompletionEntry* ring = nullptr;
     uint32_t size = 0;
     uint32_t tail = 0;
+    uint32_t head = 0;  // the last valid CQ head doorbell value
     bool phase = true;  // Base §4.6: the first pass through a CQ posts phase tag 1
     bool ien = false;
     uint16_t vector = 0;
@@ -92,6 +94,7 @@ class EmulatedController {
   struct Result {
     uint16_t status;
     uint32_t dw0;
+    bool lost = false;  // an injected kNoCompletion: no completion is ever posted
   };
 
   void run(unsigned idx);
@@ -158,10 +161,12 @@ class EmulatedController {
   uint64_t error_count_ = 0;
 
   // Injected faults (test hook). `any_fault_` keeps the common path to one relaxed load.
-  uint16_t injected_status(uint32_t nsid, uint64_t slba, uint64_t nlb, bool write);
+  Result injected(uint32_t nsid, uint64_t slba, uint64_t nlb, bool write);
   std::mutex fault_mu_;
   std::vector<Fault> faults_;
   std::atomic<bool> any_fault_{false};
+  // Injected CSTS.CFS: 0 none, 1 until the next reset, 2 for good. Worker 0 raises the bit.
+  std::atomic<uint8_t> fatal_{0};
   std::atomic<bool> capacity_exceeded_{false};
   std::atomic<uint64_t> faults_hit_{0};
   mutable std::mutex trace_mu_;

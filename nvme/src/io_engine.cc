@@ -1,12 +1,17 @@
 #include "warpfs/nvme/io_engine.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 
 namespace warpfs::nvme {
 
 std::unique_ptr<IoEngine> IoEngine::create(Controller& c, const EngineOptions& o,
                                            std::string* error) {
   std::unique_ptr<IoEngine> e(new IoEngine(c));
+  e->o_ = o;
   uint32_t entries = std::min(o.queue_entries, c.max_queue_entries());
   while (!port::is_pow2(entries)) entries &= entries - 1;  // the ticket protocol needs 2^k
   if (entries < 2) {
@@ -34,10 +39,20 @@ std::unique_ptr<IoEngine> IoEngine::create(Controller& c, const EngineOptions& o
   }
   if (classes[1].empty()) classes[1] = classes[0];  // one queue granted: classes share it
   e->mapper_ = std::make_unique<QueueMapper>(std::move(classes), o.mapper);
+  e->progress_.resize(e->vqs_.size());
+  if (o.io_timeout_ns > 0) e->watchdog_ = std::thread([p = e.get()] { p->watchdog(); });
   return e;
 }
 
 IoEngine::~IoEngine() {
+  if (watchdog_.joinable()) {
+    {
+      std::lock_guard<std::mutex> g(wd_mu_);
+      stop_ = true;
+    }
+    wd_cv_.notify_all();
+    watchdog_.join();
+  }
   mapper_.reset();
   vqs_.clear();
   for (const QueueView& v : views_) (void)c_.delete_queue_pair(v.qid);
@@ -45,6 +60,115 @@ IoEngine::~IoEngine() {
 
 Status IoEngine::execute(const SubmissionEntry& cmd, Priority p) {
   return Status::nvme(mapper_->execute(cmd, p));
+}
+
+void IoEngine::log(const std::string& line) const {
+  if (o_.log) {
+    o_.log(line);
+  } else {
+    std::fprintf(stderr, "warpfs: nvme: %s\n", line.c_str());
+  }
+}
+
+EngineCounters IoEngine::counters() const {
+  EngineCounters c;
+  c.timeouts = timeouts_.load();
+  c.fatal_status = fatal_.load();
+  c.resets = resets_.load();
+  c.failed_resets = failed_resets_.load();
+  c.dead = dead_.load();
+  return c;
+}
+
+// A few looks per timeout, at least one a second: an idle engine wakes once a second (the
+// cost of noticing CSTS.CFS on a quiet device), a busy one is judged within a quarter timeout.
+void IoEngine::watchdog() {
+  pthread_setname_np(pthread_self(), "nvme-watchdog");
+  const uint64_t period_ns = std::min<uint64_t>(o_.io_timeout_ns / 4 + 1, 1'000'000'000ull);
+  std::unique_lock<std::mutex> l(wd_mu_);
+  while (!stop_) {
+    wd_cv_.wait_for(l, std::chrono::nanoseconds(period_ns));
+    if (stop_ || dead_.load()) continue;
+    l.unlock();
+    std::string why;
+    {
+      std::lock_guard<std::mutex> g(recover_mu_);  // progress_ is reset by recover()
+      why = check(port::now_ns());
+    }
+    if (!why.empty()) (void)recover(why);
+    l.lock();
+  }
+}
+
+std::string IoEngine::check(uint64_t now) {
+  const uint32_t csts = c_.transport().read32(reg::kCsts);
+  if (csts == 0xffffffffu) return "the controller does not respond (registers read all ones)";
+  if (csts & csts::kCfs) {
+    fatal_.fetch_add(1);
+    return "controller fatal status (CSTS.CFS)";
+  }
+  if (c_.needs_reset()) return "an admin command timed out";
+  for (size_t i = 0; i < vqs_.size(); ++i) {
+    Progress& p = progress_[i];
+    const uint64_t done = vqs_[i]->completed();
+    if (vqs_[i]->outstanding() == 0 || done != p.completed || p.since_ns == 0) {
+      p.completed = done;
+      p.since_ns = now;
+      continue;
+    }
+    if (now - p.since_ns >= o_.io_timeout_ns) {
+      timeouts_.fetch_add(1);
+      return "I/O queue " + std::to_string(views_[i].qid) + ": no completion for " +
+             std::to_string((now - p.since_ns) / 1'000'000) + " ms with " +
+             std::to_string(vqs_[i]->outstanding()) + " command(s) outstanding";
+    }
+  }
+  return "";
+}
+
+Status IoEngine::recover(const std::string& why) {
+  std::lock_guard<std::mutex> g(recover_mu_);
+  if (dead_.load()) return Status::error(Code::kNotReady, "the I/O queues are dead");
+  log(why + "; resetting the controller");
+  for (const VirtualQueuePtr& q : vqs_) q->stop(VirtualQueue::kResetting);
+  // Every waiter sees the state within one back-off step; a thread that stopped polling its
+  // command (a caller's bug) would hold the queues forever, so this wait is bounded too.
+  const uint64_t quiesce_deadline = port::now_ns() + 10'000'000'000ull;
+  port::Backoff b;
+  bool quiet = false;
+  while (!quiet) {
+    quiet = true;
+    for (const VirtualQueuePtr& q : vqs_) quiet = quiet && q->inside() == 0;
+    if (quiet || port::now_ns() > quiesce_deadline) break;
+    b.pause();
+  }
+  if (!quiet) {
+    std::string held;
+    for (size_t i = 0; i < vqs_.size(); ++i) {
+      if (vqs_[i]->inside() != 0) {
+        held +=
+            " queue " + std::to_string(views_[i].qid) + ": " + std::to_string(vqs_[i]->inside());
+      }
+    }
+    log("commands still inside the queues after 10 s:" + held);
+  }
+  Status s = quiet ? c_.reset()
+                   : Status::error(Code::kTimeout, "commands still inside the queues after 10 s");
+  if (!s.is_ok()) {
+    for (const VirtualQueuePtr& q : vqs_) q->stop(VirtualQueue::kDead);
+    log("controller reset failed (" + s.to_string() + "); every command fails from now on");
+    dead_.store(true);  // the counters move last: a test waiting on them sees the log
+    failed_resets_.fetch_add(1);
+    return s;
+  }
+  for (const VirtualQueuePtr& q : vqs_) {
+    q->reset_protocol();
+    q->resume();
+  }
+  for (Progress& p : progress_) p = Progress{};
+  log("controller reset done; I/O queues re-created");
+  resets_.fetch_add(1);
+  return Status::ok();
 }
 
 bool fill_prps(SubmissionEntry* cmd, uint64_t iova, uint64_t len, const PrpList& list) {

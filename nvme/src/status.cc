@@ -72,6 +72,10 @@ const char* status_name(uint16_t s) {
         return "Media and Data Integrity Error (unknown code)";
     }
   }
+  if (type == sct::kPath) {
+    return code == sc::kHostAbortedCommand ? "Host Aborted Command (controller reset)"
+                                           : "Path Related Status (unknown code)";
+  }
   return "Unknown Status Code Type";
 }
 

@@ -24,7 +24,8 @@ struct Stack {
 
   static std::unique_ptr<Stack> make(uint64_t bytes = 8ull << 20,
                                      std::shared_ptr<nvme::BackingStore> store = nullptr,
-                                     nvme::EmulatedConfig cfg = {}) {
+                                     nvme::EmulatedConfig cfg = {},
+                                     uint64_t io_timeout_ns = nvme::EngineOptions{}.io_timeout_ns) {
     auto s = std::make_unique<Stack>();
     s->store = store ? store : nvme::BackingStore::ram(bytes);
     std::string err;
@@ -38,6 +39,8 @@ struct Stack {
     if (!s->ctrl) return nullptr;
     nvme::EngineOptions eo;
     eo.queue_entries = 64;
+    eo.io_timeout_ns = io_timeout_ns;
+    eo.log = [](const std::string&) {};  // tests look at the counters
     s->engine = nvme::IoEngine::create(*s->ctrl, eo, &err);
     EXPECT_TRUE(s->engine) << err;
     if (!s->engine) return nullptr;

@@ -96,15 +96,17 @@ class CutDevice final : public blockdev::BlockDevice {
 };
 
 struct Rig {
+  std::string log;  // first: destroyed last, after the filesystem's unmount has logged
   std::unique_ptr<cache::test::Stack> stack;
   std::unique_ptr<blockdev::NvmeBlockDevice> dev;
   std::unique_ptr<CutDevice> cut;
   std::unique_ptr<Filesystem> fs;
-  std::string log;
 
-  static std::unique_ptr<Rig> make(uint64_t mib = 64, MkfsOptions mo = {}) {
+  // `io_timeout_ns`: the engine's watchdog (tests of hung commands shorten it).
+  static std::unique_ptr<Rig> make(uint64_t mib = 64, MkfsOptions mo = {},
+                                   uint64_t io_timeout_ns = nvme::EngineOptions{}.io_timeout_ns) {
     auto r = std::make_unique<Rig>();
-    r->stack = cache::test::Stack::make(mib << 20);
+    r->stack = cache::test::Stack::make(mib << 20, nullptr, {}, io_timeout_ns);
     if (!r->stack) return nullptr;
     std::string err;
     r->dev = blockdev::NvmeBlockDevice::create(*r->stack->engine, 1, kBlockSize, &err);

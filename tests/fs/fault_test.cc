@@ -5,6 +5,7 @@
 #include <fcntl.h>
 
 #include <cerrno>
+#include <thread>
 
 #include "fs/core_rig.h"
 
@@ -123,6 +124,74 @@ TEST(Faults, FullNamespaceIsEnospcAndRecovers) {
   r->stack->transport->set_capacity_exceeded(false);
   EXPECT_EQ(r->write(c, 0, data), 0);
   EXPECT_EQ(r->read(c, 0, data.size()), data);
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
+// Commands that never complete (issue 7, bounded waiting): the engine's watchdog times them
+// out, resets the controller and re-creates its queues; the operation that waited gets EIO.
+constexpr uint64_t kIoTimeoutNs = 200'000'000;
+
+TEST(Faults, AHungReadIsEioAndTheDeviceComesBack) {
+  auto r = Rig::make(64, {}, kIoTimeoutNs);
+  ASSERT_TRUE(r);
+  Files f = two_files(*r);
+  const uint64_t lba = find_lba(*r->stack->store, f.a_data.substr(5 * kBlockSize, kBlockSize));
+  ASSERT_NE(lba, UINT64_MAX);
+  nvme::Fault fault;
+  fault.kind = nvme::FaultKind::kNoCompletion;
+  fault.slba = lba;
+  fault.nlb = kBlockSize / kLba;
+  fault.times = 1;
+  r->stack->transport->inject(fault);
+
+  EXPECT_EQ(read_rc(*r, f.a, 5 * kBlockSize, kBlockSize), EIO);
+  // The read fails as soon as the queues stop; the reset finishes after (bounded wait).
+  const uint64_t deadline = port::now_ns() + 30 * kIoTimeoutNs;
+  while (r->stack->engine->counters().resets == 0 && port::now_ns() < deadline) {
+    std::this_thread::yield();
+  }
+  const nvme::EngineCounters c = r->stack->engine->counters();
+  EXPECT_EQ(c.timeouts, 1u);
+  EXPECT_EQ(c.resets, 1u);
+  EXPECT_FALSE(c.dead);
+  // The queues were re-created: both files read whole, the hung block included.
+  std::string got;
+  EXPECT_EQ(read_rc(*r, f.b, 0, f.b_data.size(), &got), 0);
+  EXPECT_EQ(got, f.b_data);
+  EXPECT_EQ(read_rc(*r, f.a, 0, f.a_data.size(), &got), 0);
+  EXPECT_EQ(got, f.a_data);
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
+TEST(Faults, AHungDeviceFailsFsyncAndLosesNothingFsynced) {
+  auto r = Rig::make(64, {}, kIoTimeoutNs);
+  ASSERT_TRUE(r);
+  const std::string kept = pattern(5, 0, 4 * kBlockSize);
+  const Ino k = r->create(kRootInode, "kept");
+  ASSERT_EQ(r->write(k, 0, kept), 0);
+  ASSERT_EQ(r->fs->fsync(k, false), 0);
+  // Every command from now on hangs (a device that stopped answering), until healed.
+  nvme::Fault fault;
+  fault.kind = nvme::FaultKind::kNoCompletion;
+  fault.slba = 0;
+  fault.nlb = UINT64_MAX / 2;
+  r->stack->transport->inject(fault);
+  const Ino n = r->create(kRootInode, "new");
+  ASSERT_NE(n, 0u);
+  // The data write or the commit that makes it durable hangs: one of them is EIO.
+  const int wrc = r->write(n, 0, pattern(6, 0, 2 * kBlockSize));
+  EXPECT_TRUE(wrc == 0 || wrc == EIO) << wrc;
+  EXPECT_EQ(r->fs->fsync(n, false), EIO);
+  EXPECT_GE(r->stack->engine->counters().resets, 1u);
+  EXPECT_FALSE(r->stack->engine->counters().dead);
+  // The device answers again; the filesystem refused to go on after the failed commit, so
+  // it is mounted afresh: the fsync'd file is whole and fsck finds nothing.
+  r->stack->transport->clear_faults();
+  r->fs.reset();
+  ASSERT_TRUE(r->mount());
+  Ino k2 = 0;
+  ASSERT_EQ(r->lookup(kRootInode, "kept", &k2), 0);
+  EXPECT_EQ(r->read(k2, 0, kept.size()), kept);
   EXPECT_EQ(r->check_and_remount(), "");
 }
 

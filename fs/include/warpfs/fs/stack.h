@@ -2,6 +2,7 @@
 // transport (emulated controller or VFIO) -> NVMe driver -> I/O engine -> block device.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -17,6 +18,9 @@ struct StackOptions {
   uint16_t io_queues = 4;
   nvme::EmulatedConfig emulated;  // latency model, worker threads, ...
   nvme::VfioOptions vfio;         // hugepages, interrupts, signal teardown
+  // A busy queue with no completion for this long resets the controller (IoEngine); 0: never.
+  uint64_t io_timeout_ns = 30'000'000'000ull;
+  std::function<void(const std::string&)> log;  // the engine's recovery messages
 };
 
 class DeviceStack {

@@ -67,9 +67,30 @@ class Controller {
   // Normal shutdown (Base §3.6.1); idempotent. The destructor calls it.
   Status shutdown();
 
+  // Recovery after a failure (a command that never completed, CSTS.CFS, an admin timeout):
+  // a Controller Level Reset (Base §3.7.2) deletes every queue, so this disables the
+  // controller, starts the admin queue afresh, enables it, sets Number of Queues and the
+  // arbitration weights again and re-creates every I/O queue pair on its own memory, zeroed,
+  // so the QueueViews handed out stay valid (as Linux's nvme_reset_work does).
+  // REQUIRES: nobody uses the I/O queues (IoEngine quiesces them first).
+  Status reset();
+  // True once an admin command timed out: the controller takes no more until reset().
+  bool needs_reset();
+
  private:
   Controller(Transport& t, const ControllerOptions& o);
+  struct IoQueueMemory {
+    uint16_t qid = 0;
+    uint32_t entries = 0;
+    QueuePriority prio = QueuePriority::kMedium;
+    uint16_t vector = 0;
+    DmaRegion sq, cq;
+  };
+
   bool bring_up(std::string* error);
+  Status start_admin(const char** stage);
+  Status configure_queues(const char** stage);
+  Status create_queues(const IoQueueMemory& q);
   Status wait_ready(bool ready, uint64_t timeout_ns);
   Status disable();
   // CAP.TO: how long the controller may take to change CSTS.RDY.
@@ -77,11 +98,6 @@ class Controller {
     return (cap_.to_500ms() > 0 ? cap_.to_500ms() : 1) * 500'000'000ull;
   }
   uint32_t doorbell_stride() const { return cap_.dstrd(); }
-
-  struct IoQueueMemory {
-    uint16_t qid = 0;
-    DmaRegion sq, cq;
-  };
 
   Transport& t_;
   ControllerOptions o_;
@@ -96,7 +112,7 @@ class Controller {
   uint16_t granted_ = 0;
   bool wrr_ = false;
   bool shut_down_ = false;
-  bool failed_ = false;  // an admin command timed out and may still complete: reset needed
+  bool failed_ = false;    // an admin command timed out and may still complete: reset needed
   uint16_t next_cid_ = 0;  // admin command ids, under admin_mu_
 };
 

@@ -84,12 +84,15 @@ struct EmulatedCounters {
 enum class FaultKind : uint8_t {
   kReadError,   // reads fail: Media Errors / Unrecovered Read Error (NVM §4.1.2.3)
   kWriteFault,  // writes (and Write Zeroes) fail: Media Errors / Write Fault
+  // Reads, writes and Write Zeroes are fetched and never completed: a hung command, which
+  // only the host's timeout and a controller reset get out of.
+  kNoCompletion,
 };
 struct Fault {
   FaultKind kind = FaultKind::kReadError;
   uint32_t nsid = 1;
-  uint64_t slba = 0;  // the first affected LBA of the namespace
-  uint64_t nlb = 1;   // how many
+  uint64_t slba = 0;            // the first affected LBA of the namespace
+  uint64_t nlb = 1;             // how many
   uint32_t times = UINT32_MAX;  // fail this many commands, then heal (UINT32_MAX: for good)
 };
 
@@ -137,7 +140,14 @@ class EmulatedTransport final : public Transport {
   // A full namespace: every write fails with Capacity Exceeded (Base §4.6.1.2.1, SC 81h)
   // while set, as a thin-provisioned or zoned device does when it runs out of space.
   void set_capacity_exceeded(bool full);
-  uint64_t faults_hit() const;  // commands failed by inject() or set_capacity_exceeded()
+  // Controller Fatal Status (Base §3.1.4.6): CSTS.CFS is set and the controller fetches and
+  // completes nothing more (commands in flight are lost) until the host resets it
+  // (CC.EN = 0). `persistent`: every later enable fails with CFS again, a controller that
+  // is broken for good.
+  void inject_fatal(bool persistent);
+  // Commands failed or swallowed by inject(), set_capacity_exceeded(), and fatal statuses
+  // raised by inject_fatal().
+  uint64_t faults_hit() const;
 
  private:
   explicit EmulatedTransport(std::unique_ptr<EmulatedController> c);

@@ -28,6 +28,7 @@ class IoBatch {
   // Submits `cmd` now. REQUIRES: !full(). Returns its index in the batch.
   int submit(const SubmissionEntry& cmd, Priority p) {
     Entry& e = e_[n_];
+    e.accounted = false;  // the slot may hold a command from before clear()
     e.route = m_.route(p);
     e.route.vq->submit(cmd, &e.ticket, [this] { poll_once(); });
     return n_++;

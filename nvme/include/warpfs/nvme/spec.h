@@ -147,6 +147,7 @@ namespace sct {
 inline constexpr uint8_t kGeneric = 0;          // Base §4.6.1.2.1
 inline constexpr uint8_t kCommandSpecific = 1;  // Base §4.6.1.2.2
 inline constexpr uint8_t kMedia = 2;            // Base §4.6.1.2.3
+inline constexpr uint8_t kPath = 3;             // Base §4.6.1.2.4
 }  // namespace sct
 
 namespace sc {
@@ -178,6 +179,8 @@ inline constexpr uint8_t kFeatureNotSaveable = 0x0d;
 // Media and Data Integrity Errors (NVM Figure 27).
 inline constexpr uint8_t kWriteFault = 0x80;
 inline constexpr uint8_t kUnrecoveredReadError = 0x81;
+// Path Related Status (Base Figure 98).
+inline constexpr uint8_t kHostAbortedCommand = 0x71;  // the host gave up on it (a reset)
 }  // namespace sc
 
 // A status field value (15 bits, no phase tag).

@@ -39,6 +39,17 @@
 //  virtual positions (sq_tail_ > ticket, cq_head_ > cq_position), so a later pass can never
 //  be mistaken for one's own: one turn increment per pass and no per-entry CQ lock suffice.
 //
+//  Recovery. A queue is running, resetting or dead (state_). When the driver gives up on the
+//  device (a command timed out, CSTS.CFS; IoEngine's watchdog), it sets resetting: every wait
+//  in submit() and poll() sees it and finishes its command with Host Aborted Command (a
+//  completion already found keeps its status: that command ran). inside_ counts commands
+//  between submit() and the poll() that finishes them, so once it reads zero nobody touches
+//  the queue; the driver resets the controller, re-creates the queue pair on the same memory,
+//  resets the protocol state and sets running again. Submitters arriving meanwhile wait (and
+//  help) until then, or fail at once on a dead queue. The check is a Dekker pair: a submitter
+//  increments inside_ then reads state_, the driver writes state_ then reads inside_, both
+//  seq_cst, so one of them sees the other.
+//
 // Every shared atomic sits on its own cache line (port::Padded), locks are FIFO ticket locks,
 // waits spin briefly and then back off (port::Backoff) or sleep on the queue's interrupt.
 // Sizes are powers of two (the thesis demonstrator's ticket-overflow bug, §4.1.1 / §5).
@@ -74,6 +85,14 @@ struct Ticket {
 
 class VirtualQueue {
  public:
+  enum State : uint32_t { kRunning = 0, kResetting = 1, kDead = 2 };
+  // A command the host gave up on: Path Related Status / Host Aborted Command (Base
+  // §4.6.1.2.4; what Linux reports for requests cancelled by a controller reset). DNR is clear
+  // while the queue is being reset (a retry may succeed) and set once it is dead.
+  static constexpr uint16_t kAbortedStatus =
+      make_status(sct::kPath, sc::kHostAbortedCommand, false);
+  static constexpr uint16_t kDeadStatus = make_status(sct::kPath, sc::kHostAbortedCommand, true);
+
   // Bytes needed for a queue of `entries` (a power of two), including per-slot arrays.
   WARPFS_HD static size_t footprint(uint32_t entries) {
     // turn_[n], tail_mark_[n], head_mark_[n], cid_turn_[n - 1], one cache line each.
@@ -102,14 +121,44 @@ class VirtualQueue {
   // The largest number of commands a thread found ahead of it since the last reset.
   WARPFS_HD uint64_t pressure() const { return pressure_.value.load(port::Order::kRelaxed); }
   WARPFS_HD uint64_t take_pressure() { return pressure_.value.exchange(0, port::Order::kRelaxed); }
+  // Commands retired (completions consumed) since the last reset: the watchdog's progress.
+  WARPFS_HD uint64_t completed() const { return completed_.value.load(port::Order::kRelaxed); }
+
+  // --- recovery (see the class comment) ---------------------------------------------------
+  WARPFS_HD State state() const {
+    return static_cast<State>(state_.value.load(port::Order::kAcquire));
+  }
+  // Commands between submit() and the poll() that finished them.
+  WARPFS_HD uint64_t inside() const { return inside_.value.load(port::Order::kSeqCst); }
+  // Makes every waiter give up (kResetting) or fails the queue for good (kDead).
+  void stop(State s) { state_.value.store(s, port::Order::kSeqCst); }
+  // Forgets every command. REQUIRES: state() != kRunning, inside() == 0, and the device's
+  // queue pair re-created empty on the same memory (CQ zeroed: phase tags start at 1).
+  void reset_protocol() {
+    const uint32_t slots = 4u * q_.entries - 1u;
+    for (uint32_t i = 0; i < slots; ++i) turns()[i].value.store(0, port::Order::kRelaxed);
+    for (port::Padded<port::Atomic<uint64_t>>* a :
+         {&ticket_, &sq_tail_, &sq_head_, &cq_head_, &completed_, &pressure_}) {
+      a->value.store(0, port::Order::kRelaxed);
+    }
+  }
+  // Lets commands in again after reset_protocol(); release: they see the reset state.
+  void resume() { state_.value.store(kRunning, port::Order::kSeqCst); }
 
   // Enqueues `cmd` (its CID is overwritten). Returns once the doorbell covers it.
   // `help()` is called while waiting; see the class comment.
+  // On a queue that is being reset or is dead, t completes at once with kAbortedStatus or
+  // kDeadStatus.
   template <typename Help>
   WARPFS_HD void submit(SubmissionEntry cmd, Ticket* t, Help&& help) {
+    *t = Ticket{};
+    if (!enter(help)) {
+      t->status = kDeadStatus;
+      t->done = true;
+      return;
+    }
     // Relaxed: the ticket only orders threads; slot ownership is handed over by turn_.
     const uint64_t ticket = ticket_.value.fetch_add(1, port::Order::kRelaxed);
-    *t = Ticket{};
     t->ticket = ticket;
     const uint64_t ahead = ticket - sq_tail_.value.load(port::Order::kRelaxed);
     if (ahead > pressure_.value.load(port::Order::kRelaxed)) {
@@ -118,9 +167,9 @@ class VirtualQueue {
     const uint32_t pos = static_cast<uint32_t>(ticket & mask_);
     // Acquire: the device has consumed the previous command in this slot (observed by the
     // head-lock holder through the CQE's SQ head and published with release).
-    wait_until(turn(pos), static_cast<uint32_t>(ticket >> shift_), help);
+    if (!wait_until(turn(pos), static_cast<uint32_t>(ticket >> shift_), help)) return abandon(t);
     const uint32_t cid = static_cast<uint32_t>(ticket % ncid_);
-    wait_until(cid_turn(cid), static_cast<uint32_t>(ticket / ncid_), help);
+    if (!wait_until(cid_turn(cid), static_cast<uint32_t>(ticket / ncid_), help)) return abandon(t);
     cmd.cid = static_cast<uint16_t>(cid);
     t->cid = static_cast<uint16_t>(cid);
     q_.sq[pos] = cmd;
@@ -128,6 +177,7 @@ class VirtualQueue {
     tail_mark(pos).store(ticket + 1, port::Order::kRelease);
     port::Backoff b;
     while (sq_tail_.value.load(port::Order::kAcquire) <= ticket) {
+      if (state_.value.load(port::Order::kAcquire) != kRunning) return abandon(t);
       if (tail_lock_.try_lock()) {
         advance_tail();
         tail_lock_.unlock();
@@ -143,6 +193,15 @@ class VirtualQueue {
   // Advances `t`; true once its completion has been consumed (status in t->status).
   WARPFS_HD bool poll(Ticket* t) {
     if (t->done) return true;
+    if (state_.value.load(port::Order::kAcquire) != kRunning) {
+      // Recovery: stop waiting. A completion already found keeps its status (it ran).
+      if (t->cq_pos == Ticket::kNotFound) {
+        abandon(t);
+      } else {
+        finish(t);
+      }
+      return true;
+    }
     if (t->cq_pos == Ticket::kNotFound && !find_completion(t)) {
       try_advance_head();  // our entry may be stuck behind others' published entries
       return false;
@@ -152,7 +211,7 @@ class VirtualQueue {
       if (cq_head_.value.load(port::Order::kAcquire) <= t->cq_pos) return false;
     }
     // The CQ head has passed our entry; the head-lock holder released our CID.
-    t->done = true;
+    finish(t);
     return true;
   }
 
@@ -206,13 +265,42 @@ class VirtualQueue {
   static_assert(sizeof(Slot32) == port::kCacheLine && sizeof(Slot64) == port::kCacheLine,
                 "per-slot arrays share one stride: a cache line");
 
+  // False if the queue stopped running while we waited.
   template <typename Help>
-  WARPFS_HD static void wait_until(port::Atomic<uint32_t>& a, uint32_t want, Help& help) {
+  WARPFS_HD bool wait_until(port::Atomic<uint32_t>& a, uint32_t want, Help& help) {
     port::Backoff b;
     while (a.load(port::Order::kAcquire) != want) {
+      if (state_.value.load(port::Order::kAcquire) != kRunning) return false;
       help();
       b.pause();
     }
+    return true;
+  }
+
+  // Counts a command in (see Recovery); false on a dead queue. While the queue is being
+  // reset, waits for it, calling `help` so the caller's other commands can finish.
+  template <typename Help>
+  WARPFS_HD bool enter(Help& help) {
+    port::Backoff b;
+    for (;;) {
+      inside_.value.fetch_add(1, port::Order::kSeqCst);
+      const uint32_t s = state_.value.load(port::Order::kSeqCst);
+      if (s == kRunning) return true;
+      inside_.value.fetch_sub(1, port::Order::kSeqCst);
+      if (s == kDead) return false;
+      help();
+      b.pause();
+    }
+  }
+  // The command is over; nothing of it is touched after this.
+  WARPFS_HD void finish(Ticket* t) {
+    t->done = true;
+    inside_.value.fetch_sub(1, port::Order::kSeqCst);
+  }
+  // Gives up on the command: the queue is being reset (or is dead).
+  WARPFS_HD void abandon(Ticket* t) {
+    t->status = state_.value.load(port::Order::kAcquire) == kDead ? kDeadStatus : kAbortedStatus;
+    finish(t);
   }
 
   // Tail-lock holder: publish every consecutive written slot with one doorbell write.
@@ -313,7 +401,9 @@ class VirtualQueue {
   port::Padded<port::Atomic<uint64_t>> cq_head_;  // virtual; written under head_lock_
   port::Padded<port::Atomic<uint64_t>> completed_;
   port::Padded<port::Atomic<uint64_t>> pressure_;
-  port::TicketLock tail_lock_;  // Lock order: never held together with head_lock_.
+  port::Padded<port::Atomic<uint64_t>> inside_;  // see Recovery
+  port::Padded<port::Atomic<uint32_t>> state_;   // State
+  port::TicketLock tail_lock_;                   // Lock order: never held together with head_lock_.
   port::TicketLock head_lock_;
 };
 
