@@ -1,0 +1,852 @@
+// warpfs-kill9: power cuts through a real FUSE mount (issue 7): kill -9 of the warpfs daemon
+// while a workload of real syscalls runs on its mount.
+//
+//   warpfs-kill9 [--cuts N] [--seed S] [--ops N] [--repeat R] [--keep DIR] [--verbose]
+//
+// Cut i uses seed S + i (each seed R times with --repeat); each cut formats its own image.
+//   1. mkfs.warpfs of a 64 MiB emulated image; `warpfs -f` (a child process) mounts it with
+//      options drawn from the seed: commit interval, software cache, emulated controller
+//      workers and latency.
+//   2. crash_harness.h's workload (next_op: creates, writes, truncates, renames, exchanges,
+//      links, unlinks, mkdir/rmdir, xattrs, fsync/fdatasync of files and directories, files
+//      held open and unlinked) runs as syscalls on the mount from this thread, one cut in
+//      four paced (up to 2 ms between operations, so that timed commits land among them);
+//      its model follows.
+//   3. Another thread sends SIGKILL to the daemon once a drawn operation has started, a drawn
+//      0-20 ms later: while operations are in flight (one cut in ten: after the last one).
+//   4. The dead mount is detached (umount -l); fsck.warpfs -f -n of the crashed image must
+//      exit 0 (it replays the journal in memory). One cut in five mounts it again and kills
+//      that daemon within 100 ms (during journal replay or just after), and fscks again.
+//   5. warpfs mounts it (replaying the journal); the tree read through the mount must be a
+//      state the model allows; 5-20 more operations; fusermount3 -u must see the daemon exit
+//      0; fsck -f -n must exit 0; a last mount must show exactly the model's last state.
+//
+// What the kill loses is the daemon's memory: cached metadata, the running transaction, and
+// the emulated controller's volatile write cache. What the controller had written to the
+// image file is in the host's page cache and survives, as a drive's media would.
+//
+// The oracle is warpfs-crash's (crash_harness.h check()): the recovered tree is one state S_k
+// the workload passed through, k no earlier than the last acknowledged fsync, and each 4 KiB
+// block of file data comes from a state in [k, last]. That holds through FUSE because one
+// thread issues every operation and warpfs turns the kernel's writeback cache off: each
+// syscall's FUSE requests are answered, in order, before it returns. What differs:
+//   - The lower bound rises only when an fsync or fdatasync (of a file or a directory:
+//     FUSE_FSYNC, FUSE_FSYNCDIR) returns 0, and at a clean unmount; warpfs commits the whole
+//     running transaction on either (its other commits are not visible from here). The
+//     workload's "sync" is syncfs(2) on the mount, which the kernel does not pass on to a
+//     FUSE daemon (only virtiofs gets FUSE_SYNCFS): it makes nothing durable.
+//   - The operation the kill interrupts may or may not have happened, whatever it returned
+//     (the daemon may have done it and died before replying). The inode number of such a
+//     create, mkdir or symlink comes from the recovered tree.
+//   - The kernel cuts a write(2) into FUSE_WRITEs at page boundaries (Linux 6.18: the first
+//     ends at the first boundary, then 1 MiB each, the daemon's max_write), which file.cc
+//     commits in pieces of at most 1 MiB ending at block boundaries; a commit may come
+//     between any two. So the model has a state at every 4 KiB boundary inside a write.
+//
+// Reproducing: the seed fixes the workload, the mount options, the operation the killer
+// waits for and its delay; where SIGKILL lands after that depends on timing, so a failure's
+// line gives `--seed S --cuts 1 --repeat 20`, the same cut 20 times. --verbose prints each
+// cut's operations; --keep DIR keeps the image of a failing cut as it was right after the
+// kill. Ends with "N passed, N failed"; exit status 0 if every cut passed, 1 if any failed,
+// 2 on bad usage. Needs root (or a user allowed to mount FUSE) and /dev/fuse. The programs
+// come from the environment (WARPFS, MKFS, FSCK), else from the build tree.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fs/crash_harness.h"
+#include "tools/mount_rig.h"
+
+namespace {
+
+namespace crash = warpfs::fs::crash;
+using crash::Id;
+using crash::MNode;
+using crash::Model;
+using crash::Observed;
+using crash::Op;
+using crash::OpKind;
+using warpfs::fs::Ino;
+using warpfs::fs::mounted::Daemon;
+using warpfs::fs::mounted::errno_name;
+using warpfs::fs::mounted::last_lines;
+using warpfs::fs::mounted::run_program;
+
+constexpr uint64_t kImageMiB = 64;  // as warpfs-crash's RAM store: the workload keeps < 20 MiB
+constexpr uint64_t kB = 4096;
+
+struct Programs {
+  std::string warpfs, mkfs, fsck;
+};
+
+#ifndef WARPFS_DAEMON_BIN
+#define WARPFS_DAEMON_BIN "warpfs"
+#endif
+#ifndef WARPFS_MKFS_BIN
+#define WARPFS_MKFS_BIN "mkfs.warpfs"
+#endif
+#ifndef WARPFS_FSCK_BIN
+#define WARPFS_FSCK_BIN "fsck.warpfs"
+#endif
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+std::string dirname_of(const std::string& path) {
+  const size_t s = path.rfind('/');
+  return s == 0 ? "/" : path.substr(0, s);
+}
+std::string basename_of(const std::string& path) {
+  return path.substr(path.rfind('/') + 1);
+}
+
+// Sends SIGKILL to a pid from its own thread, once operation `at_op` has started (or the
+// workload is over) and `delay_us` more have passed (cut short when the workload ends).
+class Killer {
+ public:
+  Killer(pid_t pid, uint64_t at_op, uint64_t delay_us)
+      : pid_(pid), at_op_(at_op), delay_(delay_us), t_([this] { loop(); }) {}
+  ~Killer() { finish(); }
+  Killer(const Killer&) = delete;
+  Killer& operator=(const Killer&) = delete;
+
+  // The workload starts operation i (0, 1, ...).
+  void started(uint64_t i) {
+    std::lock_guard<std::mutex> l(mu_);
+    started_ = i + 1;
+    cv_.notify_all();
+  }
+  // No more operations: the kill goes now if it has not; returns once it has.
+  void finish() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      done_ = true;
+      cv_.notify_all();
+    }
+    if (t_.joinable()) t_.join();
+  }
+  // Set before the signal is sent: an operation that fails and finds this false failed
+  // while the daemon was alive.
+  bool fired() const { return fired_.load(); }
+  uint64_t fired_during() const { return fired_during_; }        // operations started by then
+  bool fired_in_workload() const { return fired_in_workload_; }  // before finish()
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return started_ > at_op_ || done_; });
+    cv_.wait_for(l, std::chrono::microseconds(delay_), [&] { return done_; });
+    fired_during_ = started_;
+    fired_in_workload_ = !done_;
+    fired_.store(true);
+    kill(pid_, SIGKILL);
+  }
+
+  const pid_t pid_;
+  const uint64_t at_op_, delay_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t started_ = 0;       // guarded by mu_
+  bool done_ = false;          // guarded by mu_
+  uint64_t fired_during_ = 0;  // written before fired_ is set, read after finish()
+  bool fired_in_workload_ = false;
+  std::atomic<bool> fired_{false};
+  std::thread t_;  // last: starts once the rest is initialised
+};
+
+// Each regular file's recovered contents, by model id, once `o` matched state `s`.
+std::map<Id, std::string> recovered_data(const crash::State& s, const Observed& o) {
+  std::map<Id, std::string> data;
+  std::vector<std::pair<Id, Ino>> todo{{0, warpfs::fs::kRootInode}};
+  while (!todo.empty()) {
+    const auto [id, ino] = todo.back();
+    todo.pop_back();
+    const MNode& n = *s.nodes.at(id);
+    const crash::ONode& on = o.nodes.at(ino);
+    if (S_ISREG(n.mode)) data[id] = on.data;
+    if (!S_ISDIR(n.mode)) continue;
+    for (const auto& [name, child] : n.entries) todo.emplace_back(child, on.entries.at(name).first);
+  }
+  return data;
+}
+
+// A generator for one purpose (`salt`) of a seed: consecutive seeds give unrelated streams.
+std::mt19937_64 seeded(uint64_t seed, uint32_t salt) {
+  std::seed_seq s{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), salt};
+  return std::mt19937_64(s);
+}
+
+// --- one cut -------------------------------------------------------------------------------
+
+struct Options {
+  uint64_t ops = 150;
+  bool verbose = false;
+  std::string keep;  // a directory for the crashed images of failing cuts
+};
+
+struct Report {
+  bool passed = false;
+  std::string failure;
+  std::string mount_options;
+  uint64_t kill_at_op = 0, delay_us = 0;
+  uint64_t ops_run = 0;           // operations started
+  uint64_t killed_in = 0;         // operations started when the signal went
+  bool after_workload = false;    // the kill was drawn to come after the last operation
+  bool in_workload = false;       // it came while operations were still being issued
+  uint64_t recovery_kill_us = 0;  // > 0: the first recovery mount dies this long after its start
+  size_t lo = 0, hi = 0, matched = 0;
+  std::string kept;  // --keep: the crashed image's copy
+  std::vector<std::string> trace;
+};
+
+// A create, mkdir or symlink that the kill interrupted: its inode number comes from the
+// recovered tree, if the entry is there.
+struct PendingCreate {
+  bool set = false;
+  OpKind kind = OpKind::kCreate;
+  Id dir = 0;
+  std::string name, target;
+  uint32_t perm = 0;
+};
+
+class Cut {
+ public:
+  Cut(const Programs& p, const std::string& dir, const Options& o, uint64_t seed)
+      : progs_(p), img_(dir + "/img"), opt_(o), seed_(seed), daemon_(p.warpfs, dir) {}
+  Report run();
+
+ private:
+  std::string mnt_path(const std::string& p) const { return daemon_.mnt() + (p == "/" ? "" : p); }
+  bool killed() const { return killer_ && killer_->fired(); }
+  void trace(const std::string& s) {
+    if (opt_.verbose) report_.trace.push_back(s);
+  }
+  std::string fsck(const char* when);
+  std::string apply(const Op& op);
+  std::string exec(const Op& op, int* rc);
+  int create(OpKind kind, const std::string& path, uint32_t perm, const std::string& target,
+             Ino* ino, uint32_t* mode);
+  std::string add_created(OpKind kind, Id dir, const std::string& name, Ino ino, uint32_t perm,
+                          const std::string& target, uint32_t mode);
+  int open_id(Id id, int flags, bool* temp);
+  bool path_of(Id id, std::string* path) const;
+  void close_all();
+  std::string recover();
+  std::string check_final();
+
+  const Programs& progs_;
+  const std::string img_;
+  const Options& opt_;
+  const uint64_t seed_;
+  Daemon daemon_;
+  std::unique_ptr<Killer> killer_;
+  Model model_;
+  std::map<Id, std::vector<int>> fds_;  // files the workload holds open (kOpen)
+  PendingCreate pending_;
+  Report report_;
+};
+
+std::string Cut::fsck(const char* when) {
+  std::string out;
+  const int rc = run_program({progs_.fsck, "-f", "-n", "emu:" + img_}, &out);
+  if (rc == 0) return "";
+  return std::string("fsck.warpfs -f -n ") + when + ": exit " + std::to_string(rc) + "\n" + out;
+}
+
+bool Cut::path_of(Id id, std::string* path) const {
+  for (const auto& [p, i] : model_.names()) {
+    if (i == id) {
+      *path = p;
+      return true;
+    }
+  }
+  return false;
+}
+
+// A descriptor on `id`: one the workload holds, else a new one (*temp: close it after).
+// -errno if it cannot be had.
+int Cut::open_id(Id id, int flags, bool* temp) {
+  *temp = false;
+  if (auto it = fds_.find(id); it != fds_.end() && !it->second.empty()) return it->second.front();
+  std::string path;
+  if (!path_of(id, &path)) return -ENOENT;  // an unlinked inode the workload does not hold
+  const int fd = open(mnt_path(path).c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  *temp = true;
+  return fd;
+}
+
+void Cut::close_all() {
+  for (auto& [id, v] : fds_) {
+    for (int fd : v) close(fd);
+  }
+  fds_.clear();
+}
+
+// Creates `path` (a file with `perm`, a directory, or a symlink to `target`); its inode
+// number and mode in *ino and *mode. 0 or the errno.
+int Cut::create(OpKind kind, const std::string& path, uint32_t perm, const std::string& target,
+                Ino* ino, uint32_t* mode) {
+  const std::string p = mnt_path(path);
+  struct stat st;
+  if (kind == OpKind::kCreate) {
+    const int fd = open(p.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, perm);
+    if (fd < 0) return errno;
+    const int rc = fstat(fd, &st) == 0 ? 0 : errno;
+    close(fd);
+    if (rc) return rc;
+  } else {
+    const int made =
+        kind == OpKind::kMkdir ? mkdir(p.c_str(), perm) : symlink(target.c_str(), p.c_str());
+    if (made != 0 || lstat(p.c_str(), &st) != 0) return errno;
+  }
+  *ino = st.st_ino;
+  *mode = st.st_mode;
+  return 0;
+}
+
+// The model side of a create, mkdir or symlink of `name` in `dir`: a new state.
+std::string Cut::add_created(OpKind kind, Id dir, const std::string& name, Ino ino, uint32_t perm,
+                             const std::string& target, uint32_t mode) {
+  MNode n;
+  n.ino = ino;
+  n.links = 1;
+  if (kind == OpKind::kMkdir) {
+    n.mode = S_IFDIR | perm;
+    n.links = 2;
+    model_.edit(dir).links += 1;
+  } else if (kind == OpKind::kSymlink) {
+    n.mode = S_IFLNK | 0777;
+    n.target = target;
+    n.size = target.size();
+  } else {
+    n.mode = S_IFREG | perm;
+  }
+  model_.edit(dir).entries[name] = model_.add(n);
+  model_.step();
+  if (mode != n.mode)
+    return "created with mode " + std::to_string(mode) + ", expected " + std::to_string(n.mode);
+  return "";
+}
+
+// Runs `op` on the mount and on the model (crash_harness.cc Session::run, through syscalls).
+// The model changes when the call succeeded, or when the daemon was killed meanwhile: then
+// the operation may or may not have happened. "" or a mismatch; the errno in *rc.
+std::string Cut::exec(const Op& op, int* rc) {
+  Model& m = model_;
+  *rc = 0;
+  auto happened = [&] { return *rc == 0 || killed(); };
+  auto sys = [&](int r) { *rc = r == 0 ? 0 : errno; };
+  switch (op.kind) {
+    case OpKind::kCreate:
+    case OpKind::kMkdir:
+    case OpKind::kSymlink:
+    case OpKind::kBurst: {
+      const bool burst = op.kind == OpKind::kBurst;
+      Id did;
+      m.resolve(burst ? op.path : dirname_of(op.path), &did);
+      const std::string dpath = burst ? op.path : dirname_of(op.path);
+      for (uint64_t i = 0; i < (burst ? op.len : 1); ++i) {  // one state per file
+        const OpKind kind = burst ? OpKind::kCreate : op.kind;
+        const std::string name =
+            burst ? "p" + std::to_string(op.seed + i) + "_" + std::string(100, 'p')
+                  : basename_of(op.path);
+        const uint32_t perm = burst ? 0644 : op.perm;
+        Ino ino = 0;
+        uint32_t mode = 0;
+        *rc = create(kind, (dpath == "/" ? "" : dpath) + "/" + name, perm, op.path2, &ino, &mode);
+        if (*rc != 0) {
+          if (killed()) pending_ = PendingCreate{true, kind, did, name, op.path2, perm};
+          return "";
+        }
+        if (std::string bad = add_created(kind, did, name, ino, perm, op.path2, mode); !bad.empty())
+          return bad;
+      }
+      return "";
+    }
+    case OpKind::kWrite: {
+      const std::string data = warpfs::fs::test::pattern(op.seed, op.off, op.len);
+      bool temp;
+      const int fd = open_id(op.id, O_WRONLY, &temp);
+      uint64_t done = 0;
+      if (fd < 0) {
+        *rc = -fd;
+      } else {
+        while (done < op.len) {
+          const ssize_t n =
+              pwrite(fd, data.data() + done, op.len - done, static_cast<off_t>(op.off + done));
+          if (n <= 0) {
+            *rc = n < 0 ? errno : EIO;
+            break;
+          }
+          done += static_cast<uint64_t>(n);
+        }
+        if (temp) close(fd);
+      }
+      if (!happened()) return "";
+      for (uint64_t d = 0; d < op.len;) {  // a state at each block boundary (file comment)
+        const uint64_t pos = op.off + d;
+        const uint64_t piece = std::min(op.len - d, kB - pos % kB);
+        crash::model_write(m.edit(op.id), pos, data.substr(d, piece));
+        m.step();
+        d += piece;
+      }
+      return "";
+    }
+    case OpKind::kTruncate:
+    case OpKind::kChmod:
+    case OpKind::kSetXattr:
+    case OpKind::kRemoveXattr: {
+      bool temp = false;
+      const bool dir = S_ISDIR(m.node(op.id)->mode);
+      const int fd = open_id(op.id, dir ? O_RDONLY | O_DIRECTORY : O_RDWR, &temp);
+      if (fd < 0) {
+        *rc = -fd;
+      } else if (op.kind == OpKind::kTruncate) {
+        sys(ftruncate(fd, static_cast<off_t>(op.off)));
+      } else if (op.kind == OpKind::kChmod) {
+        sys(fchmod(fd, op.perm));
+      } else if (op.kind == OpKind::kSetXattr) {
+        sys(fsetxattr(fd, op.name.c_str(), op.value.data(), op.value.size(), 0));
+      } else {
+        sys(fremovexattr(fd, op.name.c_str()));
+      }
+      if (temp) close(fd);
+      if (!happened()) return "";
+      MNode& n = m.edit(op.id);
+      if (op.kind == OpKind::kTruncate) {
+        crash::model_truncate(n, op.off);
+      } else if (op.kind == OpKind::kChmod) {
+        n.mode = (n.mode & S_IFMT) | op.perm;
+      } else if (op.kind == OpKind::kSetXattr) {
+        n.xattrs[op.name] = op.value;
+      } else {
+        n.xattrs.erase(op.name);
+      }
+      m.step();
+      return "";
+    }
+    case OpKind::kRename:
+    case OpKind::kExchange: {
+      Id sd, td, src, dst = 0;
+      m.resolve(dirname_of(op.path), &sd);
+      m.resolve(dirname_of(op.path2), &td);
+      const std::string sn = basename_of(op.path), tn = basename_of(op.path2);
+      m.resolve(op.path, &src);
+      const bool has_dst = m.resolve(op.path2, &dst);
+      sys(renameat2(AT_FDCWD, mnt_path(op.path).c_str(), AT_FDCWD, mnt_path(op.path2).c_str(),
+                    op.kind == OpKind::kExchange ? RENAME_EXCHANGE : op.flags));
+      if (!happened()) return "";
+      if (has_dst && dst == src) {  // the same inode under both names: nothing happens
+        m.step();
+        return "";
+      }
+      const bool sdir = S_ISDIR(m.node(src)->mode);
+      const bool ddir = has_dst && S_ISDIR(m.node(dst)->mode);
+      if (op.kind == OpKind::kExchange) {
+        m.edit(sd).entries[sn] = dst;
+        m.edit(td).entries[tn] = src;
+        if (sd != td && sdir) m.edit(td).links += 1, m.edit(sd).links -= 1;
+        if (sd != td && ddir) m.edit(sd).links += 1, m.edit(td).links -= 1;
+        m.step();
+        return "";
+      }
+      m.edit(sd).entries.erase(sn);
+      m.edit(td).entries[tn] = src;
+      if (sdir && sd != td) m.edit(sd).links -= 1, m.edit(td).links += 1;
+      if (has_dst) {
+        MNode& v = m.edit(dst);
+        v.links = ddir ? 0 : v.links - 1;
+        if (ddir) m.edit(td).links -= 1;
+        if (v.links == 0 && v.opens == 0) m.remove(dst);
+      }
+      m.step();
+      return "";
+    }
+    case OpKind::kLink: {
+      Id td;
+      m.resolve(dirname_of(op.path2), &td);
+      std::string src;
+      if (!path_of(op.id, &src)) return "no name for #" + std::to_string(op.id);
+      sys(linkat(AT_FDCWD, mnt_path(src).c_str(), AT_FDCWD, mnt_path(op.path2).c_str(), 0));
+      if (!happened()) return "";
+      m.edit(op.id).links += 1;
+      m.edit(td).entries[basename_of(op.path2)] = op.id;
+      m.step();
+      return "";
+    }
+    case OpKind::kUnlink:
+    case OpKind::kRmdir: {
+      Id d, id;
+      m.resolve(dirname_of(op.path), &d);
+      m.resolve(op.path, &id);
+      const std::string p = mnt_path(op.path);
+      sys(op.kind == OpKind::kUnlink ? unlink(p.c_str()) : rmdir(p.c_str()));
+      if (!happened()) return "";
+      m.edit(d).entries.erase(basename_of(op.path));
+      if (op.kind == OpKind::kRmdir) {
+        m.edit(d).links -= 1;
+        m.remove(id);
+      } else {
+        MNode& n = m.edit(id);
+        n.links -= 1;
+        if (n.links == 0 && n.opens == 0) m.remove(id);
+      }
+      m.step();
+      return "";
+    }
+    case OpKind::kFsync:
+    case OpKind::kFdatasync: {
+      bool temp;
+      const bool dir = S_ISDIR(m.node(op.id)->mode);
+      const int fd = open_id(op.id, dir ? O_RDONLY | O_DIRECTORY : O_RDONLY, &temp);
+      if (fd < 0) {
+        *rc = -fd;
+      } else {
+        sys(op.kind == OpKind::kFsync ? fsync(fd) : fdatasync(fd));
+        if (temp) close(fd);
+      }
+      if (*rc == 0) m.durable(m.current());  // acknowledged: everything before is durable
+      return "";
+    }
+    case OpKind::kSync: {  // syncfs: not forwarded to a FUSE daemon, so no promise
+      const int fd = open(daemon_.mnt().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (fd < 0) {
+        *rc = errno;
+        return "";
+      }
+      sys(syncfs(fd));
+      close(fd);
+      return "";
+    }
+    case OpKind::kOpen: {
+      std::string path;
+      if (!path_of(op.id, &path)) return "no name for #" + std::to_string(op.id);
+      const int fd = open(mnt_path(path).c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) {
+        *rc = errno;
+        return "";
+      }
+      fds_[op.id].push_back(fd);
+      m.edit(op.id).opens += 1;
+      return "";
+    }
+    case OpKind::kRelease: {  // FUSE_RELEASE goes asynchronously; it changes no state
+      auto& v = fds_[op.id];
+      if (!v.empty()) {
+        close(v.back());
+        v.pop_back();
+      }
+      MNode& n = m.edit(op.id);
+      n.opens -= 1;
+      if (n.links == 0 && n.opens == 0) m.remove(op.id);
+      return "";
+    }
+  }
+  return "";
+}
+
+// One operation of the workload; "" or the failure.
+std::string Cut::apply(const Op& op) {
+  int rc = 0;
+  std::string bad = exec(op, &rc);
+  if (!bad.empty()) return bad;
+  if (rc != 0 && !killed()) {
+    if (std::string how = daemon_.ended(); !how.empty())
+      return "returned " + errno_name(rc) + ": " + how;
+    return "returned " + errno_name(rc) +
+           " (the daemon is alive); its log: " + last_lines(daemon_.log(), 10);
+  }
+  return "";
+}
+
+// After the kill: fsck, mount, check against the model, and the model goes on from what is
+// there. "" or the failure.
+std::string Cut::recover() {
+  if (std::string e = fsck("of the crashed image"); !e.empty()) return e;
+  if (report_.recovery_kill_us > 0) {  // the power goes again while the journal replays
+    if (std::string e = daemon_.start_and_kill(report_.mount_options, report_.recovery_kill_us);
+        !e.empty()) {
+      return "the recovery mount that was to be killed: " + e;
+    }
+    if (std::string e = fsck("after the killed recovery"); !e.empty()) return e;
+  }
+  if (std::string e = daemon_.start(report_.mount_options); !e.empty())
+    return "recovery mount: " + e;
+  Observed o;
+  if (std::string e = warpfs::fs::mounted::observe(daemon_.mnt(), &o); !e.empty())
+    return "reading the recovered tree: " + e;
+  if (pending_.set) {  // the interrupted create: there if its entry is (by inode number)
+    const Ino dino = model_.node(pending_.dir)->ino;
+    const uint8_t type = pending_.kind == OpKind::kMkdir     ? DT_DIR
+                         : pending_.kind == OpKind::kSymlink ? DT_LNK
+                                                             : DT_REG;
+    if (auto d = o.nodes.find(dino); d != o.nodes.end()) {
+      if (auto e = d->second.entries.find(pending_.name);
+          e != d->second.entries.end() && e->second.second == type) {
+        const uint32_t mode = o.nodes.at(e->second.first).mode;
+        add_created(pending_.kind, pending_.dir, pending_.name, e->second.first, pending_.perm,
+                    pending_.target, mode);
+        trace("the interrupted create of " + pending_.name + " came back as inode " +
+              std::to_string(e->second.first));
+      }
+    }
+  }
+  report_.hi = model_.current();
+  size_t k = 0;
+  if (std::string e = crash::check(model_, model_.current(), o, &k); !e.empty()) return e;
+  report_.matched = k;
+  model_.restart(k, recovered_data(model_.state(k), o));
+  return "";
+}
+
+// After a clean unmount: fsck, mount, the tree is the model's last state, unmount.
+std::string Cut::check_final() {
+  if (std::string e = fsck("after a clean unmount"); !e.empty()) return e;
+  if (std::string e = daemon_.start(report_.mount_options); !e.empty()) return "mount: " + e;
+  model_.durable(model_.current());
+  Observed o;
+  if (std::string e = warpfs::fs::mounted::observe(daemon_.mnt(), &o); !e.empty())
+    return "reading the tree: " + e;
+  if (std::string e = crash::check(model_, model_.current(), o); !e.empty()) return e;
+  return daemon_.unmount();
+}
+
+Report Cut::run() {
+  std::mt19937_64 work = seeded(seed_, 1);  // the operations
+  std::mt19937_64 draw = seeded(seed_, 2);  // the mount options and the kill
+  Report& r = report_;
+  // Mount options: timed commits every second or five (the default); no software cache, a
+  // small one or the default; the emulated controller with one or two workers (two complete
+  // out of order), with or without latency.
+  static const char* const kCommit[] = {"1", "5"};
+  static const char* const kCache[] = {"0", "4", "64"};
+  static const char* const kWorkers[] = {"1", "2"};
+  static const char* const kLatency[] = {"0", "0", "20"};
+  r.mount_options = std::string("commit=") + kCommit[draw() % 2] +
+                    ",cache_mb=" + kCache[draw() % 3] + ",workers=" + kWorkers[draw() % 2] +
+                    ",latency_us=" + kLatency[draw() % 3];
+  // The kill: once a drawn operation has started (one cut in ten: after the last), after
+  // none, up to 0.2 ms, 2 ms or 20 ms more.
+  r.after_workload = draw() % 10 == 0;
+  r.kill_at_op = r.after_workload ? opt_.ops : draw() % opt_.ops;
+  static const uint64_t kDelayMax[] = {0, 200, 2000, 20000};
+  const uint64_t dmax = kDelayMax[draw() % 4];
+  r.delay_us = dmax ? draw() % dmax : 0;
+  // One cut in five kills the first recovery mount too, within its first 100 ms (a mount
+  // takes 50-150 ms, journal replay first).
+  r.recovery_kill_us = draw() % 5 == 0 ? 1 + draw() % 100000 : 0;
+  // One cut in four paces the workload (up to 2 ms between operations), so that timed
+  // commits land among the operations.
+  const uint64_t pace_us = draw() % 4 == 0 ? 2000 : 0;
+
+  std::string out;
+  if (int rc = run_program(
+          {progs_.mkfs, "-q", "--force", "--size", std::to_string(kImageMiB) + "M", "emu:" + img_},
+          &out);
+      rc != 0) {
+    r.failure = "mkfs.warpfs: exit " + std::to_string(rc) + ": " + out;
+    return r;
+  }
+  if (std::string e = daemon_.start(r.mount_options); !e.empty()) {
+    r.failure = "mount: " + e;
+    return r;
+  }
+  trace("mounted -o " + r.mount_options + "; kill once op " + std::to_string(r.kill_at_op) +
+        " has started, " + std::to_string(r.delay_us) + " us later");
+  killer_ = std::make_unique<Killer>(daemon_.pid(), r.kill_at_op, r.delay_us);
+  std::string failure;
+  for (uint64_t i = 0; i < opt_.ops && !killed(); ++i) {
+    const Op op = crash::next_op(model_, work);
+    killer_->started(i);
+    ++r.ops_run;
+    const std::string bad = apply(op);
+    trace("op " + std::to_string(i) + ": " + op.describe() + "  [states " +
+          std::to_string(model_.lo()) + ".." + std::to_string(model_.current()) + "]" +
+          (killed() ? " (daemon killed)" : ""));
+    if (!bad.empty()) {
+      failure = "op " + std::to_string(i) + " (" + op.describe() + "): " + bad;
+      break;
+    }
+    if (pace_us && !killed()) usleep(static_cast<useconds_t>(work() % pace_us));
+  }
+  killer_->finish();
+  r.killed_in = killer_->fired_during();
+  r.in_workload = killer_->fired_in_workload();
+  killer_.reset();
+  close_all();
+  if (failure.empty()) failure = daemon_.reap_killed();
+  daemon_.abandon();
+  if (!failure.empty()) {
+    r.failure = failure;
+    return r;
+  }
+  r.lo = model_.lo();
+  r.hi = model_.current();
+  trace("killed with " + std::to_string(r.killed_in) + " operations started; states " +
+        std::to_string(model_.lo()) + ".." + std::to_string(model_.current()) +
+        (r.recovery_kill_us
+             ? "; the recovery mount is killed after " + std::to_string(r.recovery_kill_us) + " us"
+             : ""));
+  const std::string kept = opt_.keep + "/kill9-seed-" + std::to_string(seed_) + ".img";
+  if (!opt_.keep.empty() && run_program({"cp", "--sparse=always", img_, kept}, &out) == 0)
+    r.kept = kept;
+  if (std::string e = recover(); !e.empty()) {
+    r.failure =
+        "recovery (states " + std::to_string(r.lo) + ".." + std::to_string(r.hi) + "): " + e;
+    return r;
+  }
+  trace("recovered state " + std::to_string(r.matched));
+  // The recovered filesystem works: a few more operations, a clean unmount, and it is all there.
+  const int more = 5 + static_cast<int>(work() % 16);
+  for (int i = 0; i < more; ++i) {
+    const Op op = crash::next_op(model_, work);
+    const std::string bad = apply(op);
+    trace("after recovery, op " + std::to_string(i) + ": " + op.describe());
+    if (!bad.empty()) {
+      r.failure = "after recovery, op " + std::to_string(i) + " (" + op.describe() + "): " + bad;
+      return r;
+    }
+  }
+  close_all();
+  if (std::string e = daemon_.unmount(); !e.empty()) {
+    r.failure = "after recovery: " + e;
+    return r;
+  }
+  if (std::string e = check_final(); !e.empty()) {
+    r.failure = "after recovery and a clean unmount: " + e;
+    return r;
+  }
+  if (!r.kept.empty()) std::remove(r.kept.c_str());
+  r.kept.clear();
+  r.passed = true;
+  return r;
+}
+
+// --- main ----------------------------------------------------------------------------------
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: warpfs-kill9 [--cuts N] [--seed S] [--ops N] [--repeat R] [--keep DIR] "
+               "[--verbose]\n");
+  return 2;
+}
+
+bool number(const char* s, uint64_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  *out = std::strtoull(s, &end, 0);
+  return errno == 0 && end != s && *end == '\0';
+}
+
+// `s` on one line (its line breaks as " | "), at most `max` characters (0: all).
+std::string one_line(const std::string& s, size_t max) {
+  std::string out;
+  for (char c : s) out += c == '\n' ? std::string(" | ") : std::string(1, c);
+  while (out.size() >= 3 && out.compare(out.size() - 3, 3, " | ") == 0) out.resize(out.size() - 3);
+  if (max && out.size() > max) out = out.substr(0, max) + "...";
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t cuts = 20, seed = 1, repeat = 1;
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--verbose" || a == "-v") {
+      o.verbose = true;
+    } else if (a == "--keep" && i + 1 < argc) {
+      o.keep = argv[++i];
+    } else if ((a == "--cuts" || a == "--seed" || a == "--ops" || a == "--repeat") &&
+               i + 1 < argc) {
+      uint64_t v;
+      if (!number(argv[++i], &v)) return usage();
+      (a == "--cuts" ? cuts : a == "--seed" ? seed : a == "--ops" ? o.ops : repeat) = v;
+    } else {
+      return usage();
+    }
+  }
+  if (o.ops == 0 || o.ops > 100000 || repeat == 0) return usage();
+  const Programs progs{env_or("WARPFS", WARPFS_DAEMON_BIN), env_or("MKFS", WARPFS_MKFS_BIN),
+                       env_or("FSCK", WARPFS_FSCK_BIN)};
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/warpfs-kill9.XXXXXX";
+  if (!mkdtemp(dir.data()) || mkdir((dir + "/mnt").c_str(), 0755) != 0) {
+    std::fprintf(stderr, "warpfs-kill9: %s: %s\n", dir.c_str(), std::strerror(errno));
+    return 2;
+  }
+  umask(0);  // the daemon applies the caller's umask: the model's modes are the ones asked for
+  signal(SIGPIPE, SIG_IGN);
+  warpfs::fs::mounted::clean_up_on_termination(dir);
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t passed = 0, failed = 0, in_workload = 0, after = 0, recovery_kills = 0;
+  for (uint64_t i = 0; i < cuts * repeat; ++i) {
+    const uint64_t s = seed + i / repeat;
+    Cut cut(progs, dir, o, s);
+    const Report r = cut.run();
+    in_workload += r.in_workload;
+    after += r.after_workload;
+    recovery_kills += r.recovery_kill_us > 0;
+    if (r.passed) {
+      ++passed;
+      if (o.verbose) {
+        std::printf(
+            "ok seed=%llu -o %s kill at op %llu +%llu us: %llu ops run, killed with %llu "
+            "started; states %zu..%zu matched %zu\n",
+            static_cast<unsigned long long>(s), r.mount_options.c_str(),
+            static_cast<unsigned long long>(r.kill_at_op),
+            static_cast<unsigned long long>(r.delay_us), static_cast<unsigned long long>(r.ops_run),
+            static_cast<unsigned long long>(r.killed_in), r.lo, r.hi, r.matched);
+        for (const std::string& t : r.trace) std::printf("  %s\n", t.c_str());
+        std::fflush(stdout);
+      }
+      continue;
+    }
+    ++failed;
+    std::printf(
+        "FAIL seed=%llu (rerun: warpfs-kill9 --seed %llu --cuts 1 --ops %llu --repeat 20 "
+        "--verbose) -o %s: %s\n",
+        static_cast<unsigned long long>(s), static_cast<unsigned long long>(s),
+        static_cast<unsigned long long>(o.ops), r.mount_options.c_str(),
+        one_line(r.failure, o.verbose ? 0 : 800).c_str());
+    if (!r.kept.empty()) std::printf("  the crashed image: %s\n", r.kept.c_str());
+    if (o.verbose) std::printf("%s\n", r.failure.c_str());
+    for (const std::string& t : r.trace) std::printf("  %s\n", t.c_str());
+    std::fflush(stdout);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "%llu cuts in %.1f s (%llu killed among the operations, %llu drawn after the last, "
+      "%llu with the recovery mount killed too)\n",
+      static_cast<unsigned long long>(cuts * repeat), secs,
+      static_cast<unsigned long long>(in_workload), static_cast<unsigned long long>(after),
+      static_cast<unsigned long long>(recovery_kills));
+  std::printf("%llu passed, %llu failed\n", static_cast<unsigned long long>(passed),
+              static_cast<unsigned long long>(failed));
+  rmdir((dir + "/mnt").c_str());
+  std::remove((dir + "/img").c_str());
+  std::remove((dir + "/daemon.log").c_str());
+  rmdir(dir.c_str());
+  return failed ? 1 : 0;
+}
