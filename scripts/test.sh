@@ -59,9 +59,9 @@ run_fuzz() {
   passed=$((passed + $(cut -d' ' -f1 <<<"$line")))
   failed=$((failed + $(cut -d' ' -f3 <<<"$line")))
 }
-# Not run yet: the regression corpus still holds inputs for 2 open bugs the fuzzers found (a
-# block bitmap that frees its group's metadata; an admin-queue stall in the emulated
-# controller; tests/fuzz/regress); the suite joins CI once they are fixed. By hand:
+# Not run yet: the regression corpus holds an input for 1 open bug (the emulated controller
+# loses a reset when CC.EN is cleared and set again while CSTS.CFS is up; it fails about 2
+# replays in 3; tests/fuzz/README.md); the suite joins CI once it is fixed. By hand:
 # bash tests/fuzz/run.sh
 # run_fuzz
 

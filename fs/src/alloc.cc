@@ -4,6 +4,13 @@
 // writers of different files rarely meet on a lock. Blocks freed by the running transaction
 // are `held` until it commits: reusing them earlier could let a crash resurrect the old owner
 // pointing at new data.
+//
+// Only a group's data area is ever allocated or freed. Its bitmaps and inode table (the
+// first meta_bits() bits) and the bits past the end of a short last group are metadata: a
+// bitmap that marks them free is refused at mount, the allocator's scan never reaches them,
+// and a free that names them (or the superblock, journal or descriptor table, outside every
+// group) is logged and not performed. Handing one out would put file data or a directory
+// over the group's own bitmaps, whose cached buffers the group keeps pointing at.
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -31,7 +38,69 @@ GroupDesc* desc(std::vector<MetaBuf*>& gdt, uint32_t g) {
   return reinterpret_cast<GroupDesc*>(gdt[g / kGroupDescsPerBlock]->data) + g % kGroupDescsPerBlock;
 }
 
+// The clear bits of `bm` in [from, to): how many, and the first one (`to` if none).
+uint32_t count_clear(const uint8_t* bm, uint32_t from, uint32_t to, uint32_t* first) {
+  uint32_t n = 0;
+  *first = to;
+  for (uint32_t i = from; i < to;) {
+    const uint32_t w = i / 64, lo = i % 64, hi = std::min<uint32_t>(64, to - w * 64);
+    const uint64_t mask =
+        (hi == 64 ? ~uint64_t{0} : (uint64_t{1} << hi) - 1) & ~((uint64_t{1} << lo) - 1);
+    const uint64_t clear = ~word(bm, w) & mask;
+    if (clear != 0 && *first == to)
+      *first = w * 64 + static_cast<uint32_t>(std::countr_zero(clear));
+    n += static_cast<uint32_t>(std::popcount(clear));
+    i = w * 64 + hi;
+  }
+  return n;
+}
+
+// "block 7" or "blocks 7-9".
+std::string block_span(uint64_t first, uint64_t count) {
+  return count == 1 ? "block " + std::to_string(first)
+                    : "blocks " + std::to_string(first) + "-" + std::to_string(first + count - 1);
+}
+
 }  // namespace
+
+uint64_t FsImpl::group_start(uint32_t g) const {
+  return sb_.gdt_start + gdt_.size() + uint64_t{g} * kBlocksPerGroup;
+}
+
+uint32_t FsImpl::group_size(uint32_t g) const {
+  // The backup superblock follows the last group.
+  return static_cast<uint32_t>(
+      std::min<uint64_t>(kBlocksPerGroup, sb_.block_count - 1 - group_start(g)));
+}
+
+std::string FsImpl::metadata_name(uint64_t b) const {
+  if (b == 0) return "the superblock";
+  if (b < sb_.gdt_start) return "the journal";
+  if (b < group_start(0)) return "the group descriptor table";
+  if (b == sb_.block_count - 1) return "the backup superblock";
+  if (b >= sb_.block_count) return "beyond the end of the filesystem";
+  const uint64_t g = (b - group_start(0)) / kBlocksPerGroup;
+  if (g >= sb_.group_count) return "outside every group";
+  const uint64_t off = b - group_start(static_cast<uint32_t>(g));
+  const std::string of = " of group " + std::to_string(g);
+  if (off == 0) return "the block bitmap" + of;
+  if (off == 1) return "the inode bitmap" + of;
+  if (off < meta_bits()) return "the inode table" + of;
+  if (off >= group_size(static_cast<uint32_t>(g))) return "past the end" + of;
+  return "";
+}
+
+std::string FsImpl::check_block_bitmap(uint32_t g) const {
+  const uint8_t* bm = groups_[g].block_bitmap->data;
+  uint32_t first_meta, first_past;
+  const uint32_t meta = count_clear(bm, 0, meta_bits(), &first_meta);
+  const uint32_t past = count_clear(bm, group_size(g), kBlocksPerGroup, &first_past);
+  if (meta + past == 0) return "";
+  const uint64_t first = group_start(g) + (meta ? first_meta : first_past);
+  return "the block bitmap (block " + std::to_string(group_start(g)) + ") marks " +
+         std::to_string(meta + past) + " of the group's own metadata blocks free, the first " +
+         block_span(first, 1) + " (" + metadata_name(first) + ")";
+}
 
 uint32_t FsImpl::group_of_block(uint64_t b) const {
   const uint64_t first = sb_.gdt_start + (sb_.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock;
@@ -46,10 +115,9 @@ int FsImpl::load_groups() {
     if (int rc = journal_->get(sb_.gdt_start + i, MetaKind::kGdt, 0, &gdt_[i]); rc) return rc;
   }
   groups_ = std::make_unique<Group[]>(sb_.group_count);
-  const uint64_t first_group = sb_.gdt_start + gdt_blocks;
   for (uint32_t g = 0; g < sb_.group_count; ++g) {
     GroupDesc* gd = desc(gdt_, g);
-    const uint64_t start = first_group + uint64_t{g} * kBlocksPerGroup;
+    const uint64_t start = group_start(g);
     if (gd->block_bitmap != start || gd->inode_bitmap != start + 1 || gd->inode_table != start + 2) {
       log("group " + std::to_string(g) + ": descriptor points outside its group (run fsck.warpfs)");
       return EIO;
@@ -70,10 +138,14 @@ int FsImpl::load_groups() {
         rc) {
       return rc;
     }
+    if (std::string why = check_block_bitmap(g); !why.empty()) {
+      log("group " + std::to_string(g) + ": " + why + " (run fsck.warpfs)");
+      return EIO;
+    }
     gr.free_blocks = gd->free_blocks;
     gr.free_inodes = gd->free_inodes;
     gr.held.assign(kWords, 0);
-    data_blocks_total_ += std::min<uint64_t>(kBlocksPerGroup, sb_.block_count - 1 - start) - 2 - itb_;
+    data_blocks_total_ += group_size(g) - meta_bits();
   }
   meta_reserve_ = std::clamp<uint64_t>(data_blocks_total_ / 1024, 64, 8192);
   return 0;
@@ -102,7 +174,7 @@ int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t
     if (avail <= meta_reserve_) return ENOSPC;
     want = static_cast<uint32_t>(std::min<uint64_t>(want, avail - meta_reserve_));
   }
-  const uint64_t first_group = sb_.gdt_start + gdt_.size();
+  const uint64_t first_group = group_start(0);
   uint32_t g0 = group_of_block(goal);
   uint32_t start_bit = goal >= first_group ? static_cast<uint32_t>((goal - first_group) % kBlocksPerGroup) : 0;
   for (uint32_t k = 0; k < sb_.group_count; ++k) {
@@ -111,10 +183,13 @@ int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t
     if (gr.free_blocks.load(std::memory_order_relaxed) == 0) continue;
     std::lock_guard<std::mutex> lk(gr.mu);
     uint8_t* bm = gr.block_bitmap->data;
-    // Two passes: from the goal (or the group's hint) to the end, then from the start.
+    // Two passes over the data area [meta_bits(), end): from the goal (or the group's hint)
+    // to the end, then from the start. The bitmap's metadata bits are never looked at.
+    const uint32_t end = group_size(g);
     const uint32_t from = k == 0 ? start_bit : gr.next_block_hint;
     for (int pass = 0; pass < 2; ++pass) {
-      uint32_t lo = pass == 0 ? from : 0, hi = pass == 0 ? kBlocksPerGroup : from;
+      const uint32_t lo = std::max(pass == 0 ? from : 0, meta_bits());
+      const uint32_t hi = std::min(pass == 0 ? kBlocksPerGroup : from, end);
       uint32_t i = lo;
       while (i < hi) {
         const uint32_t w = i / 64;
@@ -126,7 +201,7 @@ int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t
         i = w * 64 + static_cast<uint32_t>(std::countr_one(used));
         if (i >= hi) break;
         uint32_t n = 0;
-        while (n < want && i + n < kBlocksPerGroup && !test_bit(bm, i + n) &&
+        while (n < want && i + n < end && !test_bit(bm, i + n) &&
                !((gr.held[(i + n) / 64] >> ((i + n) % 64)) & 1)) {
           set_bit(bm, i + n);
           ++n;
@@ -137,7 +212,7 @@ int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t
         gr.next_block_hint = (i + n) % kBlocksPerGroup;
         journal_->dirty(gr.block_bitmap);
         journal_->dirty(gdt_[g / kGroupDescsPerBlock]);
-        *first = first_group + uint64_t{g} * kBlocksPerGroup + i;
+        *first = group_start(g) + i;
         *got = n;
         return 0;
       }
@@ -147,31 +222,65 @@ int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t
 }
 
 void FsImpl::free_blocks(uint64_t first, uint64_t count) {
-  const uint64_t first_group = sb_.gdt_start + gdt_.size();
+  // A run that is not in a group's data area: logged as the corruption it is, kept.
+  auto refuse = [&](uint64_t n) {
+    log(block_span(first, n) + " (" + metadata_name(first) +
+        ") freed as if it held file data: not freed (run fsck.warpfs)");
+    first += n;
+    count -= n;
+  };
   while (count > 0) {
-    const uint32_t g = group_of_block(first);
-    const auto bit = static_cast<uint32_t>((first - first_group) % kBlocksPerGroup);
-    const auto n = static_cast<uint32_t>(std::min<uint64_t>(count, kBlocksPerGroup - bit));
+    if (first < group_start(0)) {
+      refuse(std::min(count, group_start(0) - first));
+      continue;
+    }
+    const uint64_t gg = (first - group_start(0)) / kBlocksPerGroup;
+    if (gg >= sb_.group_count) {
+      refuse(count);
+      break;
+    }
+    const auto g = static_cast<uint32_t>(gg);
+    const auto bit = static_cast<uint32_t>(first - group_start(g));
+    if (bit < meta_bits()) {
+      refuse(std::min<uint64_t>(count, meta_bits() - bit));
+      continue;
+    }
+    if (bit >= group_size(g)) {
+      refuse(std::min<uint64_t>(count, kBlocksPerGroup - bit));
+      continue;
+    }
+    const auto n = static_cast<uint32_t>(std::min<uint64_t>(count, group_size(g) - bit));
     Group& gr = groups_[g];
     std::lock_guard<std::mutex> lk(gr.mu);
     uint8_t* bm = gr.block_bitmap->data;
-    uint32_t freed = 0;
-    for (uint32_t i = bit; i < bit + n; ++i) {
-      if (!test_bit(bm, i)) {
-        log("block " + std::to_string(first_group + uint64_t{g} * kBlocksPerGroup + i) +
-            " freed twice (run fsck.warpfs)");
+    // Only the blocks actually freed are held and, after the commit, trimmed: one that was
+    // already free may belong to someone else by then.
+    uint32_t freed = 0, run = bit;
+    auto end_run = [&](uint32_t i) {
+      if (i > run) gr.freed.emplace_back(run, i - run);
+    };
+    for (uint32_t i = bit; i < bit + n;) {
+      if (test_bit(bm, i)) {
+        clear_bit(bm, i);
+        gr.held[i / 64] |= uint64_t{1} << (i % 64);
+        ++freed;
+        ++i;
         continue;
       }
-      clear_bit(bm, i);
-      gr.held[i / 64] |= uint64_t{1} << (i % 64);
-      ++freed;
+      end_run(i);
+      uint32_t j = i + 1;
+      while (j < bit + n && !test_bit(bm, j)) ++j;
+      log(block_span(group_start(g) + i, j - i) + " freed twice (run fsck.warpfs)");
+      i = run = j;
     }
-    gr.freed.emplace_back(bit, n);
-    held_blocks_.fetch_add(freed, std::memory_order_relaxed);
-    desc(gdt_, g)->free_blocks += freed;
-    gr.free_blocks.fetch_add(freed, std::memory_order_relaxed);
-    journal_->dirty(gr.block_bitmap);
-    journal_->dirty(gdt_[g / kGroupDescsPerBlock]);
+    end_run(bit + n);
+    if (freed > 0) {
+      held_blocks_.fetch_add(freed, std::memory_order_relaxed);
+      desc(gdt_, g)->free_blocks += freed;
+      gr.free_blocks.fetch_add(freed, std::memory_order_relaxed);
+      journal_->dirty(gr.block_bitmap);
+      journal_->dirty(gdt_[g / kGroupDescsPerBlock]);
+    }
     first += n;
     count -= n;
   }
@@ -278,13 +387,12 @@ void FsImpl::finish_commit(std::vector<MetaBuf*>& dirty) {
 
 // Under the closed gate: the blocks freed by the transaction being committed.
 void FsImpl::take_freed() {
-  const uint64_t first_group = sb_.gdt_start + gdt_.size();
   committing_freed_.clear();
   for (uint32_t g = 0; g < sb_.group_count; ++g) {
     Group& gr = groups_[g];
     std::lock_guard<std::mutex> lk(gr.mu);
     for (auto [bit, n] : gr.freed) {
-      committing_freed_.emplace_back(first_group + uint64_t{g} * kBlocksPerGroup + bit, n);
+      committing_freed_.emplace_back(group_start(g) + bit, n);
     }
     gr.freed.clear();
   }
@@ -293,7 +401,6 @@ void FsImpl::take_freed() {
 // After the commit: the freed blocks are trimmed (Dataset Management, so the device learns
 // they are free) and become allocatable.
 void FsImpl::release_freed() {
-  const uint64_t first_group = sb_.gdt_start + gdt_.size();
   for (auto [b, n] : committing_freed_) {
     if (opts_.discard) {
       if (dev_.trim(b, n).is_ok()) {
@@ -302,7 +409,7 @@ void FsImpl::release_freed() {
       }
     }
     const uint32_t g = group_of_block(b);
-    const auto bit = static_cast<uint32_t>((b - first_group) % kBlocksPerGroup);
+    const auto bit = static_cast<uint32_t>(b - group_start(g));
     Group& gr = groups_[g];
     std::lock_guard<std::mutex> lk(gr.mu);
     for (uint64_t i = bit; i < bit + n; ++i) gr.held[i / 64] &= ~(uint64_t{1} << (i % 64));

@@ -1771,10 +1771,10 @@ void Checker::pass4() {
 void Checker::check_groups() {
   uint64_t free_blocks = 0, free_inodes = 0;
   std::vector<uint8_t> want(kBlockSize);
-  // Reports the runs of bits below `limit` where `have` and `want` differ, one line per run.
-  auto diff = [&](const std::vector<uint8_t>& have, uint64_t limit, uint64_t base, const char* what,
-                  const std::string& missing, const std::string& extra) {
-    for (uint64_t i = 0; i < limit;) {
+  // Reports the runs of bits in [from, limit) where `have` and `want` differ, one line per run.
+  auto diff = [&](const std::vector<uint8_t>& have, uint64_t from, uint64_t limit, uint64_t base,
+                  const char* what, const std::string& missing, const std::string& extra) {
+    for (uint64_t i = from; i < limit;) {
       if (i % 64 == 0 && std::memcmp(have.data() + i / 8, want.data() + i / 8, 8) == 0) {
         i += 64;  // a whole word agrees
         continue;
@@ -1804,7 +1804,21 @@ void Checker::check_groups() {
       }
     }
     if (bb_ok_[g]) {
-      diff(bb_[g], size, start, "block", "in use, but marked free in the block bitmap of " + gname,
+      // The group's own metadata marked free would be handed out by the allocator (a mount
+      // refuses such a bitmap): a line per run, naming the structure.
+      const uint64_t meta = 2 + uint64_t{L_.itb};
+      for (uint64_t i = 0; i < meta; ++i) {
+        if (test_bit(bb_[g].data(), i)) continue;
+        const uint64_t end = i < 2 ? i + 1 : meta;  // a bitmap, or the inode table
+        uint64_t j = i;
+        while (j + 1 < end && !test_bit(bb_[g].data(), j + 1)) ++j;
+        problem(span_str("block", start + i, start + j) + " (" + L_.metadata_name(start + i) +
+                    "): the group's own metadata, marked free in its block bitmap",
+                "bitmap rebuilt");
+        i = j;
+      }
+      diff(bb_[g], meta, size, start, "block",
+           "in use, but marked free in the block bitmap of " + gname,
            "marked in use in the block bitmap of " + gname + ", but owned by nothing");
       bool past = true;
       for (uint64_t i = size; i < kBlocksPerGroup; ++i) past = past && test_bit(bb_[g].data(), i);
@@ -1829,7 +1843,7 @@ void Checker::check_groups() {
       }
     }
     if (ib_ok_[g]) {
-      diff(ib_[g], L_.ipg, uint64_t{g} * L_.ipg + 1, "inode",
+      diff(ib_[g], 0, L_.ipg, uint64_t{g} * L_.ipg + 1, "inode",
            "in use, but marked free in the inode bitmap of " + gname,
            "marked in use in the inode bitmap of " + gname + ", but free");
       bool past = true;

@@ -156,8 +156,20 @@ class FsImpl final : public Filesystem {
   int alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got, bool meta = false);
   uint64_t available_blocks() const;  // free and not held by an uncommitted free
   void free_counts(uint64_t* blocks, uint64_t* inodes) const;  // sums over the groups
+  // Frees a run of data blocks. Blocks outside every group's data area (the superblocks,
+  // journal, descriptor table, a group's bitmaps and inode table) are logged as corruption
+  // and stay as they are; so are blocks already free.
   void free_blocks(uint64_t first, uint64_t count);
   uint32_t group_of_block(uint64_t b) const;
+  uint64_t group_start(uint32_t g) const;  // its block bitmap; REQUIRES: gdt_ sized
+  uint32_t group_size(uint32_t g) const;   // blocks; the last group may be shorter
+  // A group's block bitmap bits below this are its bitmaps and inode table (FORMAT.md
+  // "Layout"): never allocatable, like the bits from group_size() on.
+  uint32_t meta_bits() const { return 2 + itb_; }
+  // "" for a block of a group's data area, else what holds it ("the inode table of group 3").
+  std::string metadata_name(uint64_t b) const;
+  // "" or why group g's block bitmap is corrupt: it marks the group's own metadata free.
+  std::string check_block_bitmap(uint32_t g) const;
   int load_groups();
   void finish_commit(std::vector<MetaBuf*>& dirty);
   void take_freed();

@@ -10,6 +10,28 @@
 
 namespace warpfs::fs {
 
+namespace {
+
+const char* kind_name(MetaKind k) {
+  switch (k) {
+    case MetaKind::kSuper:
+      return "the superblock";
+    case MetaKind::kGdt:
+      return "a group descriptor block";
+    case MetaKind::kBlockBitmap:
+      return "a block bitmap";
+    case MetaKind::kInodeBitmap:
+      return "an inode bitmap";
+    case MetaKind::kInodeTable:
+      return "an inode table block";
+    case MetaKind::kHeader:
+      return "a directory, extent-tree or xattr block";
+  }
+  return "?";
+}
+
+}  // namespace
+
 Journal::Journal(blockdev::BlockDevice& dev, const Superblock& sb, uint64_t pos, uint64_t seq,
                  Log log)
     : dev_(dev), sb_(sb), log_(std::move(log)), pos_(pos), seq_(seq) {
@@ -24,12 +46,22 @@ int Journal::get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
                  const std::function<std::string(const MetaBuf&)>& verify) {
   Shard& s = shard(block);
   {
-    std::lock_guard<std::mutex> g(s.mu);
+    std::unique_lock<std::mutex> g(s.mu);
     auto it = s.map.find(block);
     if (it != s.map.end()) {
-      meta_cached.fetch_add(1, std::memory_order_relaxed);
-      *out = it->second.get();
-      return 0;
+      const MetaKind held = it->second->kind;
+      if (held == kind) {
+        meta_cached.fetch_add(1, std::memory_order_relaxed);
+        *out = it->second.get();
+        return 0;
+      }
+      // A pointer from one structure into another's block (an extent naming a bitmap): the
+      // buffer is not handed out as what it is not (to be changed, or retired as freed).
+      g.unlock();
+      checksum_errors.fetch_add(1, std::memory_order_relaxed);
+      log_("metadata block " + std::to_string(block) + " is " + kind_name(held) + ", not " +
+           kind_name(kind) + " (run fsck.warpfs)");
+      return EIO;
     }
   }
   if (block == 0 || block >= sb_.block_count) {
@@ -100,9 +132,18 @@ void Journal::forget_block(uint64_t block) {
   Shard& s = shard(block);
   std::unique_ptr<MetaBuf> victim;
   {
-    std::lock_guard<std::mutex> g(s.mu);
+    std::unique_lock<std::mutex> g(s.mu);
     auto it = s.map.find(block);
     if (it == s.map.end()) return;
+    if (it->second->kind != MetaKind::kHeader) {
+      // Only header blocks are ever freed; the others are pinned for the mount (a group
+      // keeps pointing at its bitmaps), so a freed pointer to one is corruption.
+      const MetaKind held = it->second->kind;
+      g.unlock();
+      log_("metadata block " + std::to_string(block) + " is " + kind_name(held) +
+           ", freed as a directory, extent-tree or xattr block: kept (run fsck.warpfs)");
+      return;
+    }
     victim = std::move(it->second);
     s.map.erase(it);
   }

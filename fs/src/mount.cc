@@ -30,6 +30,16 @@ std::string check_superblock(const Superblock& sb, uint64_t dev_blocks) {
       sb.inode_count != uint64_t{sb.group_count} * sb.inodes_per_group || sb.root_inode != kRootInode) {
     return "inconsistent geometry";
   }
+  // FORMAT.md "Layout": the groups end at the backup superblock, and the last one holds at
+  // least its bitmaps and inode table (as fsck.warpfs requires).
+  const uint64_t span = sb.block_count - 1 - (sb.gdt_start + gdt_blocks);
+  const uint64_t last = span - uint64_t{sb.group_count - 1} * kBlocksPerGroup;
+  if ((span + kBlocksPerGroup - 1) / kBlocksPerGroup != sb.group_count) {
+    return std::to_string(sb.group_count) + " groups do not match " +
+           std::to_string(sb.block_count) + " blocks";
+  }
+  if (last <= 2 + sb.inodes_per_group / kInodesPerBlock)
+    return "the last group is too short for its metadata";
   return "";
 }
 

@@ -3,7 +3,10 @@
 # instrumentation), then for each target: replays its seed corpus, fuzzes it for a bounded
 # time, and replays every input of its regression corpus one by one. Prints, per target, the
 # executions, coverage and crashes, and a final "N passed, N failed" line (one test per seed
-# replay, per fuzz run and per regression input); exits non-zero on any failure.
+# replay, per fuzz run and per regression input); exits non-zero on any failure. The seed
+# replay is the fuzz run's start (libFuzzer runs every corpus input before it mutates any,
+# and prints INITED when all passed); a soak, which goes on after crashes, replays them first
+# on their own.
 #
 #   tests/fuzz/run.sh [--seconds N] [--soak] [--target NAME] [--no-build]
 #     --seconds N   fuzz each target N seconds (default 50: CI)
@@ -80,20 +83,30 @@ for t in "${targets[@]}"; do
   # shellcheck disable=SC2046
   read -r -a extra <<<"$(opts_for "$t")"
 
-  echo "=== $t: seed corpus replay"
-  if "$bin" "${common[@]}" "${extra[@]}" -runs=0 "$seeds" >"$log.seeds" 2>&1; then
-    pass
-  else
-    tail -40 "$log.seeds"; fail "$t: the seed corpus crashes (see $log.seeds)"
+  if ((soak)); then
+    echo "=== $t: seed corpus replay"
+    if "$bin" "${common[@]}" "${extra[@]}" -runs=0 "$seeds" >"$log.seeds" 2>&1; then
+      pass
+    else
+      tail -40 "$log.seeds"; fail "$t: the seed corpus crashes (see $log.seeds)"
+    fi
   fi
 
-  echo "=== $t: fuzzing for $seconds s"
+  echo "=== $t: seed and working corpus replay, then fuzzing for $seconds s"
   before=$(find "$art" -type f | wc -l)
   fork=()
   ((soak)) && fork=(-fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
   "$bin" "${common[@]}" "${extra[@]}" "${fork[@]}" -max_total_time="$seconds" \
     -artifact_prefix="$art/" "$work" "$seeds" >"$log" 2>&1
   rc=$?
+  if ((!soak)); then
+    if grep -Eq '^#[0-9]+[[:space:]]+INITED' "$log"; then
+      pass
+    else
+      grep -E 'promise broken|ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error|SUMMARY' "$log" | head -10
+      fail "$t: an input of $seeds or $work crashes (see $log)"
+    fi
+  fi
   after=$(find "$art" -type f | wc -l)
   crashes=$((after - before))
   execs=$(grep -Eo 'stat::number_of_executed_units: +[0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -1)
