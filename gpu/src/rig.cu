@@ -134,25 +134,35 @@ std::unique_ptr<Rig> Rig::open(const RigOptions& o, std::shared_ptr<nvme::Backin
     dev_queues.push_back(static_cast<nvme::VirtualQueue*>(d));
   }
   void* qarr = nullptr;
-  void* route = nullptr;
   cudaError_t e = cudaMalloc(&qarr, dev_queues.size() * sizeof(nvme::VirtualQueue*));
   if (e == cudaSuccess) r->device_allocs_.push_back(qarr);
   if (e == cudaSuccess) {
     e = cudaMemcpy(qarr, dev_queues.data(), dev_queues.size() * sizeof(nvme::VirtualQueue*),
                    cudaMemcpyHostToDevice);
   }
-  if (e == cudaSuccess) e = cudaMalloc(&route, sizeof(port::Padded<port::Atomic<uint64_t>>));
-  if (e == cudaSuccess) r->device_allocs_.push_back(route);
-  if (e == cudaSuccess) e = cudaMemset(route, 0, sizeof(port::Padded<port::Atomic<uint64_t>>));
+  // The queue mapper GPU threads route through: built by the host library over the queues'
+  // GPU addresses (it stores them, reads none: their depth comes in the options), its tables
+  // copied into GPU memory. Both priority classes share the queues.
+  nvme::QueueMapper::Options mo;
+  mo.queue_entries = o.depth;
+  const nvme::QueueMapper mapper({dev_queues}, mo);
+  void* tables = nullptr;
+  if (e == cudaSuccess) e = cudaMalloc(&tables, sizeof(nvme::QueueMapper::Tables));
+  if (e == cudaSuccess) r->device_allocs_.push_back(tables);
+  if (e == cudaSuccess) {
+    e = cudaMemcpy(tables, &mapper.tables(), sizeof(nvme::QueueMapper::Tables),
+                   cudaMemcpyHostToDevice);
+  }
   if (e != cudaSuccess) {
-    *error = cuda_message("rig: queue table in GPU memory", e);
+    *error = cuda_message("rig: queue table and mapper in GPU memory", e);
     return nullptr;
   }
   r->io_.queues = static_cast<nvme::VirtualQueue* const*>(qarr);
   r->io_.nqueues = static_cast<uint32_t>(dev_queues.size());
   r->io_.nsid = ns.nsid;
   r->io_.lba_shift = static_cast<uint32_t>(__builtin_ctz(ns.lba_bytes));
-  r->io_.route = static_cast<port::Padded<port::Atomic<uint64_t>>*>(route);
+  r->io_.mapper = static_cast<nvme::QueueMapper::Tables*>(tables);
+  r->io_.rebalance = o.rebalance;
   return r;
 }
 

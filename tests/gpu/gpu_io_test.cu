@@ -6,12 +6,14 @@
 // LBAs, and 4 KiB reads placed across a page boundary of the buffer so that PRP2 is used);
 // every command succeeds; blocks written by GPU threads read back through the GPU and, after
 // a controller shutdown, sit in the backing store exactly as the model says, with every other
-// block untouched. Per-thread results are poisoned before each kernel, so a thread that never
+// block untouched; with several queue pairs, every command was routed through the queue
+// mapper's tables in GPU memory. Per-thread results are poisoned before each kernel, so a thread that never
 // wrote its result fails the check.
 //
 // Usage: gpu_io_test [--small]   (--small: fewer threads and LBAs, for compute-sanitizer)
 // Exit: 0 all passed, 1 a check failed or a CUDA call failed, 77 no GPU (skipped).
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -194,6 +196,34 @@ void run(const Config& cfg, uint64_t seed, gpu::test::Tally* tally) {
     tally->check(unwritten == 0 && count_bad(result) == 0,
                  "every LBA reads back as the model says after the GPU writes");
   }
+  if (cfg.via == Via::kVirtual && cfg.queues > 1) {
+    // Every command went through the queue mapper's tables in GPU memory (one ticket each),
+    // and its slot map is consistent: each slot names one of the class's queues, and the
+    // per-queue counts the movers keep match the map.
+    const uint64_t commands =
+        cfg.lbas + cfg.lbas / 8 + (can_write ? uint64_t{cfg.threads} + cfg.lbas : 0);
+    auto tables = std::make_unique<nvme::QueueMapper::Tables>();
+    WARPFS_CUDA_CHECK(cudaMemcpy(tables.get(), rig->io().mapper, sizeof *tables,
+                                 cudaMemcpyDeviceToHost));
+    nvme::QueueMapper::Class& bulk = tables->cls[static_cast<int>(nvme::Priority::kBulk)];
+    std::vector<uint32_t> owned(bulk.nqueues, 0);
+    bool in_range = bulk.nqueues == cfg.queues;
+    for (uint32_t s = 0; s < bulk.nslots && in_range; ++s) {
+      const uint32_t q = bulk.slots[s].value.unsafe_ref();
+      in_range = q < bulk.nqueues;
+      if (in_range) ++owned[q];
+    }
+    bool counts = in_range;
+    for (uint32_t q = 0; q < bulk.nqueues && counts; ++q) {
+      counts = owned[q] == bulk.mapped[q].value.unsafe_ref();
+    }
+    tally->check(bulk.ticket.value.unsafe_ref() == commands,
+                 ("every GPU command was routed by the queue mapper (" +
+                  std::to_string(bulk.ticket.value.unsafe_ref()) + " of " +
+                  std::to_string(commands) + ", " +
+                  std::to_string(tables->remaps.value.unsafe_ref()) + " slot moves)").c_str());
+    tally->check(counts, "the mapper's slot map is consistent after the run");
+  }
   if (t.lq != nullptr) gpu::LockedQueueGpu::destroy(t.lq);
   WARPFS_CUDA_CHECK(cudaFree(d_result));
   // 4. The store itself, after a shutdown (which makes the volatile write cache durable).
@@ -222,6 +252,7 @@ int main(int argc, char** argv) {
   gpu::test::Tally tally;
   if (small) {
     run({"virtual_queue", Via::kVirtual, 1, 1, 64, 2048}, seed, &tally);
+    run({"virtual_queue x2", Via::kVirtual, 2, 1, 64, 2048}, seed, &tally);
     run({"locked_queue", Via::kLocked, 1, 1, 64, 2048}, seed, &tally);
   } else {
     run({"virtual_queue", Via::kVirtual, 1, 1, 8192, 1u << 15}, seed, &tally);

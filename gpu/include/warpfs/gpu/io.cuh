@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "warpfs/nvme/port.h"
+#include "warpfs/nvme/queue_mapper.h"
 #include "warpfs/nvme/spec.h"
 #include "warpfs/nvme/virtual_queue.h"
 
@@ -42,14 +43,15 @@ namespace warpfs::gpu {
 namespace port = warpfs::port;
 namespace nvme = warpfs::nvme;
 
-// What a kernel needs to issue I/O: the queues (device copies of VirtualQueue) and the
-// namespace. Plain data, passed to kernels by value.
+// What a kernel needs to issue I/O: the queues (device copies of VirtualQueue), the queue
+// mapper's tables over them, and the namespace. Plain data, passed to kernels by value.
 struct IoView {
   nvme::VirtualQueue* const* queues = nullptr;  // device array of `nqueues` device pointers
   uint32_t nqueues = 0;
   uint32_t nsid = 1;
   uint32_t lba_shift = 9;                        // log2(LBA bytes)
-  port::Padded<port::Atomic<uint64_t>>* route = nullptr;  // round-robin ticket, GPU memory
+  nvme::QueueMapper::Tables* mapper = nullptr;   // GPU memory; both classes over `queues`
+  bool rebalance = true;  // false: route only, never move a slot (RigOptions::rebalance)
 };
 
 // Does nothing while a submitter waits (it has one command in flight: nothing to help with).
@@ -83,12 +85,16 @@ __device__ inline uint16_t execute(nvme::VirtualQueue* vq, const nvme::Submissio
   return t.status;
 }
 
-// The queue for the next command: round robin over the queues (the QueueMapper's route()
-// without its rebalancing, which needs host-side load readings).
-__device__ inline nvme::VirtualQueue* route(const IoView& io) {
-  if (io.nqueues == 1) return io.queues[0];
-  const uint64_t t = io.route->value.fetch_add(1, port::Order::kRelaxed);
-  return io.queues[t % io.nqueues];
+// Submits `cmd` on the queue the mapper routes it to (nvme/queue_mapper.h, the CPU's rule:
+// slots round robin by ticket, a slot moved off a queue under pressure after completion,
+// unless io.rebalance is off). GPU commands are all bulk. With one queue pair there is
+// nothing to route.
+__device__ inline uint16_t execute_routed(const IoView& io, const nvme::SubmissionEntry& cmd) {
+  if (io.nqueues == 1) return execute(io.queues[0], cmd);
+  const nvme::QueueMapper::Route r = nvme::QueueMapper::route(io.mapper, nvme::Priority::kBulk);
+  const uint16_t s = execute(r.vq, cmd);
+  if (io.rebalance) nvme::QueueMapper::complete(io.mapper, r);
+  return s;
 }
 
 // Reads or writes `bytes` (a multiple of the LBA size, at most two pages) at byte offset
@@ -98,14 +104,14 @@ __device__ inline uint16_t rw(const IoView& io, bool write, uint64_t offset, uin
   const nvme::SubmissionEntry c =
       make_rw(write ? nvme::io::kWrite : nvme::io::kRead, io.nsid, offset >> io.lba_shift,
               bytes >> io.lba_shift, iova, bytes);
-  return execute(route(io), c);
+  return execute_routed(io, c);
 }
 
 __device__ inline uint16_t flush(const IoView& io) {
   nvme::SubmissionEntry c{};
   c.opcode = nvme::io::kFlush;
   c.nsid = io.nsid;
-  return execute(route(io), c);
+  return execute_routed(io, c);
 }
 
 }  // namespace warpfs::gpu

@@ -47,6 +47,7 @@ struct RigOptions {
   unsigned device_threads = 1;   // emulated controller worker threads
   uint32_t latency_ns = 0;       // emulated device latency per command
   bool volatile_write_cache = true;
+  bool rebalance = true;  // GPU threads may move the mapper's slots (io.cuh, execute_routed)
 };
 
 class Rig {

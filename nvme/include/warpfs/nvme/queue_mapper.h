@@ -20,12 +20,19 @@
 // write is never stuck behind a deep queue of bulk reads when the controller offers WRR; without
 // WRR the classes still have separate queues and so no head-of-line blocking between them.
 //
-// Thread-safety: route/complete/execute are safe from any number of threads. Construction
-// and the queue list are fixed before first use.
+// GPU threads route through the same rule (gpu/io.cuh): the mapper's whole state is one block
+// of plain data, Tables, with one layout under g++ and nvcc, which the GPU rig builds with this
+// constructor (over the VirtualQueues' GPU addresses) and copies into GPU memory. The static
+// route/complete/rebalance take the tables to use; the members use the mapper's own.
+//
+// Thread-safety: route/complete/execute are safe from any number of threads (host or GPU,
+// each on its own copy of the tables). Construction and the queue list are fixed before
+// first use.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "warpfs/nvme/port.h"
@@ -45,6 +52,9 @@ class QueueMapper {
     uint32_t slots_per_queue = 4;      // N = slots_per_queue * K
     uint32_t max_slots_per_queue = 0;  // 0: 2 * slots_per_queue
     uint64_t remap_threshold = 0;      // 0: a quarter of the queue's entries
+    // Entries per queue; 0: read from the first queue. The GPU rig gives it: its queues are
+    // in GPU memory, which the constructor cannot read.
+    uint32_t queue_entries = 0;
   };
 
   struct Route {
@@ -55,12 +65,36 @@ class QueueMapper {
     VirtualQueue* vq = nullptr;
   };
 
+  // A value alone on a 128-byte line under both compilers (port::Padded's line is 64 B under
+  // g++ and 128 B under nvcc): Tables must have one layout, since the host library builds
+  // them and GPU code reads a copy. On x86, 128 B also keeps the adjacent-line prefetcher from
+  // pairing two slots.
+  template <typename T>
+  struct alignas(128) Line {
+    T value;
+  };
+  struct Class {
+    Line<port::Atomic<uint64_t>> ticket;
+    uint32_t nslots = 0, nqueues = 0, max_mapped = 0;
+    uint64_t threshold = 0;
+    VirtualQueue* queues[kMaxQueues] = {};
+    Line<port::Atomic<uint32_t>> slots[kMaxSlots];
+    Line<port::Atomic<uint32_t>> mapped[kMaxQueues];
+  };
+  // Everything the mapper knows: plain, trivially copyable data.
+  struct Tables {
+    Class cls[kPriorityClasses];
+    Line<port::Atomic<uint64_t>> remaps;
+  };
+
   // queues[c] are the virtual queues of class c (a class may reuse another's queues when
   // the controller granted too few). REQUIRES: every class has 1..kMaxQueues queues.
   QueueMapper(std::vector<std::vector<VirtualQueue*>> queues, const Options& o);
 
-  WARPFS_HD Route route(Priority p) {
-    Class& c = cls_[static_cast<int>(p)];
+  Route route(Priority p) { return route(t_.get(), p); }
+  // The routing rule over tables `t`: this mapper's, or a copy of them in GPU memory.
+  WARPFS_HD static Route route(Tables* t, Priority p) {
+    Class& c = t->cls[static_cast<int>(p)];
     Route r;
     r.cls = static_cast<uint32_t>(p);
     r.ticket = c.ticket.value.fetch_add(1, port::Order::kRelaxed);
@@ -71,9 +105,10 @@ class QueueMapper {
   }
 
   // Called after a routed command completes: may move its slot to a less loaded queue.
-  void complete(const Route& r) {
+  void complete(const Route& r) { complete(t_.get(), r); }
+  WARPFS_HD static void complete(Tables* t, const Route& r) {
     rebalance(
-        r, [this, &r](uint32_t q) { return cls_[r.cls].queues[q]->outstanding(); },
+        t, r, [t, &r](uint32_t q) { return t->cls[r.cls].queues[q]->outstanding(); },
         [&r] { return r.vq->pressure(); }, [&r] { return r.vq->take_pressure(); });
   }
 
@@ -82,7 +117,12 @@ class QueueMapper {
   // `pressure()`/`take_pressure()` read and reset the routed queue's pressure.
   template <typename Load, typename Pressure, typename Take>
   bool rebalance(const Route& r, Load&& load, Pressure&& pressure, Take&& take) {
-    Class& c = cls_[r.cls];
+    return rebalance(t_.get(), r, load, pressure, take);
+  }
+  template <typename Load, typename Pressure, typename Take>
+  WARPFS_HD static bool rebalance(Tables* t, const Route& r, Load&& load, Pressure&& pressure,
+                                  Take&& take) {
+    Class& c = t->cls[r.cls];
     if (c.nqueues < 2 || pressure() <= c.threshold) return false;
     if (take() <= c.threshold) return false;  // another thread took this reading
     // Two choices, drawn from the ticket (a cheap hash; movers pick different pairs).
@@ -101,7 +141,7 @@ class QueueMapper {
     // The counts may be off by one transiently; they only gate future moves.
     c.mapped[r.queue].value.fetch_sub(1, port::Order::kRelaxed);
     c.mapped[target].value.fetch_add(1, port::Order::kRelaxed);
-    remaps_.value.fetch_add(1, port::Order::kRelaxed);
+    t->remaps.value.fetch_add(1, port::Order::kRelaxed);
     return true;
   }
 
@@ -113,28 +153,28 @@ class QueueMapper {
     return s;
   }
 
-  uint32_t slots(Priority p) const { return cls_[static_cast<int>(p)].nslots; }
-  uint32_t queues(Priority p) const { return cls_[static_cast<int>(p)].nqueues; }
+  // The mapper's state, to copy elsewhere (the GPU rig copies it into GPU memory).
+  const Tables& tables() const { return *t_; }
+
+  uint32_t slots(Priority p) const { return cls(p).nslots; }
+  uint32_t queues(Priority p) const { return cls(p).nqueues; }
   uint32_t slot_queue(Priority p, uint32_t slot) const {
-    return cls_[static_cast<int>(p)].slots[slot].value.load(port::Order::kRelaxed);
+    return cls(p).slots[slot].value.load(port::Order::kRelaxed);
   }
   uint32_t mapped(Priority p, uint32_t q) const {
-    return cls_[static_cast<int>(p)].mapped[q].value.load(port::Order::kRelaxed);
+    return cls(p).mapped[q].value.load(port::Order::kRelaxed);
   }
-  uint32_t max_mapped(Priority p) const { return cls_[static_cast<int>(p)].max_mapped; }
-  uint64_t remaps() const { return remaps_.value.load(port::Order::kRelaxed); }
+  uint32_t max_mapped(Priority p) const { return cls(p).max_mapped; }
+  uint64_t remaps() const { return t_->remaps.value.load(port::Order::kRelaxed); }
 
  private:
-  struct Class {
-    port::Padded<port::Atomic<uint64_t>> ticket;
-    uint32_t nslots = 0, nqueues = 0, max_mapped = 0;
-    uint64_t threshold = 0;
-    VirtualQueue* queues[kMaxQueues] = {};
-    port::Padded<port::Atomic<uint32_t>> slots[kMaxSlots];
-    port::Padded<port::Atomic<uint32_t>> mapped[kMaxQueues];
-  };
-  std::unique_ptr<Class[]> cls_;
-  port::Padded<port::Atomic<uint64_t>> remaps_{};
+  const Class& cls(Priority p) const { return t_->cls[static_cast<int>(p)]; }
+
+  std::unique_ptr<Tables> t_;
 };
+static_assert(sizeof(QueueMapper::Line<port::Atomic<uint32_t>>) == 128,
+              "one layout of the tables under g++ and nvcc");
+static_assert(std::is_trivially_copyable_v<QueueMapper::Tables>,
+              "the GPU rig copies the tables bytewise");
 
 }  // namespace warpfs::nvme
