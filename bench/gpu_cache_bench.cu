@@ -4,7 +4,8 @@
 //
 //   hit   the cache holds every line (a warm-up pass filled it); a timed pass is lookups only.
 //   miss  the cache is invalidated before the timed pass: every line is read from the
-//         emulated controller (4 queue pairs, 4 controller threads).
+//         emulated controller (4 queue pairs, 4 controller threads), routed by the queue
+//         mapper (--no-rebalance: its slots never move).
 // Variants: coalesced (warp groups, one acquisition per line per warp), uncoalesced (every
 // lane its own acquisition), array_ref with coarsening cf (one acquisition per line per warp
 // group of lanes that move together).
@@ -53,13 +54,16 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> sizes = {1u << 20, 1u << 23, 1u << 25};  // elements (8 B)
   int reps = 5;
   bool misses = true;
+  bool rebalance = true;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--elements") && i + 1 < argc) sizes = gb::parse_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--no-miss")) misses = false;
+    else if (!std::strcmp(argv[i], "--no-rebalance")) rebalance = false;
     else if (!std::strcmp(argv[i], "--quick")) sizes = {1u << 20}, reps = 2;
     else {
-      std::fprintf(stderr, "usage: warpfs-bench-gpu-cache [--quick] [--elements LIST] [--reps N] [--no-miss]\n");
+      std::fprintf(stderr, "usage: warpfs-bench-gpu-cache [--quick] [--elements LIST] [--reps N] [--no-miss] "
+                           "[--no-rebalance]\n");
       return 2;
     }
   }
@@ -77,6 +81,7 @@ int main(int argc, char** argv) {
   gpu::RigOptions o;
   o.queues = 4;
   o.device_threads = 4;
+  o.rebalance = rebalance;
   std::string err;
   auto rig = gpu::Rig::open(o, store, &err);
   if (!rig) {
@@ -132,9 +137,10 @@ int main(int argc, char** argv) {
         const double m = gb::median(ms);
         std::printf("{\"bench\":\"gpu_cache\",\"device\":\"%s\",\"phase\":\"%s\",\"impl\":\"%s\","
                     "\"cf\":%u,\"elements\":%llu,\"threads\":%llu,\"line_bytes\":%u,\"lines\":%llu,"
-                    "\"ms\":%.3f,\"lookups_per_s\":%.4g,\"gb_per_s\":%.3f}\n",
+                    "\"rebalance\":%s,\"ms\":%.3f,\"lookups_per_s\":%.4g,\"gb_per_s\":%.3f}\n",
                     dev.c_str(), phase, name(v.m), v.cf, (unsigned long long)n,
-                    (unsigned long long)threads, kLine, (unsigned long long)(n * 8 / kLine), m,
+                    (unsigned long long)threads, kLine, (unsigned long long)(n * 8 / kLine),
+                    rebalance ? "true" : "false", m,
                     n / (m / 1e3), n * 8.0 / (m / 1e3) / 1e9);
         std::fflush(stdout);
       }

@@ -5,8 +5,8 @@
 #   scripts/gpu-run.sh [STEP...]     steps, in the order given (default: tests sanitize bench)
 #     tests      the GPU test programs (tests/gpu), full size
 #     sanitize   the same at --small under compute-sanitizer memcheck and racecheck
-#     bench      the GPU benchmarks; JSON lines into $OUT (or bench/results/tmp) as
-#                gpu-<bench>.jsonl
+#     bench      the GPU benchmarks (BENCHES="bfs queues cache" by default; a subset picks
+#                them); JSON lines into $OUT (or bench/results/tmp) as gpu-<bench>.jsonl
 #     info       the device, driver and what the host-mapped memory path supports
 #
 # Builds Release into build-gpu/ with -DWARPFS_BUILD_FS=OFF (the GPU machine has no libfuse3,
@@ -23,7 +23,8 @@ jobs=$(nproc)
 passed=0
 failed=0
 tests=(gpu_io_test gpu_cache_test)
-benches=(warpfs-bench-gpu-queues warpfs-bench-gpu-cache)
+benches=()
+for b in ${BENCHES:-bfs queues cache}; do benches+=("warpfs-bench-gpu-$b"); done
 
 generator="Unix Makefiles"
 command -v ninja >/dev/null && generator=Ninja

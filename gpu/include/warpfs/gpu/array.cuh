@@ -5,6 +5,8 @@
 // __popc, __ffs, __any_sync, __shfl_sync).
 //
 //   array<T>::read(i)   acquire (coalesced), copy the element, release. Not an lvalue.
+//                       read(i, &lookups) also counts the acquisitions (for hit rates), in
+//                       both classes.
 //   array<T>::write(i, v)  the same with a store; the line becomes Dirty.
 //   array_ref<T>        BaM's array_ref (§7.2.2): a per-thread cursor that keeps its line
 //                       referenced while consecutive accesses stay in it and re-acquires
@@ -40,8 +42,15 @@ class array {
   }
 
   __device__ T read(uint64_t i) const {
+    uint32_t unused = 0;
+    return read(i, &unused);
+  }
+  // read(i), adding to *lookups the line acquisitions this lane made: one per coalesced group,
+  // made by its leader. A kernel's lookups against the cache's misses give its hit rate.
+  __device__ T read(uint64_t i, uint32_t* lookups) const {
     Group g;
     const uint8_t* d = warp_acquire(c_, line_of(i), &g);
+    if (static_cast<int>(threadIdx.x % 32) == g.leader) ++*lookups;
     T v{};
     if (d != nullptr) std::memcpy(&v, d + offset_of(i), sizeof(T));
     warp_release(c_, g, false);
@@ -86,17 +95,28 @@ class array_ref {
   array_ref& operator=(const array_ref&) = delete;
 
   __device__ T read(uint64_t i) {
-    const uint8_t* d = get(a_.line_of(i));
+    uint32_t unused = 0;
+    return read(i, &unused);
+  }
+  // read(i), adding to *lookups the line acquisitions this lane made (as array<T>::read).
+  __device__ T read(uint64_t i, uint32_t* lookups) {
+    const uint8_t* d = get(a_.line_of(i), lookups);
     T v{};
     if (d != nullptr) std::memcpy(&v, d + a_.offset_of(i), sizeof(T));
     return v;
   }
   __device__ void write(uint64_t i, const T& v) {
-    uint8_t* d = get(a_.line_of(i));
+    uint32_t unused = 0;
+    uint8_t* d = get(a_.line_of(i), &unused);
     if (d == nullptr) return;
     std::memcpy(d + a_.offset_of(i), &v, sizeof(T));
     wrote_ = true;
   }
+  // Whether element i lies in the line this lane holds (reading it acquires nothing). A warp
+  // that must never hold a line while one of its lanes acquires another (a small cache could
+  // have every way of a set held by waiting lanes) resets all its cursors when any lane would
+  // leave its line: if (!__all_sync(mask, r.holds(i))) r.reset();
+  __device__ bool holds(uint64_t i) const { return a_.line_of(i) == block_; }
   // Releases the held line; the lanes releasing the same line together do it with one atomic.
   __device__ void reset() {
     const uint32_t mask = __match_any_sync(__activemask(), line_);
@@ -112,7 +132,7 @@ class array_ref {
   }
 
  private:
-  __device__ uint8_t* get(uint64_t block) {
+  __device__ uint8_t* get(uint64_t block, uint32_t* lookups) {
     if (block != block_) {
       reset();  // hold nothing while acquiring (no waiting while holding: cache.cuh, "full")
       const uint32_t mask = __match_any_sync(__activemask(), block);
@@ -120,6 +140,7 @@ class array_ref {
       uint32_t line = kNoLine;
       if (static_cast<int>(threadIdx.x % 32) == leader) {
         line = acquire_line_wait(a_.c_, block, static_cast<uint32_t>(__popc(mask)));
+        ++*lookups;
       }
       line_ = __shfl_sync(mask, line, leader);  // each lane now holds one reference
       block_ = line_ == kNoLine ? ~0ull : block;
