@@ -124,6 +124,7 @@ void EmulatedController::write32(uint32_t off, uint32_t v) {
   if (dead_.load() || !aligned4(off) || off / 4 >= reg_words_) return;
   switch (off) {
     case reg::kCc:
+      if ((reg_load(reg::kCc) & cc::kEn) && !(v & cc::kEn)) disable_seen_.store(true);
       reg_store(off, v);
       Doorbell::wake(workers_[0].kick);  // worker 0 notices the change
       return;
@@ -226,7 +227,7 @@ bool EmulatedController::has_work(unsigned idx) {
   if (stop_.load()) return true;
   // Seq_cst loads: the other half of the handshake with Doorbell::wake (see park()).
   auto load = [this](uint32_t off) { return regs_[off / 4].load(port::Order::kSeqCst); };
-  if (idx == 0 && load(reg::kCc) != cc_seen_) return true;
+  if (idx == 0 && (load(reg::kCc) != cc_seen_ || disable_seen_.load())) return true;
   if (fatal_.load() != 0) return idx == 0 && enabled_ && !(load(reg::kCsts) & csts::kCfs);
   if (!enabled_ || paused_.load()) return false;
   for (uint16_t q = 0; q < sqs_.size(); ++q) {
@@ -285,15 +286,17 @@ void EmulatedController::unlock_others() {
 // controller, SHN performs a shutdown (the volatile write cache is made durable).
 bool EmulatedController::handle_cc() {
   const uint32_t cc = reg_load(reg::kCc);
-  if (cc == cc_seen_) return false;
-  const uint32_t prev = cc_seen_;
+  const bool disabled = disable_seen_.exchange(false);
+  if (cc == cc_seen_ && !disabled) return false;
+  uint32_t prev = cc_seen_;
   cc_seen_ = cc;
-  if ((prev & cc::kEn) && !(cc & cc::kEn)) {
+  if ((prev & cc::kEn) && (disabled || !(cc & cc::kEn))) {
     reset_locked();
     reg_store(reg::kCsts, 0);
     uint8_t once = 1;
     fatal_.compare_exchange_strong(once, 0);  // a reset clears a transient fatal status
-    return true;
+    if (!(cc & cc::kEn)) return true;
+    prev = 0;  // EN went 1 -> 0 -> 1 between two looks: the enable below follows the reset
   }
   if (!(prev & cc::kEn) && (cc & cc::kEn)) {
     const uint32_t aqa = reg_load(reg::kAqa);

@@ -149,6 +149,9 @@ class EmulatedController {
 
   // Worker 0's controller state (under worker 0's mu).
   uint32_t cc_seen_ = 0;
+  // Set by write32 when the host clears CC.EN: the worker resets even if the host sets EN
+  // again before it has looked (a controller that never became ready answers at once).
+  std::atomic<bool> disable_seen_{false};
   bool enabled_ = false;
   uint16_t granted_sq_ = 0;  // 0's based count granted by Number of Queues
   uint16_t granted_cq_ = 0;
