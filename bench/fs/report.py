@@ -1,0 +1,326 @@
+#!/usr/bin/env python3
+"""bench/fs/report.py: the JSON lines, ratios and charts of `bench/run fs` (bench/fs/run.sh).
+
+Subcommands (each prints JSON lines on stdout; see bench/README.md, "## fs"):
+  info --fields JSON [--key K]            the run's settings (K: info, or info_end)
+  idle --fs F --idle-s S --ticks T --tck HZ --ctx N [--fields JSON]
+                                          a daemon's CPU while mounted and idle
+  fio --fs F --workload W --io IO --metric M --ticks T|null --tck HZ --error E --json FILE
+      --fields JSON [--fs-fields JSON]    one fio job's result
+  meta --fs F --layout L --error E [--fields JSON] < warpfs-bench-meta output
+The --fields of idle and meta, and --fs-fields of fio, are added to every line (warpfs's
+emulated device latency).
+  ratios RESULTS.jsonl                    ratio lines between filesystems, per workload
+  charts RESULTS.jsonl STEM               STEM-*.png through gnuplot (prints the file names)
+  table RESULTS.jsonl                     a Markdown table: value per filesystem and ratios
+Only the standard library.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+# (numerator, denominator) of the ratio lines; the first is the comparison the issue asks for.
+RATIO_PAIRS = [
+    ("warpfs", "passthrough_ll"),
+    ("warpfs", "fuse2fs"),
+    ("warpfs", "tmpfs"),
+    ("warpfs_ssd", "warpfs"),
+    ("warpfs_ssd", "passthrough_ll"),
+    ("passthrough_ll", "tmpfs"),
+]
+FS_ORDER = ["warpfs", "warpfs_ssd", "passthrough_ll", "fuse2fs", "tmpfs"]
+
+
+def emit(obj):
+    print(json.dumps(obj, separators=(",", ":")))
+
+
+def rounded(x, digits=3):
+    if x is None:
+        return None
+    return float(f"{x:.{digits}g}") if abs(x) < 1e6 else round(x)
+
+
+def ticks_to_s(ticks, tck):
+    return None if ticks in (None, "null", "") else int(ticks) / float(tck)
+
+
+def cpu_per_unit_us(cpu_s, value, seconds):
+    """Daemon CPU microseconds per op (iops, ops_per_s) or per MB (mb_per_s)."""
+    if cpu_s is None or not value or not seconds:
+        return None
+    return cpu_s * 1e6 / (value * seconds)
+
+
+def cmd_info(a):
+    emit({"bench": "fs", a.key: json.loads(a.fields)})
+
+
+def cmd_idle(a):
+    cpu_s = ticks_to_s(a.ticks, a.tck)
+    emit({"bench": "fs", "fs": a.fs, "workload": "idle", "metric": "cpu_percent",
+          "value": rounded(100.0 * cpu_s / a.idle_s), "cpu_s": cpu_s, "idle_s": a.idle_s,
+          "wakeups_per_s": rounded(a.ctx / a.idle_s), **json.loads(a.fields)})
+
+
+def cmd_fio(a):
+    fields = json.loads(a.fields)
+    line = {"bench": "fs", "fs": a.fs, "workload": a.workload, "metric": a.metric,
+            "value": None, "cpu_s": ticks_to_s(a.ticks, a.tck)}
+    try:
+        with open(a.json) as f:
+            text = f.read()
+        # fio may print notes before the JSON object.
+        job = json.loads(text[text.index("{"):])["jobs"][0]
+        if job.get("error"):
+            raise ValueError(f"fio error {job['error']}")
+        side = job["write"] if "write" in a.workload else job["read"]
+        value = side["bw_bytes"] / 1e6 if a.metric == "mb_per_s" else side["iops"]
+        pct = side["clat_ns"].get("percentile", {})
+        line["value"] = rounded(value, 4)
+        line["client_cpu_s"] = rounded(
+            (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * job["job_runtime"] / 1000.0)
+        line["lat_p50_us"] = rounded(pct.get("50.000000", 0) / 1000.0)
+        line["lat_p99_us"] = rounded(pct.get("99.000000", 0) / 1000.0)
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        line["error"] = (a.error or str(e))[:300]
+    line["io"] = a.io
+    line.update(fields)
+    line.update(json.loads(a.fs_fields))
+    line["cpu_us_per_unit"] = rounded(
+        cpu_per_unit_us(line["cpu_s"], line["value"], fields.get("runtime_s")))
+    emit(line)
+
+
+def cmd_meta(a):
+    seen = 0
+    for raw in sys.stdin:
+        raw = raw.strip()
+        if not raw.startswith("{"):
+            continue
+        m = json.loads(raw)
+        seen += 1
+        op = m["op"]
+        workload = op if op.startswith("smallfile") else f"meta_{m['layout']}_{op}"
+        emit({"bench": "fs", "fs": a.fs, "workload": workload, "metric": "ops_per_s",
+              "value": rounded(m["ops_per_s"], 4), "cpu_s": m["daemon_cpu_s"],
+              "client_cpu_s": m["client_cpu_s"], "files": m["files"], "ops": m["ops"],
+              "seconds": m["seconds"],
+              "cpu_us_per_unit": rounded(cpu_per_unit_us(m["daemon_cpu_s"], m["ops_per_s"],
+                                                         m["seconds"])),
+              **json.loads(a.fields)})
+    if a.error:
+        emit({"bench": "fs", "fs": a.fs, "workload": f"meta_{a.layout}", "metric": "ops_per_s",
+              "value": None, "cpu_s": None, "error": a.error, "phases_done": seen,
+              **json.loads(a.fields)})
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(l) for l in f if l.strip().startswith("{")]
+
+
+def results_by_key(lines):
+    """{(fs, workload): line} of the measured lines (no ratios, no info)."""
+    out = {}
+    for l in lines:
+        if "fs" in l and "workload" in l and "ratio" not in l:
+            out[(l["fs"], l["workload"])] = l
+    return out
+
+
+def workloads_in_order(lines):
+    seen = []
+    for l in lines:
+        w = l.get("workload")
+        if "fs" in l and w and w != "idle" and "ratio" not in l and w not in seen:
+            seen.append(w)
+    return seen
+
+
+def group_of(workload):
+    if workload.endswith("_buffered"):
+        return "fio_buffered"
+    if workload.endswith("_direct"):
+        return "fio_direct"
+    return "meta"
+
+
+def cmd_ratios(a):
+    lines = load(a.results)
+    res = results_by_key(lines)
+    workloads = workloads_in_order(lines)
+    for num, den in RATIO_PAIRS:
+        logs = {}
+        for w in workloads:
+            x, y = res.get((num, w)), res.get((den, w))
+            if not x or not y or not x.get("value") or not y.get("value"):
+                continue
+            r = x["value"] / y["value"]
+            cpu = None
+            if x.get("cpu_us_per_unit") and y.get("cpu_us_per_unit"):
+                cpu = x["cpu_us_per_unit"] / y["cpu_us_per_unit"]
+            emit({"bench": "fs", "ratio": f"{num}/{den}", "workload": w, "metric": x["metric"],
+                  "value": rounded(r), "cpu_per_unit_ratio": rounded(cpu)})
+            logs.setdefault(group_of(w), []).append(math.log(r))
+        for g, v in logs.items():
+            emit({"bench": "fs", "ratio": f"{num}/{den}", "workload": f"geomean_{g}",
+                  "metric": "ratio", "value": rounded(math.exp(sum(v) / len(v))), "n": len(v)})
+
+
+def gnuplot_histogram(png, title, ylabel, rows, columns, panels=None, size="1400,650"):
+    """Clustered bars, log y. rows: [(label, [value or None per column])]. panels: a list of
+    (title, ylabel, rows) drawn side by side instead."""
+    panels = panels or [(title, ylabel, rows)]
+    script = [f"set terminal pngcairo size {size} noenhanced font ',10'",
+              f"set output '{png}'",
+              "set style data histograms", "set style histogram clustered gap 1",
+              "set style fill solid 0.85 border -1", "set boxwidth 0.9",
+              "set logscale y", "set datafile missing 'NaN'", "set grid ytics",
+              "set xtics rotate by -35 left", "set key top right",
+              "set bmargin 9"]
+    if len(panels) > 1:
+        script.append(f"set multiplot layout 1,{len(panels)}")
+    tmp = []
+    for ptitle, plabel, prows in panels:
+        fd, path = tempfile.mkstemp(suffix=".dat")
+        tmp.append(path)
+        with os.fdopen(fd, "w") as f:
+            for label, vals in prows:
+                f.write(label + " " + " ".join(
+                    "NaN" if v is None or v <= 0 else repr(v) for v in vals) + "\n")
+        if not prows:
+            continue
+        script.append(f"set title '{ptitle}'")
+        script.append(f"set ylabel '{plabel}'")
+        plots = [f"'{path}' using {i + 2}:xtic(1) title '{c}'" if i == 0 else
+                 f"'' using {i + 2} title '{c}'" for i, c in enumerate(columns)]
+        script.append("plot " + ", ".join(plots))
+    if len(panels) > 1:
+        script.append("unset multiplot")
+    try:
+        subprocess.run(["gnuplot"], input="\n".join(script) + "\n", text=True, check=True)
+    finally:
+        for p in tmp:
+            os.unlink(p)
+    print(png)
+
+
+def cmd_charts(a):
+    lines = load(a.results)
+    res = results_by_key(lines)
+    present = {l["fs"] for l in lines if "fs" in l}
+    fses = [f for f in FS_ORDER if f in present]
+    workloads = workloads_in_order(lines)
+
+    def rows(ws, key="value", fs_list=None):
+        fs_list = fs_list or fses
+        return [(w, [(res.get((f, w)) or {}).get(key) for f in fs_list]) for w in ws]
+
+    info = next((l["info"] for l in lines if "info" in l), {})
+    note = f"{info.get('host', '')}, {info.get('nproc', '?')} cores, file {info.get('file_mb', '?')} MiB"
+    for io in ("buffered", "direct"):
+        ws = [w for w in workloads if w.endswith("_" + io)]
+        seq = [w for w in ws if w.startswith("seq")]
+        rnd = [w for w in ws if w.startswith("rand")]
+        gnuplot_histogram(f"{a.stem}-fio-{io}.png", "", "", [], fses, panels=[
+            (f"fio sequential 1 MiB, {io} ({note})", "MB/s", rows(seq)),
+            (f"fio random 4 KiB, 2 jobs, {io}", "IOPS", rows(rnd))])
+    meta = [w for w in workloads if group_of(w) == "meta"]
+    gnuplot_histogram(f"{a.stem}-meta.png", f"metadata and small files ({note})", "ops/s",
+                      rows(meta), fses)
+    # Ratios: above 1, warpfs is faster.
+    pairs = [p for p in RATIO_PAIRS[:5] if p[0] in fses and p[1] in fses]
+    ratio_rows = []
+    for w in workloads:
+        vals = []
+        for num, den in pairs:
+            x, y = res.get((num, w)), res.get((den, w))
+            ok = x and y and x.get("value") and y.get("value")
+            vals.append(x["value"] / y["value"] if ok else None)
+        ratio_rows.append((w, vals))
+    gnuplot_histogram(f"{a.stem}-ratios.png", f"throughput ratios (>1: first is faster; {note})",
+                      "ratio", ratio_rows, [f"{n}/{d}" for n, d in pairs], size="1800,700")
+    daemons = [f for f in fses if f != "tmpfs"]
+    gnuplot_histogram(f"{a.stem}-cpu.png",
+                      f"daemon CPU per op (random, metadata) or per MB (sequential) ({note})",
+                      "daemon CPU us per unit", rows(workloads, "cpu_us_per_unit", daemons),
+                      daemons, size="1800,700")
+
+
+def cmd_table(a):
+    lines = load(a.results)
+    res = results_by_key(lines)
+    present = {l["fs"] for l in lines if "fs" in l}
+    fses = [f for f in FS_ORDER if f in present]
+    pairs = [p for p in RATIO_PAIRS[:4] if p[0] in fses and p[1] in fses]
+
+    def fmt(x):
+        if x is None:
+            return "-"
+        return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+
+    print("| workload | metric | " + " | ".join(fses) + " | " +
+          " | ".join(f"{n}/{d}" for n, d in pairs) + " |")
+    print("|---" * (2 + len(fses) + len(pairs)) + "|")
+    idle = [(f, res.get((f, "idle"))) for f in fses]
+    if any(l for _, l in idle):
+        print("| idle | cpu_percent | " + " | ".join(fmt(l["value"]) if l else "-" for _, l in idle) +
+              " |" + " |" * len(pairs))
+    for w in workloads_in_order(lines):
+        metric = next(res[(f, w)]["metric"] for f in fses if (f, w) in res)
+        vals = [(res.get((f, w)) or {}).get("value") for f in fses]
+        ratios = []
+        for n, d in pairs:
+            x, y = (res.get((n, w)) or {}).get("value"), (res.get((d, w)) or {}).get("value")
+            ratios.append(x / y if x and y else None)
+        print(f"| {w} | {metric} | " + " | ".join(fmt(v) for v in vals) + " | " +
+              " | ".join(fmt(r) for r in ratios) + " |")
+    geo = [l for l in lines if "ratio" in l and l["workload"].startswith("geomean")]
+    for l in geo:
+        print(f"| {l['workload']} ({l['n']}) | {l['ratio']} | {fmt(l['value'])} |")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("info")
+    s.add_argument("--fields", required=True)
+    s.add_argument("--key", default="info")
+    s = sub.add_parser("idle")
+    s.add_argument("--fs", required=True)
+    s.add_argument("--idle-s", type=float, required=True)
+    s.add_argument("--ticks", required=True)
+    s.add_argument("--tck", type=float, required=True)
+    s.add_argument("--ctx", type=int, required=True)
+    s.add_argument("--fields", default="{}")
+    s = sub.add_parser("fio")
+    for k in ("--fs", "--workload", "--io", "--metric", "--ticks", "--json", "--fields"):
+        s.add_argument(k, required=True)
+    s.add_argument("--tck", type=float, required=True)
+    s.add_argument("--error", default="")
+    s.add_argument("--fs-fields", default="{}")
+    s = sub.add_parser("meta")
+    s.add_argument("--fs", required=True)
+    s.add_argument("--layout", required=True)
+    s.add_argument("--error", default="")
+    s.add_argument("--fields", default="{}")
+    s = sub.add_parser("ratios")
+    s.add_argument("results")
+    s = sub.add_parser("charts")
+    s.add_argument("results")
+    s.add_argument("stem")
+    s = sub.add_parser("table")
+    s.add_argument("results")
+    a = p.parse_args()
+    {"info": cmd_info, "idle": cmd_idle, "fio": cmd_fio, "meta": cmd_meta,
+     "ratios": cmd_ratios, "charts": cmd_charts, "table": cmd_table}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()

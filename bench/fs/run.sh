@@ -1,0 +1,314 @@
+#!/usr/bin/env bash
+# bench/fs/run.sh: the filesystem comparison (issue 5), called by `bench/run fs [--quick]`.
+#
+# Mounts, side by side in one run on the same machine and with the same sizes:
+#   warpfs          the warpfs daemon over the emulated NVMe device, zero latency
+#   warpfs_ssd      the same with -o latency_us=SSD_US (an SSD-like completion latency)
+#   passthrough_ll  libfuse's example (Debian's source, built here) over a tmpfs
+#   fuse2fs         fuse2fs over an ext4 image
+#   tmpfs           the kernel's tmpfs (no daemon)
+# Every image, and the tmpfs under passthrough_ll, lives in RAM (a tmpfs this script mounts),
+# so the comparison is of software, not of this machine's disk. Then measures the idle CPU of
+# each daemon, fio jobs (sequential 1 MiB read/write; random 4 KiB read/write at iodepth 1
+# and 32 with 2 jobs; buffered and --direct=1) and warpfs-bench-meta (flat, tree, small-file
+# mix), one workload at a time across all filesystems so that the machine's noise hits them
+# alike. Prints one JSON object per line and writes them, with PNG charts, to OUT_STEM.*.
+# Everything it mounts or starts is unmounted and stopped on exit, failure and signals.
+#
+#   bench/fs/run.sh --build DIR --out STEM [--quick] [--fs LIST] [--ssd-latency-us N]
+#                   [--file-mb N] [--runtime-s N] [--files N]
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+all_fs=(warpfs warpfs_ssd passthrough_ll fuse2fs tmpfs)
+
+usage() {
+  cat >&2 <<'EOF'
+usage: bench/run fs [--quick] [--fs LIST] [--ssd-latency-us N] [--file-mb N] [--runtime-s N]
+                    [--files N]
+  --quick             reduced run (4-5 minutes): 256 MiB fio files, 2 s per fio job,
+                      idle CPU over 10 s, 2000 files per metadata phase, 1000 small files
+                      (default: 1024 MiB, 8 s, 30 s, 10000, 5000: about 14 minutes)
+  --fs LIST           comma-separated subset of: warpfs,warpfs_ssd,passthrough_ll,fuse2fs,tmpfs
+  --ssd-latency-us N  warpfs_ssd's emulated completion latency (default 80)
+  --file-mb N         fio file size in MiB
+  --runtime-s N       measured seconds per fio job (plus a ramp of 1/4 of it, at most 2 s)
+  --files N           files per metadata phase
+EOF
+}
+
+build="" stem="" quick=0 fs_list="" ssd_us=80 file_mb="" runtime="" meta_files=""
+while (($#)); do
+  case "$1" in
+    --build) build=$2; shift 2 ;;
+    --out) stem=$2; shift 2 ;;
+    --quick) quick=1; shift ;;
+    --fs) fs_list=$2; shift 2 ;;
+    --ssd-latency-us) ssd_us=$2; shift 2 ;;
+    --file-mb) file_mb=$2; shift 2 ;;
+    --runtime-s) runtime=$2; shift 2 ;;
+    --files) meta_files=$2; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "bench/fs: unknown option '$1'" >&2; usage; exit 2 ;;
+  esac
+done
+[[ -n $build && -n $stem ]] || { echo "bench/fs: --build and --out are required" >&2; exit 2; }
+for v in "$ssd_us" "${file_mb:-1}" "${runtime:-1}" "${meta_files:-1}"; do
+  [[ $v =~ ^[0-9]+$ ]] || { echo "bench/fs: '$v' is not a number" >&2; exit 2; }
+done
+if ((quick)); then
+  : "${file_mb:=256}" "${runtime:=2}" "${meta_files:=2000}"
+  idle_s=10 mix_files=1000
+else
+  : "${file_mb:=1024}" "${runtime:=8}" "${meta_files:=10000}"
+  idle_s=30 mix_files=5000
+fi
+((runtime >= 1 && file_mb >= 16 && meta_files >= 1)) || { echo "bench/fs: sizes too small" >&2; exit 2; }
+ramp_ms=$((runtime * 250 < 2000 ? runtime * 250 : 2000))
+ramp_s=$(printf '%d.%03d' $((ramp_ms / 1000)) $((ramp_ms % 1000)))
+# Every filesystem gets the same size: the fio file, the metadata runs and room to spare.
+img_mb=$((file_mb * 2 + 1024))
+fses=("${all_fs[@]}")
+if [[ -n $fs_list ]]; then
+  IFS=, read -r -a fses <<<"$fs_list"
+  for f in "${fses[@]}"; do
+    [[ " ${all_fs[*]} " == *" $f "* ]] || { echo "bench/fs: unknown filesystem '$f'" >&2; exit 2; }
+  done
+fi
+
+# --- what the run needs ---------------------------------------------------------------------
+warpfs_bin=$build/fs/daemon/warpfs
+mkfs_bin=$build/mkfs/mkfs.warpfs
+meta_bin=$build/bench/warpfs-bench-meta
+pll_src=/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c
+pll_bin=$build/bench/passthrough_ll
+need() { command -v "$1" >/dev/null || { echo "bench/fs: $1 not found ($2)" >&2; exit 1; }; }
+[[ $(id -u) -eq 0 ]] || { echo "bench/fs: must run as root (it mounts tmpfs and FUSE)" >&2; exit 1; }
+[[ -c /dev/fuse ]] || { echo "bench/fs: /dev/fuse is missing" >&2; exit 1; }
+need fio "apt-get install fio"
+need fuse2fs "apt-get install fuse2fs"
+need mkfs.ext4 "apt-get install e2fsprogs"
+need fusermount3 "apt-get install fuse3"
+need python3 "apt-get install python3"
+for b in "$warpfs_bin" "$mkfs_bin" "$meta_bin"; do
+  [[ -x $b ]] || { echo "bench/fs: $b is not built" >&2; exit 1; }
+done
+if [[ " ${fses[*]} " == *" passthrough_ll "* && (! -x $pll_bin || $pll_src -nt $pll_bin) ]]; then
+  [[ -r $pll_src ]] || { echo "bench/fs: $pll_src missing (apt-get install libfuse3-dev)" >&2; exit 1; }
+  # shellcheck disable=SC2046  # pkg-config's flags are words
+  cc -O2 -o "$pll_bin" "$pll_src" $(pkg-config fuse3 --cflags --libs) ||
+    { echo "bench/fs: building passthrough_ll failed" >&2; exit 1; }
+fi
+report() { python3 "$here/report.py" "$@"; }
+out=$stem.jsonl
+: >"$out"
+emit() { tee -a "$out"; }  # stdin: JSON lines
+
+# --- mounts, daemons and their cleanup ----------------------------------------------------------
+work=$(mktemp -d /var/tmp/warpfs-bench-fs.XXXXXX)
+tmpfs_mounts=()          # mounted tmpfs instances, unmounted last
+declare -A dir pid_of    # fs -> directory measured; FUSE fs -> daemon pid
+cleanup() {
+  local rc=$? f p
+  trap - EXIT INT TERM
+  for f in "${!pid_of[@]}"; do
+    p=${pid_of[$f]}
+    if mountpoint -q "$work/mnt/$f"; then
+      fusermount3 -u "$work/mnt/$f" 2>/dev/null || umount -l "$work/mnt/$f" 2>/dev/null || true
+    fi
+    # A daemon ends itself once unmounted; one that does not is stopped.
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$p" 2>/dev/null; then
+      kill "$p" 2>/dev/null || true
+      sleep 1
+      kill -9 "$p" 2>/dev/null || true
+    fi
+  done
+  for ((i = ${#tmpfs_mounts[@]} - 1; i >= 0; --i)); do
+    umount "${tmpfs_mounts[i]}" 2>/dev/null || umount -l "${tmpfs_mounts[i]}" || true
+  done
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+mount_tmpfs() {  # NAME DIR SIZE_MB
+  mkdir -p "$2"
+  mount -t tmpfs -o "size=${3}m,mode=0755" "$1" "$2"
+  tmpfs_mounts+=("$2")
+}
+
+# Starts a FUSE daemon in the foreground of a background job (so its pid is known) and waits
+# for its mount. LOG gets its output; the log is shown if it does not mount.
+start_daemon() {  # FS LOG CMD...
+  local f=$1 log=$2
+  shift 2
+  "$@" >"$log" 2>&1 &
+  pid_of[$f]=$!
+  for _ in $(seq 200); do
+    mountpoint -q "$work/mnt/$f" && return 0
+    kill -0 "${pid_of[$f]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "bench/fs: $f did not mount on $work/mnt/$f; its log:" >&2
+  cat "$log" >&2
+  exit 1
+}
+
+mount_tmpfs fsbench-store "$work/store" $((img_mb * 3 + 256))
+mkdir -p "$work/logs"
+for f in "${fses[@]}"; do
+  mkdir -p "$work/mnt/$f"
+  dir[$f]=$work/mnt/$f
+  case $f in
+    warpfs | warpfs_ssd)
+      lat=0
+      [[ $f == warpfs_ssd ]] && lat=$ssd_us
+      "$mkfs_bin" -q --size "${img_mb}M" "emu:$work/store/$f.img"
+      start_daemon "$f" "$work/logs/$f.log" "$warpfs_bin" -f -o "latency_us=$lat" \
+        "emu:$work/store/$f.img" "$work/mnt/$f"
+      ;;
+    passthrough_ll)
+      mount_tmpfs fsbench-pll "$work/pll-source" "$img_mb"
+      start_daemon "$f" "$work/logs/$f.log" "$pll_bin" -f -o "source=$work/pll-source" \
+        "$work/mnt/$f"
+      ;;
+    fuse2fs)
+      mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$work/store/ext4.img" \
+        "${img_mb}M" >"$work/logs/mkfs.ext4.log" 2>&1 ||
+        { cat "$work/logs/mkfs.ext4.log" >&2; exit 1; }
+      start_daemon "$f" "$work/logs/$f.log" fuse2fs "$work/store/ext4.img" "$work/mnt/$f" -f
+      ;;
+    tmpfs)
+      mount_tmpfs fsbench-tmpfs "$work/mnt/$f" "$img_mb"
+      ;;
+  esac
+done
+
+# utime + stime (clock ticks) of a daemon, all its threads; nothing for no pid (tmpfs).
+cpu_ticks() {
+  [[ -n ${1:-} ]] || return 0
+  local a
+  read -r -a a <<<"$(sed 's/.*) //' "/proc/$1/stat")"
+  echo $((a[11] + a[12]))  # fields 14 and 15 of proc(5): a[0] is field 3
+}
+# Context switches of all a daemon's threads: how often it woke up.
+ctx_switches() {
+  cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { n += $2 } END { print n + 0 }'
+}
+tck=$(getconf CLK_TCK)
+
+commit=$(git -C "$here/../.." rev-parse --short HEAD 2>/dev/null || echo unknown)
+dirty=$( { git -C "$here/../.." status --porcelain -- fs nvme cache blockdev 2>/dev/null || true; } | wc -l)
+started=$(date +%s)
+report info --fields "$(printf '{"host":"%s","kernel":"%s","nproc":%d,"quick":%s,"file_mb":%d,"image_mb":%d,"runtime_s":%d,"ramp_s":%s,"idle_s":%d,"meta_files":%d,"mix_files":%d,"ssd_latency_us":%d,"git":"%s","dirty_core_files":%d,"fio":"%s","fs":"%s","loadavg_start":"%s","date":"%s"}' \
+  "$(hostname -s)" "$(uname -r)" "$(nproc)" "$( ((quick)) && echo true || echo false)" \
+  "$file_mb" "$img_mb" "$runtime" "$ramp_s" "$idle_s" "$meta_files" "$mix_files" "$ssd_us" \
+  "$commit" "$dirty" "$(fio --version)" "${fses[*]}" "$(cut -d' ' -f1-3 /proc/loadavg)" \
+  "$(date -u +%FT%TZ)")" | emit
+# Fields every line of a filesystem carries: the emulated device's latency for warpfs.
+declare -A fs_fields=([warpfs]='{"latency_us":0}' [warpfs_ssd]="{\"latency_us\":$ssd_us}"
+  [passthrough_ll]='{}' [fuse2fs]='{}' [tmpfs]='{}')
+
+# --- fio: lay the file out once per filesystem --------------------------------------------------
+for f in "${fses[@]}"; do
+  fio --name=layout --filename="${dir[$f]}/fio.dat" --size="${file_mb}M" --rw=write --bs=1M \
+    --ioengine=psync --end_fsync=1 --output="$work/logs/layout-$f.txt" >/dev/null ||
+    { echo "bench/fs: laying out the fio file on $f failed" >&2; cat "$work/logs/layout-$f.txt" >&2; exit 1; }
+done
+
+# --- idle CPU: all daemons mounted and idle, measured together ----------------------------------
+sleep 2
+declare -A idle0 idlec0
+for f in "${fses[@]}"; do
+  [[ -n ${pid_of[$f]:-} ]] || continue
+  idle0[$f]=$(cpu_ticks "${pid_of[$f]}")
+  idlec0[$f]=$(ctx_switches "${pid_of[$f]}")
+done
+sleep "$idle_s"
+for f in "${fses[@]}"; do
+  [[ -n ${pid_of[$f]:-} ]] || continue
+  t1=$(cpu_ticks "${pid_of[$f]}")
+  c1=$(ctx_switches "${pid_of[$f]}")
+  report idle --fs "$f" --idle-s "$idle_s" --ticks $((t1 - idle0[$f])) --tck "$tck" \
+    --ctx $((c1 - idlec0[$f])) --fields "${fs_fields[$f]}" | emit
+done
+
+# --- fio jobs -----------------------------------------------------------------------------------
+# name rw bs iodepth numjobs metric
+jobs=(
+  "seqread_1m read 1M 1 1 mb_per_s"
+  "seqwrite_1m write 1M 1 1 mb_per_s"
+  "randread_4k_qd1 randread 4k 1 2 iops"
+  "randread_4k_qd32 randread 4k 32 2 iops"
+  "randwrite_4k_qd1 randwrite 4k 1 2 iops"
+  "randwrite_4k_qd32 randwrite 4k 32 2 iops"
+)
+rotate=0
+for io in buffered direct; do
+  direct=0
+  [[ $io == direct ]] && direct=1
+  for job in "${jobs[@]}"; do
+    read -r name rw bs qd nj metric <<<"$job"
+    # A different filesystem goes first each time: none always follows a write-heavy job.
+    order=("${fses[@]:rotate}" "${fses[@]:0:rotate}")
+    rotate=$(((rotate + 1) % ${#fses[@]}))
+    for f in "${order[@]}"; do
+      pid=${pid_of[$f]:-}
+      json=$work/logs/fio-$f-$name-$io.json
+      # The daemon's CPU is sampled over fio's measured window (after its ramp).
+      (
+        sleep "$ramp_s"
+        cpu_ticks "$pid" >"$work/cpu0"
+        sleep "$runtime"
+        cpu_ticks "$pid" >"$work/cpu1"
+      ) &
+      sampler=$!
+      err=""
+      timeout $((runtime + 120)) fio --name="$name" --filename="${dir[$f]}/fio.dat" \
+        --size="${file_mb}M" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" \
+        --ioengine=libaio --direct="$direct" --time_based --runtime="$runtime" \
+        --ramp_time="${ramp_ms}ms" --group_reporting --output-format=json --output="$json" \
+        >"$work/logs/fio.out" 2>&1 || err=$(tail -c 300 "$work/logs/fio.out" | tr '\n' ' ')
+      wait "$sampler" || true
+      c0=$(cat "$work/cpu0" 2>/dev/null || true) c1=$(cat "$work/cpu1" 2>/dev/null || true)
+      ticks=null
+      [[ -n $c0 && -n $c1 ]] && ticks=$((c1 - c0))
+      report fio --fs "$f" --workload "${name}_$io" --io "$io" --metric "$metric" \
+        --ticks "$ticks" --tck "$tck" --error "$err" --json "$json" --fields \
+        "{\"file_mb\":$file_mb,\"bs\":\"$bs\",\"iodepth\":$qd,\"jobs\":$nj,\"runtime_s\":$runtime}" \
+        --fs-fields "${fs_fields[$f]}" | emit
+    done
+  done
+done
+
+# --- metadata and small files -------------------------------------------------------------------
+for layout in flat tree mix; do
+  order=("${fses[@]:rotate}" "${fses[@]:0:rotate}")
+  rotate=$(((rotate + 1) % ${#fses[@]}))
+  for f in "${order[@]}"; do
+    args=(--dir "${dir[$f]}" --files "$meta_files")
+    [[ $layout == tree ]] && args+=(--tree)
+    [[ $layout == mix ]] && args=(--dir "${dir[$f]}" --files "$mix_files" --mix)
+    pid=${pid_of[$f]:-}
+    [[ -n $pid ]] && args+=(--pid "$pid")
+    if ! "$meta_bin" "${args[@]}" >"$work/logs/meta.out" 2>"$work/logs/meta.err"; then
+      echo "bench/fs: warpfs-bench-meta ${args[*]} failed on $f:" >&2
+      cat "$work/logs/meta.err" >&2
+    fi
+    report meta --fs "$f" --layout "$layout" --error "$(tail -c 300 "$work/logs/meta.err" | tr '\n' ' ')" \
+      --fields "${fs_fields[$f]}" <"$work/logs/meta.out" | emit
+  done
+done
+
+# --- ratios and charts --------------------------------------------------------------------------
+report info --key info_end --fields "$(printf '{"elapsed_s":%d,"loadavg_end":"%s"}' \
+  $(($(date +%s) - started)) "$(cut -d' ' -f1-3 /proc/loadavg)")" | emit
+report ratios "$out" | emit
+if command -v gnuplot >/dev/null; then
+  report charts "$out" "$stem" >&2 || echo "bench/fs: drawing the charts failed" >&2
+else
+  echo "bench/fs: gnuplot not found (apt-get install gnuplot-nox): no charts" >&2
+fi
