@@ -1,7 +1,11 @@
 // warpfs [options] DEVICE MOUNTPOINT: the FUSE daemon. A thin translation of libfuse's
 // low-level requests (multithreaded loop) into fs::Filesystem calls; the filesystem does the
 // work and the locking. See the README for the options.
-#define FUSE_USE_VERSION 34
+// 3.12: fuse_session_loop_mt() takes the fuse_loop_config of fuse_loop_cfg_create(). Under
+// an older version the call resolves to the 3.2 entry point, which reads that config as its
+// old struct (idle threads 0, clone_fd on): a thread was created, opened /dev/fuse and exited
+// for almost every request.
+#define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
 #include <fcntl.h>
@@ -707,9 +711,10 @@ int main(int argc, char** argv) {
           rc = fuse_session_loop(se);
         } else {
           fuse_loop_config* lc = fuse_loop_cfg_create();
+          // libfuse's defaults (as passthrough_ll): 10 threads at most, idle ones kept.
           fuse_loop_cfg_set_clone_fd(lc, cl.clone_fd);
-          fuse_loop_cfg_set_max_threads(lc, cl.max_threads > 0 && cl.max_threads <= 100000 ? cl.max_threads : 16);
-          fuse_loop_cfg_set_idle_threads(lc, cl.max_idle_threads ? cl.max_idle_threads : 8);
+          fuse_loop_cfg_set_max_threads(lc, cl.max_threads);
+          fuse_loop_cfg_set_idle_threads(lc, cl.max_idle_threads);
           rc = fuse_session_loop_mt(se, lc);
           fuse_loop_cfg_destroy(lc);
         }
