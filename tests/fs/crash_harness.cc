@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -1144,6 +1145,30 @@ CutReport run_cut(const CutOptions& o) {
   }
   r.passed = true;
   return r;
+}
+
+bool parse_number(const char* s, uint64_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  *out = std::strtoull(s, &end, 0);
+  return errno == 0 && end != s && *end == '\0';
+}
+
+std::string one_line(const std::string& s, size_t max) {
+  std::string out;
+  bool line_start = false;
+  for (char c : s) {
+    if (c == '\n') {
+      while (!out.empty() && out.back() == ' ') out.pop_back();
+      line_start = true;
+    } else if (!(line_start && c == ' ')) {
+      if (line_start && !out.empty()) out += " | ";
+      line_start = false;
+      out += c;
+    }
+  }
+  if (max && out.size() > max) out = out.substr(0, max) + "...";
+  return out;
 }
 
 }  // namespace warpfs::fs::crash

@@ -135,6 +135,12 @@ std::string observe(Filesystem& fs, Observed* out);
 // [k, hi] (the oracle above); then *matched = k. Else the violation, naming the path.
 std::string check(const Model& m, size_t hi, const Observed& o, size_t* matched = nullptr);
 
+// For the soak tools (warpfs-crash, warpfs-kill9): an unsigned number in any base strtoull
+// reads, the whole of `s`; and a report on one line (line breaks as " | "), at most `max`
+// characters (0: all).
+bool parse_number(const char* s, uint64_t* out);
+std::string one_line(const std::string& s, size_t max);
+
 // Operations of the workload. Ops on an inode name it by Id (it may be unlinked and open).
 enum class OpKind : uint8_t {
   kCreate,

@@ -25,6 +25,21 @@ uint64_t find_lba(nvme::BackingStore& store, const std::string& want) {
   return UINT64_MAX;
 }
 
+// Injects a fault of `kind` on the LBAs of the 4 KiB block that holds `block`; false if no
+// block on the media holds it.
+bool inject_on(Rig& r, nvme::FaultKind kind, const std::string& block,
+               uint32_t times = UINT32_MAX) {
+  const uint64_t lba = find_lba(*r.stack->store, block);
+  if (lba == UINT64_MAX) return false;
+  nvme::Fault fault;
+  fault.kind = kind;
+  fault.slba = lba;
+  fault.nlb = kBlockSize / kLba;
+  fault.times = times;
+  r.stack->transport->inject(fault);
+  return true;
+}
+
 struct Files {
   Ino a = 0, b = 0;
   std::string a_data, b_data;
@@ -57,13 +72,8 @@ TEST(Faults, UnrecoveredReadErrorIsEioForThatFileOnly) {
   auto r = Rig::make(64);
   ASSERT_TRUE(r);
   Files f = two_files(*r);
-  const uint64_t lba = find_lba(*r->stack->store, f.a_data.substr(5 * kBlockSize, kBlockSize));
-  ASSERT_NE(lba, UINT64_MAX);
-  nvme::Fault fault;
-  fault.kind = nvme::FaultKind::kReadError;
-  fault.slba = lba;
-  fault.nlb = kBlockSize / kLba;
-  r->stack->transport->inject(fault);
+  ASSERT_TRUE(
+      inject_on(*r, nvme::FaultKind::kReadError, f.a_data.substr(5 * kBlockSize, kBlockSize)));
 
   EXPECT_EQ(read_rc(*r, f.a, 5 * kBlockSize, kBlockSize), EIO);
   EXPECT_EQ(read_rc(*r, f.a, 0, f.a_data.size()), EIO);  // a read across the bad block
@@ -85,13 +95,7 @@ TEST(Faults, WriteFaultIsEioAndTheFilesystemStaysConsistent) {
   auto r = Rig::make(64);
   ASSERT_TRUE(r);
   Files f = two_files(*r);
-  const uint64_t lba = find_lba(*r->stack->store, f.a_data.substr(0, kBlockSize));
-  ASSERT_NE(lba, UINT64_MAX);
-  nvme::Fault fault;
-  fault.kind = nvme::FaultKind::kWriteFault;
-  fault.slba = lba;
-  fault.nlb = kBlockSize / kLba;
-  r->stack->transport->inject(fault);
+  ASSERT_TRUE(inject_on(*r, nvme::FaultKind::kWriteFault, f.a_data.substr(0, kBlockSize)));
 
   // Overwriting the bad block fails; the other file takes writes as before.
   const std::string fresh = pattern(3, 0, kBlockSize);
@@ -135,14 +139,8 @@ TEST(Faults, AHungReadIsEioAndTheDeviceComesBack) {
   auto r = Rig::make(64, {}, kIoTimeoutNs);
   ASSERT_TRUE(r);
   Files f = two_files(*r);
-  const uint64_t lba = find_lba(*r->stack->store, f.a_data.substr(5 * kBlockSize, kBlockSize));
-  ASSERT_NE(lba, UINT64_MAX);
-  nvme::Fault fault;
-  fault.kind = nvme::FaultKind::kNoCompletion;
-  fault.slba = lba;
-  fault.nlb = kBlockSize / kLba;
-  fault.times = 1;
-  r->stack->transport->inject(fault);
+  ASSERT_TRUE(inject_on(*r, nvme::FaultKind::kNoCompletion,
+                        f.a_data.substr(5 * kBlockSize, kBlockSize), 1));
 
   EXPECT_EQ(read_rc(*r, f.a, 5 * kBlockSize, kBlockSize), EIO);
   // The read fails as soon as the queues stop; the reset finishes after (bounded wait).

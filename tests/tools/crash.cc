@@ -23,31 +23,6 @@ int usage() {
   return 2;
 }
 
-bool number(const char* s, uint64_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  *out = std::strtoull(s, &end, 0);
-  return errno == 0 && end != s && *end == '\0';
-}
-
-// `s` on one line (its line breaks as " | "), at most `max` characters (0: all).
-std::string one_line(const std::string& s, size_t max) {
-  std::string out;
-  bool line_start = false;
-  for (char c : s) {
-    if (c == '\n') {
-      while (!out.empty() && out.back() == ' ') out.pop_back();
-      line_start = true;
-    } else if (!(line_start && c == ' ')) {
-      if (line_start && !out.empty()) out += " | ";
-      line_start = false;
-      out += c;
-    }
-  }
-  if (max && out.size() > max) out = out.substr(0, max) + "...";
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,7 +34,7 @@ int main(int argc, char** argv) {
       verbose = true;
     } else if ((a == "--cuts" || a == "--seed" || a == "--ops") && i + 1 < argc) {
       uint64_t v;
-      if (!number(argv[++i], &v)) return usage();
+      if (!warpfs::fs::crash::parse_number(argv[++i], &v)) return usage();
       (a == "--cuts" ? cuts : a == "--seed" ? seed : ops) = v;
     } else {
       return usage();
@@ -93,7 +68,8 @@ int main(int argc, char** argv) {
     std::printf(
         "FAIL seed=%llu (rerun: warpfs-crash --seed %llu --cuts 1 --ops %llu --verbose): %s\n",
         static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(o.seed),
-        static_cast<unsigned long long>(ops), one_line(r.failure, verbose ? 0 : 600).c_str());
+        static_cast<unsigned long long>(ops),
+        warpfs::fs::crash::one_line(r.failure, verbose ? 0 : 600).c_str());
     if (verbose) std::printf("%s\n", r.failure.c_str());  // with the reports' own lines
     for (const std::string& t : r.trace) std::printf("  %s\n", t.c_str());
     std::fflush(stdout);

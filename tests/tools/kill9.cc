@@ -751,22 +751,6 @@ int usage() {
   return 2;
 }
 
-bool number(const char* s, uint64_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  *out = std::strtoull(s, &end, 0);
-  return errno == 0 && end != s && *end == '\0';
-}
-
-// `s` on one line (its line breaks as " | "), at most `max` characters (0: all).
-std::string one_line(const std::string& s, size_t max) {
-  std::string out;
-  for (char c : s) out += c == '\n' ? std::string(" | ") : std::string(1, c);
-  while (out.size() >= 3 && out.compare(out.size() - 3, 3, " | ") == 0) out.resize(out.size() - 3);
-  if (max && out.size() > max) out = out.substr(0, max) + "...";
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -781,7 +765,7 @@ int main(int argc, char** argv) {
     } else if ((a == "--cuts" || a == "--seed" || a == "--ops" || a == "--repeat") &&
                i + 1 < argc) {
       uint64_t v;
-      if (!number(argv[++i], &v)) return usage();
+      if (!crash::parse_number(argv[++i], &v)) return usage();
       (a == "--cuts" ? cuts : a == "--seed" ? seed : a == "--ops" ? o.ops : repeat) = v;
     } else {
       return usage();
@@ -829,7 +813,7 @@ int main(int argc, char** argv) {
         "--verbose) -o %s: %s\n",
         static_cast<unsigned long long>(s), static_cast<unsigned long long>(s),
         static_cast<unsigned long long>(o.ops), r.mount_options.c_str(),
-        one_line(r.failure, o.verbose ? 0 : 800).c_str());
+        crash::one_line(r.failure, o.verbose ? 0 : 800).c_str());
     if (!r.kept.empty()) std::printf("  the crashed image: %s\n", r.kept.c_str());
     if (o.verbose) std::printf("%s\n", r.failure.c_str());
     for (const std::string& t : r.trace) std::printf("  %s\n", t.c_str());
