@@ -496,6 +496,15 @@ void write_stats(const Daemon& d) {
 // small thread sleeps on (no polling: an idle daemon does not wake up).
 int g_dump_fd = -1;
 std::atomic<bool> g_detached{false};  // logs go to syslog once stderr is /dev/null
+
+// One log line from the filesystem or the device stack: standard error, syslog once detached.
+void log_line(const std::string& s) {
+  if (g_detached) {
+    syslog(LOG_ERR, "%s", s.c_str());
+  } else {
+    std::fprintf(stderr, "warpfs: %s\n", s.c_str());
+  }
+}
 void on_usr1(int) {
   const uint64_t one = 1;
   if (::write(g_dump_fd, &one, sizeof one) < 0) {
@@ -624,13 +633,7 @@ int main(int argc, char** argv) {
   // only where the disposition is still the default, so the transport must leave them).
   so.vfio.teardown_on_signal = false;
   so.io_timeout_ns = uint64_t{o.io_timeout_s} * 1'000'000'000ull;
-  so.log = [](const std::string& s) {
-    if (g_detached) {
-      syslog(LOG_ERR, "nvme: %s", s.c_str());
-    } else {
-      std::fprintf(stderr, "warpfs: nvme: %s\n", s.c_str());
-    }
-  };
+  so.log = [](const std::string& s) { log_line("nvme: " + s); };
   std::string err;
   d.stack = warpfs::fs::DeviceStack::open(o.device, so, &err);
   if (!d.stack) {
@@ -658,13 +661,7 @@ int main(int argc, char** argv) {
   mo.read_only = o.ro;
   mo.discard = !o.nodiscard;
   mo.commit_interval_ms = o.commit_s * 1000;
-  mo.log = [](const std::string& s) {
-    if (g_detached) {
-      syslog(LOG_ERR, "%s", s.c_str());
-    } else {
-      std::fprintf(stderr, "warpfs: %s\n", s.c_str());
-    }
-  };
+  mo.log = log_line;
   d.fs = Filesystem::mount(*dev, mo, &err);
   if (!d.fs) {
     std::fprintf(stderr, "warpfs: %s: %s\n", o.device, err.c_str());

@@ -275,6 +275,10 @@ void EmulatedController::park(unsigned idx) {
   w.kick.sleeping.value.store(0, port::Order::kRelaxed);
 }
 
+void EmulatedController::clear_doorbells() {
+  for (uint32_t off = reg::kDoorbellBase; off / 4 < reg_words_; off += 4) reg_store(off, 0);
+}
+
 void EmulatedController::lock_others() {
   for (size_t i = 1; i < workers_.size(); ++i) workers_[i].mu.lock();
 }
@@ -315,7 +319,7 @@ bool EmulatedController::handle_cc() {
     // Doorbells start at zero with the queues. Doorbell::ring stores to the register file
     // directly (as an MMIO store reaches a device), so a ring while disabled is not seen by
     // write32's filter: a stale admin CQ head would otherwise stall the new admin queue.
-    for (uint32_t off = reg::kDoorbellBase; off / 4 < reg_words_; off += 4) reg_store(off, 0);
+    clear_doorbells();
     sqs_[0] = SqState{true, sq, asqs, 0, 0, QueuePriority::kUrgent};
     CqState& c = cqs_[0];
     c.live = true, c.ring = cq, c.size = acqs, c.tail = 0, c.head = 0, c.phase = true;
@@ -348,7 +352,7 @@ void EmulatedController::reset_locked() {
     w.ready.clear();
     w.blocked.clear();
   }
-  for (uint32_t off = reg::kDoorbellBase; off / 4 < reg_words_; off += 4) reg_store(off, 0);
+  clear_doorbells();
   enabled_ = false;
   granted_sq_ = granted_cq_ = 0;
   arbitration_ = 0;

@@ -106,6 +106,7 @@ class EmulatedController {
   uint32_t fetch(Worker& w, uint16_t qid, uint32_t budget);
   bool post_ready(Worker& w);
   bool post(const Completion& c, std::vector<uint16_t>* raised);
+  void clear_doorbells();  // every SQ tail and CQ head register back to 0
   void lock_others();
   void unlock_others();
 
