@@ -54,7 +54,17 @@ EmulatedController::EmulatedController(const EmulatedConfig& config,
   const unsigned nw = std::max(1u, config_.worker_threads);
   for (unsigned i = 0; i < nw; ++i) {
     workers_.emplace_back();
-    workers_.back().rng.seed(config_.seed * 7919 + i);
+    Worker& w = workers_.back();
+    w.rng.seed(config_.seed * 7919 + i);
+    w.owner = this;
+    w.idx = i;
+    if (config_.inline_io) {
+      w.kick.run = [](void* ctx) {
+        auto* me = static_cast<Worker*>(ctx);
+        return me->owner->run_inline(me->idx);
+      };
+      w.kick.ctx = &w;
+    }
   }
   // CAP (Base §3.1.4.1): MQES, CQR=1, AMS, TO = 2 (1 s), DSTRD, CSS NVM, MPSMIN=MPSMAX=0.
   const uint64_t cap = Cap::make(config_.max_queue_entries - 1, config_.wrr, 2, dstrd_, 0, 0);
@@ -126,7 +136,7 @@ void EmulatedController::write32(uint32_t off, uint32_t v) {
     case reg::kCc:
       if ((reg_load(reg::kCc) & cc::kEn) && !(v & cc::kEn)) disable_seen_.store(true);
       reg_store(off, v);
-      Doorbell::wake(workers_[0].kick);  // worker 0 notices the change
+      Doorbell::nudge(workers_[0].kick);  // worker 0 notices the change
       return;
     case reg::kAqa:
     case reg::kAsq:
@@ -223,9 +233,26 @@ bool EmulatedController::pass(unsigned idx) {
   return worked;
 }
 
+// Inline mode (EmulatedConfig::inline_io): the thread that rang a doorbell runs the
+// worker's arbitration rounds itself, as long as they find work, and returns with its
+// completions already posted: no hand-off to the worker thread and back. A real controller
+// works beside the host; emulated, that hand-off is two context switches per command on a
+// small machine. True when nothing is left for the worker thread: not when the worker (or
+// another ringer) holds the device, nor when completions wait for their due time or for
+// room in a full CQ.
+bool EmulatedController::run_inline(unsigned idx) {
+  Worker& w = workers_[idx];
+  std::unique_lock<std::mutex> g(w.mu, std::try_to_lock);
+  if (!g.owns_lock()) return false;
+  for (int round = 0; round < kInlineRounds; ++round) {
+    if (!pass(idx)) return w.timed.empty() && w.blocked.empty();
+  }
+  return false;  // still busy: the worker takes over
+}
+
 bool EmulatedController::has_work(unsigned idx) {
   if (stop_.load()) return true;
-  // Seq_cst loads: the other half of the handshake with Doorbell::wake (see park()).
+  // Seq_cst loads: the other half of the handshake with Doorbell::kick (see park()).
   auto load = [this](uint32_t off) { return regs_[off / 4].load(port::Order::kSeqCst); };
   if (idx == 0 && (load(reg::kCc) != cc_seen_ || disable_seen_.load())) return true;
   if (fatal_.load() != 0) return idx == 0 && enabled_ && !(load(reg::kCsts) & csts::kCfs);
@@ -925,7 +952,7 @@ EmulatedController::Result EmulatedController::dataset_management(Worker& w,
 void EmulatedController::pause(bool paused) {
   paused_.store(paused);
   if (!paused) {
-    for (Worker& w : workers_) Doorbell::wake(w.kick);
+    for (Worker& w : workers_) Doorbell::nudge(w.kick);
   }
 }
 
@@ -980,7 +1007,7 @@ EmulatedController::Result EmulatedController::injected(uint32_t nsid, uint64_t 
 void EmulatedController::inject_fatal(bool persistent) {
   fatal_.store(persistent ? 2 : 1);
   faults_hit_.fetch_add(1, std::memory_order_relaxed);
-  Doorbell::wake(workers_[0].kick);  // worker 0 raises CSTS.CFS
+  Doorbell::nudge(workers_[0].kick);  // worker 0 raises CSTS.CFS
 }
 
 void EmulatedController::trace_fetches(bool enable) {

@@ -90,6 +90,8 @@ class EmulatedController {
     std::vector<emu::Segment> segs;
     std::mt19937_64 rng;
     uint64_t last_work_ns = 0;
+    EmulatedController* owner = nullptr;
+    unsigned idx = 0;
   };
   struct Result {
     uint16_t status;
@@ -99,6 +101,8 @@ class EmulatedController {
 
   void run(unsigned idx);
   bool pass(unsigned idx);
+  bool run_inline(unsigned idx);
+  static constexpr int kInlineRounds = 64;
   bool has_work(unsigned idx);
   void park(unsigned idx);
   bool handle_cc();

@@ -47,6 +47,11 @@ namespace warpfs::nvme {
 // a ring is never lost while the device goes to sleep. (No standalone fences: TSan cannot
 // model them, and seq_cst operations say the same thing.)
 void Doorbell::wake(DoorbellKick& k) {
+  if (k.run != nullptr && k.run(k.ctx)) return;
+  nudge(k);
+}
+
+void Doorbell::nudge(DoorbellKick& k) {
   if (k.sleeping.value.load(port::Order::kSeqCst) != 0) {
     k.seq.value.fetch_add(1, port::Order::kRelease);
     port::futex_wake_all(k.seq.value.address());

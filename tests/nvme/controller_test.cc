@@ -410,5 +410,50 @@ TEST(Controller, IdleControllerParksItsWorkers) {
   EXPECT_GT(r->emu->counters().doorbell_kicks, 0u);
 }
 
+// Inline mode: with every worker asleep, the thread that rings the doorbell runs the command
+// itself, so its completion is in the CQ when the ring returns and no worker is woken.
+TEST(Controller, InlineModeRunsCommandsInTheRingingThread) {
+  WARPFS_EMULATED_ONLY() << "the model's inline mode";
+  EmulatedConfig cfg;
+  cfg.inline_io = true;
+  cfg.worker_threads = 2;
+  cfg.idle_spin_ns = 0;
+  auto r = Rig::make(cfg);
+  ASSERT_TRUE(r);
+  QueueView v;
+  ASSERT_TRUE(r->ctrl->create_queue_pair(1, 8, QueuePriority::kMedium, &v).is_ok());
+  const uint64_t deadline = port::now_ns() + 10'000'000'000ull;
+  while (r->emu->counters().parked_workers < 2 && port::now_ns() < deadline) {
+    port::thread_yield();
+  }
+  ASSERT_EQ(r->emu->counters().parked_workers, 2u);
+  const uint64_t kicks = r->emu->counters().doorbell_kicks;
+  RawQueuePair qp(v);
+  DmaRegion buf = r->alloc(4096);
+  auto run_now = [&](SubmissionEntry c) {
+    c.prp1 = buf.iova;
+    EXPECT_TRUE(qp.push(c).is_ok());
+    qp.ring_sq();
+    CompletionEntry cqe{};
+    const bool done = qp.pop(&cqe);  // no waiting: the ring ran it
+    qp.ring_cq();
+    return done ? static_cast<int>(sf(cqe)) : -1;
+  };
+  for (uint64_t lba = 0; lba < 20; ++lba) {
+    fill_pattern(buf.vaddr, r->lba, lba, 7);
+    ASSERT_EQ(run_now(make_write(r->nsid, lba, 1)), 0) << lba;
+  }
+  for (uint64_t lba = 0; lba < 20; ++lba) {
+    std::memset(buf.vaddr, 0, r->lba);
+    ASSERT_EQ(run_now(make_read(r->nsid, lba, 1)), 0) << lba;
+    EXPECT_TRUE(check_pattern(buf.vaddr, r->lba, lba, 7)) << lba;
+  }
+  const int bad = run_now(make_read(r->nsid, r->lbas, 1));  // one past the end
+  ASSERT_GE(bad, 0);
+  EXPECT_EQ(bad & 0x7ff, make_status(sct::kGeneric, sc::kLbaOutOfRange) & 0x7ff);
+  EXPECT_EQ(r->emu->counters().doorbell_kicks, kicks);
+  EXPECT_EQ(r->emu->counters().parked_workers, 2u);
+}
+
 }  // namespace
 }  // namespace warpfs::nvme::test

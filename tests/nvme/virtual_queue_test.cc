@@ -104,6 +104,19 @@ TEST(VirtualQueue, ConcurrentOutOfOrderCompletions) {
   concurrent_mapper_run(cfg, 6, 150, 8);
 }
 
+// Inline mode: submitting threads run the device model themselves, racing each other and
+// the workers for it (with and without timed, reordered completions).
+TEST(VirtualQueue, ConcurrentInlineDevice) {
+  EmulatedConfig cfg;
+  cfg.inline_io = true;
+  cfg.worker_threads = 2;
+  concurrent_mapper_run(cfg, 8, 300, 16);
+  cfg.latency_ns = 2'000;
+  cfg.latency_jitter_ns = 30'000;
+  cfg.shuffle_completions = true;
+  concurrent_mapper_run(cfg, 6, 150, 8);
+}
+
 TEST(VirtualQueue, ConcurrentTinyQueueMoreThreadsThanSlots) {
   concurrent_mapper_run({}, 12, 100, 4);  // 4-entry queues: 3 commands in flight per queue
 }

@@ -32,6 +32,11 @@ struct DmaRegion {
 struct DoorbellKick {
   port::Padded<port::Atomic<uint32_t>> sleeping;  // non-zero while the device thread is parked
   port::Padded<port::Atomic<uint32_t>> seq;       // futex word: bumped by each kick
+  // An emulated controller that runs commands in the ringing thread (EmulatedConfig::
+  // inline_io) sets this: ring() calls run(ctx) first, and kicks the device thread only when
+  // run() returns false (another thread holds the device, or work is left for later).
+  bool (*run)(void* ctx) = nullptr;
+  void* ctx = nullptr;
 };
 
 // One doorbell register. ring() is the single write the virtual-queue protocol does per batch.
@@ -61,7 +66,9 @@ struct Doorbell {
     if (kick != nullptr) wake(*kick);
 #endif
   }
-  static void wake(DoorbellKick& k);  // Dekker-style handshake with the parked device thread
+  // A ring's notice to an emulated device: run it here (DoorbellKick::run), else nudge().
+  static void wake(DoorbellKick& k);
+  static void nudge(DoorbellKick& k);  // Dekker-style handshake with the parked device thread
 };
 
 // Completion notification (an MSI-X vector). `count` increases each time the controller
