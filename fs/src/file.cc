@@ -164,6 +164,7 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
       n.disk.mode &= ~static_cast<uint32_t>(S_ISUID);
       if (n.disk.mode & S_IXGRP) n.disk.mode &= ~static_cast<uint32_t>(S_ISGID);
     }
+    if (int xrc = drop_capability_locked(n); xrc && !rc) rc = xrc;
   }
   if (int src = map_store(n); src && !rc) rc = src;
   return rc;

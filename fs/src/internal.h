@@ -118,6 +118,8 @@ class FsImpl final : public Filesystem {
   int getxattr(Ino ino, std::string_view name, std::string* value) override;
   int listxattr(Ino ino, std::string* names) override;
   int removexattr(Ino ino, std::string_view name) override;
+  int remove_xattr_locked(Node& n, uint8_t index, std::string_view short_name);
+  int drop_capability_locked(Node& n);
   int statfs(struct statvfs* out) override;
   int sync() override;
   FsStats stats() const override;

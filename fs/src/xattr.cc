@@ -173,25 +173,43 @@ int FsImpl::removexattr(Ino ino, std::string_view name) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
   std::unique_lock<std::shared_mutex> lk(n->rw);
+  Journal::Txn t(*journal_);
+  if (int rc = remove_xattr_locked(*n, index, short_name); rc) return rc;
+  n->disk.ctime_ns = now_ns();
+  return store(*n);
+}
+
+// REQUIRES: rw exclusive, in a transaction. ENODATA when the attribute is not there.
+int FsImpl::remove_xattr_locked(Node& n, uint8_t index, std::string_view short_name) {
   MetaBuf* b;
-  if (int rc = xattr_load(*n, &b); rc) return rc;
+  if (int rc = xattr_load(n, &b); rc) return rc;
   if (!b) return ENODATA;
   std::vector<Xattr> v = parse(b);
   auto it = std::find_if(v.begin(), v.end(), [&](const Xattr& x) { return x.index == index && x.name == short_name; });
   if (it == v.end()) return ENODATA;
   v.erase(it);
-  Journal::Txn t(*journal_);
   if (v.empty()) {
-    journal_->forget_block(n->disk.xattr_block);
-    free_blocks(n->disk.xattr_block, 1);
-    n->disk.blocks -= 1;
-    n->disk.xattr_block = 0;
+    journal_->forget_block(n.disk.xattr_block);
+    free_blocks(n.disk.xattr_block, 1);
+    n.disk.blocks -= 1;
+    n.disk.xattr_block = 0;
   } else {
-    serialize(b, ino, v);
+    serialize(b, n.ino, v);
     journal_->dirty(b);
   }
-  n->disk.ctime_ns = now_ns();
-  return store(*n);
+  return 0;
+}
+
+// A write drops security.capability (file capabilities), as the kernel's file_remove_privs()
+// does: an O_DIRECT write (FOPEN_DIRECT_IO) reaches the daemon without it. REQUIRES: rw
+// exclusive, in a transaction.
+int FsImpl::drop_capability_locked(Node& n) {
+  if (n.disk.xattr_block == 0) return 0;
+  uint8_t index;
+  std::string_view short_name;
+  if (int rc = split_name("security.capability", &index, &short_name); rc) return rc;
+  const int rc = remove_xattr_locked(n, index, short_name);
+  return rc == ENODATA ? 0 : rc;
 }
 
 }  // namespace warpfs::fs

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "posix_fixture.h"
@@ -313,6 +315,48 @@ TEST_F(IoTest, WritesAreSeenThroughAnExistingMapping) {
   pwrite_all(fd.get(), "written", 4999);
   EXPECT_EQ(std::string(p + 4999, 7), "written");
   ::munmap(m, kLen);
+}
+
+// O_DIRECT descriptors bypass the page cache (warpfs: FOPEN_DIRECT_IO); what they write must
+// be what a cached descriptor reads next, whether it was open during the write (and had the
+// pages cached) or opens afterwards, and what a cached descriptor wrote must be what they read.
+TEST_F(IoTest, ODirectAndCachedDescriptorsSeeEachOthersWrites) {
+  constexpr size_t kLen = 4 * 4096;
+  write_file(path("f"), std::string(kLen, 'a'));
+  EXPECT_EQ(read_file(path("f")), std::string(kLen, 'a'));  // its pages are cached now
+  Fd cached = xopen(path("f"), O_RDWR);
+  EXPECT_EQ(pread_upto(cached.get(), kLen, 0), std::string(kLen, 'a'));
+  void* map = ::mmap(nullptr, kLen, PROT_READ, MAP_SHARED, cached.get(), 0);
+  ASSERT_NE(map, MAP_FAILED) << std::strerror(errno);
+  const auto* mapped = static_cast<const char*>(map);
+  EXPECT_EQ(mapped[4096], 'a');  // the page is mapped now
+  Fd direct = xopen(path("f"), O_RDWR | O_DIRECT);
+  void* mem = nullptr;
+  ASSERT_EQ(::posix_memalign(&mem, 4096, kLen), 0);
+  std::unique_ptr<void, decltype(&std::free)> hold(mem, &std::free);
+  auto* buf = static_cast<char*>(mem);
+  std::memset(buf, 'b', 4096);
+  ASSERT_EQ(::pwrite(direct.get(), buf, 4096, 4096), 4096) << std::strerror(errno);
+  EXPECT_EQ(pread_upto(cached.get(), 3 * 4096, 0),
+            std::string(4096, 'a') + std::string(4096, 'b') + std::string(4096, 'a'))
+      << "a descriptor open during the direct write";
+  EXPECT_EQ(std::string(mapped + 4096, 4096), std::string(4096, 'b'))
+      << "a mapping made before the direct write (no read() to revalidate it)";
+  ::munmap(map, kLen);
+  cached.reset();
+  std::memset(buf, 'c', 4096);
+  ASSERT_EQ(::pwrite(direct.get(), buf, 4096, 2 * 4096), 4096) << std::strerror(errno);
+  EXPECT_EQ(read_file(path("f")), std::string(4096, 'a') + std::string(4096, 'b') +
+                                      std::string(4096, 'c') + std::string(4096, 'a'))
+      << "a descriptor opened after the direct write";
+  {
+    Fd writer = xopen(path("f"), O_WRONLY);
+    pwrite_all(writer.get(), std::string(4096, 'd'), 3 * 4096);
+  }
+  ASSERT_EQ(::pread(direct.get(), buf, kLen, 0), static_cast<ssize_t>(kLen));
+  EXPECT_EQ(std::string(buf + 3 * 4096, 4096), std::string(4096, 'd'))
+      << "a direct read after a cached write";
+  EXPECT_EQ(std::string(buf + 4096, 4096), std::string(4096, 'b'));
 }
 
 TEST_F(IoTest, LargeSequentialRoundTripWithOddSizedChunks) {

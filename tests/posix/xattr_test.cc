@@ -2,10 +2,13 @@
 // query (size 0), ERANGE for a small buffer, ENODATA, limits, and attributes following the
 // inode through links, renames and unlinks.
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <set>
 #include <string>
 
@@ -183,6 +186,34 @@ TEST_F(XattrTest, TrustedNamespaceForRoot) {
   ASSERT_OK(::removexattr(path("f").c_str(), "trusted.t"));
   char buf[16];
   EXPECT_ERRNO(ENODATA, ::getxattr(path("f").c_str(), "trusted.t", buf, sizeof buf));
+}
+
+// A write takes file capabilities away (as chmod-free suid clearing does), through the page
+// cache and through O_DIRECT alike: warpfs does it itself for direct writes, which reach it
+// without the kernel's check.
+TEST_F(XattrTest, WritesDropFileCapabilities) {
+  if (::geteuid() != 0) GTEST_SKIP() << "security.capability needs CAP_SETFCAP";
+  vfs_cap_data cap{};
+  cap.magic_etc = VFS_CAP_REVISION_2;
+  cap.data[0].permitted = 1u << CAP_NET_BIND_SERVICE;
+  const std::string value(reinterpret_cast<const char*>(&cap), XATTR_CAPS_SZ_2);
+  write_file(path("f"), std::string(8192, 'x'), 0755);
+  ASSERT_OK(set(path("f"), "user.keep", "v"));
+  for (const int flags : {O_WRONLY, O_WRONLY | O_DIRECT}) {
+    ASSERT_OK(set(path("f"), "security.capability", value));
+    ASSERT_EQ(get(path("f"), "security.capability").size(), value.size());
+    Fd fd = xopen(path("f"), flags);
+    void* mem = nullptr;
+    ASSERT_EQ(::posix_memalign(&mem, 4096, 4096), 0);
+    std::memset(mem, 'y', 4096);
+    const ssize_t n = ::pwrite(fd.get(), mem, 4096, 4096);
+    std::free(mem);
+    ASSERT_EQ(n, 4096) << std::strerror(errno);
+    char buf[64];
+    EXPECT_ERRNO(ENODATA, ::getxattr(path("f").c_str(), "security.capability", buf, sizeof buf))
+        << (flags & O_DIRECT ? "O_DIRECT" : "buffered");
+    EXPECT_EQ(get(path("f"), "user.keep"), "v") << "other attributes stay";
+  }
 }
 
 TEST_F(XattrTest, AttributesBelongToTheInode) {
