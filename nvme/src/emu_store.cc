@@ -170,8 +170,13 @@ Status Media::destage_locked() {
     Status s = store_->write(unit * kUnit, data.get(), kUnit);
     if (!s.is_ok()) return s;
   }
+  for (auto& [unit, data] : cache_) recycle_locked(std::move(data));
   cache_.clear();
   return Status::ok();
+}
+
+void Media::recycle_locked(std::unique_ptr<uint8_t[]> buf) {
+  if (buf && spare_.size() < cache_limit_units_) spare_.push_back(std::move(buf));
 }
 
 // The cached copy of `unit`, created on first write. A partial write needs the old contents.
@@ -185,7 +190,13 @@ Status Media::unit_for_write_locked(uint64_t unit, bool whole, uint8_t** out) {
     Status s = destage_locked();
     if (!s.is_ok()) return s;
   }
-  auto buf = std::make_unique<uint8_t[]>(kUnit);
+  std::unique_ptr<uint8_t[]> buf;
+  if (!spare_.empty()) {
+    buf = std::move(spare_.back());
+    spare_.pop_back();
+  } else {
+    buf = std::make_unique_for_overwrite<uint8_t[]>(kUnit);  // a whole write fills it
+  }
   if (!whole) {
     Status s = store_->read(unit * kUnit, buf.get(), kUnit);
     if (!s.is_ok()) return s;
@@ -228,7 +239,9 @@ Status Media::write(uint64_t offset, const std::vector<Segment>& segs, bool fua)
     std::memcpy(data + at, p, n);
     if (fua) {  // Force Unit Access: this unit reaches the media before completion
       s = store_->write(unit * kUnit, data, kUnit);
-      cache_.erase(unit);
+      auto it = cache_.find(unit);
+      recycle_locked(std::move(it->second));
+      cache_.erase(it);
     }
     return s;
   });
@@ -277,6 +290,7 @@ Status Media::deallocate(uint64_t offset, uint64_t len) {
     if (it == cache_.end()) continue;
     const uint64_t lo = std::max(offset, u * kUnit), hi = std::min(end, (u + 1) * kUnit);
     if (lo == u * kUnit && hi == (u + 1) * kUnit) {
+      recycle_locked(std::move(it->second));
       cache_.erase(it);
     } else {
       std::memset(it->second.get() + (lo - u * kUnit), 0, hi - lo);
@@ -297,6 +311,7 @@ void Media::lose_power(double persist_probability, std::mt19937_64& rng) {
   for (auto& [unit, data] : cache_) {
     if (coin(rng) < persist_probability) (void)store_->write(unit * kUnit, data.get(), kUnit);
   }
+  for (auto& [unit, data] : cache_) recycle_locked(std::move(data));
   cache_.clear();
 }
 

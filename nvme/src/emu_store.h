@@ -46,6 +46,10 @@ class Media {
   bool cache_enabled_;
   uint64_t cache_limit_units_;
   std::unordered_map<uint64_t, std::unique_ptr<uint8_t[]>> cache_;  // unit index -> data
+  // Unit buffers of destaged or dropped units, reused by the next writes: a full-cache
+  // destage would otherwise free 64 MiB and fault it back in page by page.
+  std::vector<std::unique_ptr<uint8_t[]>> spare_;
+  void recycle_locked(std::unique_ptr<uint8_t[]> buf);
 };
 
 // The emulated bus: DMA regions registered at IOVAs distinct from their virtual addresses.
