@@ -252,7 +252,7 @@ bool EmulatedController::run_inline(unsigned idx) {
 
 bool EmulatedController::has_work(unsigned idx) {
   if (stop_.load()) return true;
-  // Seq_cst loads: the other half of the handshake with Doorbell::kick (see park()).
+  // Seq_cst loads: the other half of the handshake with Doorbell::nudge (see park()).
   auto load = [this](uint32_t off) { return regs_[off / 4].load(port::Order::kSeqCst); };
   if (idx == 0 && (load(reg::kCc) != cc_seen_ || disable_seen_.load())) return true;
   if (fatal_.load() != 0) return idx == 0 && enabled_ && !(load(reg::kCsts) & csts::kCfs);

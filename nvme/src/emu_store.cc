@@ -170,13 +170,17 @@ Status Media::destage_locked() {
     Status s = store_->write(unit * kUnit, data.get(), kUnit);
     if (!s.is_ok()) return s;
   }
-  for (auto& [unit, data] : cache_) recycle_locked(std::move(data));
-  cache_.clear();
+  clear_cache_locked();
   return Status::ok();
 }
 
 void Media::recycle_locked(std::unique_ptr<uint8_t[]> buf) {
   if (buf && spare_.size() < cache_limit_units_) spare_.push_back(std::move(buf));
+}
+
+void Media::clear_cache_locked() {
+  for (auto& [unit, data] : cache_) recycle_locked(std::move(data));
+  cache_.clear();
 }
 
 // The cached copy of `unit`, created on first write. A partial write needs the old contents.
@@ -311,8 +315,7 @@ void Media::lose_power(double persist_probability, std::mt19937_64& rng) {
   for (auto& [unit, data] : cache_) {
     if (coin(rng) < persist_probability) (void)store_->write(unit * kUnit, data.get(), kUnit);
   }
-  for (auto& [unit, data] : cache_) recycle_locked(std::move(data));
-  cache_.clear();
+  clear_cache_locked();
 }
 
 // ---------------------------------------------------------------------------------------------

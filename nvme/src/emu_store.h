@@ -50,6 +50,7 @@ class Media {
   // destage would otherwise free 64 MiB and fault it back in page by page.
   std::vector<std::unique_ptr<uint8_t[]>> spare_;
   void recycle_locked(std::unique_ptr<uint8_t[]> buf);
+  void clear_cache_locked();  // every cached unit dropped, its buffer kept as a spare
 };
 
 // The emulated bus: DMA regions registered at IOVAs distinct from their virtual addresses.

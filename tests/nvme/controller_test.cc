@@ -387,6 +387,16 @@ TEST(Controller, WeightedRoundRobinFavoursHighPriorityQueue) {
   EXPECT_EQ(high_in_first_34, 32);
 }
 
+// Waits (at most 10 s) until `n` workers of the rig's emulated controller are parked; returns
+// how many are.
+uint32_t wait_until_parked(Rig& r, uint32_t n) {
+  const uint64_t deadline = port::now_ns() + 10'000'000'000ull;
+  while (r.emu->counters().parked_workers < n && port::now_ns() < deadline) {
+    port::thread_yield();
+  }
+  return r.emu->counters().parked_workers;
+}
+
 TEST(Controller, IdleControllerParksItsWorkers) {
   WARPFS_EMULATED_ONLY() << "the model's worker threads";
   EmulatedConfig cfg;
@@ -396,11 +406,7 @@ TEST(Controller, IdleControllerParksItsWorkers) {
   ASSERT_TRUE(r);
   QueueView v;
   ASSERT_TRUE(r->ctrl->create_queue_pair(1, 8, QueuePriority::kMedium, &v).is_ok());
-  const uint64_t deadline = port::now_ns() + 10'000'000'000ull;
-  while (r->emu->counters().parked_workers < 3 && port::now_ns() < deadline) {
-    port::thread_yield();
-  }
-  EXPECT_EQ(r->emu->counters().parked_workers, 3u);
+  EXPECT_EQ(wait_until_parked(*r, 3), 3u);
   // A doorbell wakes the parked owner and the command completes.
   RawQueuePair qp(v);
   DmaRegion buf = r->alloc(4096);
@@ -422,11 +428,7 @@ TEST(Controller, InlineModeRunsCommandsInTheRingingThread) {
   ASSERT_TRUE(r);
   QueueView v;
   ASSERT_TRUE(r->ctrl->create_queue_pair(1, 8, QueuePriority::kMedium, &v).is_ok());
-  const uint64_t deadline = port::now_ns() + 10'000'000'000ull;
-  while (r->emu->counters().parked_workers < 2 && port::now_ns() < deadline) {
-    port::thread_yield();
-  }
-  ASSERT_EQ(r->emu->counters().parked_workers, 2u);
+  ASSERT_EQ(wait_until_parked(*r, 2), 2u);
   const uint64_t kicks = r->emu->counters().doorbell_kicks;
   RawQueuePair qp(v);
   DmaRegion buf = r->alloc(4096);

@@ -8,8 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <memory>
 #include <string>
 
 #include "posix_fixture.h"
@@ -331,10 +329,8 @@ TEST_F(IoTest, ODirectAndCachedDescriptorsSeeEachOthersWrites) {
   const auto* mapped = static_cast<const char*>(map);
   EXPECT_EQ(mapped[4096], 'a');  // the page is mapped now
   Fd direct = xopen(path("f"), O_RDWR | O_DIRECT);
-  void* mem = nullptr;
-  ASSERT_EQ(::posix_memalign(&mem, 4096, kLen), 0);
-  std::unique_ptr<void, decltype(&std::free)> hold(mem, &std::free);
-  auto* buf = static_cast<char*>(mem);
+  AlignedBuffer aligned = aligned_buffer(kLen);
+  char* buf = aligned.get();
   std::memset(buf, 'b', 4096);
   ASSERT_EQ(::pwrite(direct.get(), buf, 4096, 4096), 4096) << std::strerror(errno);
   EXPECT_EQ(pread_upto(cached.get(), 3 * 4096, 0),

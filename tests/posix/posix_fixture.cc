@@ -260,6 +260,14 @@ std::set<std::string> list_dir_set(const std::string& path) {
   return {names.begin(), names.end()};
 }
 
+AlignedBuffer aligned_buffer(size_t n) {
+  void* p = nullptr;
+  if (int rc = ::posix_memalign(&p, 4096, n); rc != 0) {
+    throw std::system_error(rc, std::generic_category(), "posix_memalign");
+  }
+  return AlignedBuffer(static_cast<char*>(p));
+}
+
 std::string pattern(uint64_t seed, size_t n) {
   std::string out(n, '\0');
   for (size_t i = 0; i < n; i += 8) {

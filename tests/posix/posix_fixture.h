@@ -21,7 +21,9 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <ctime>
+#include <memory>
 #include <set>
 #include <string>
 #include <string_view>
@@ -139,6 +141,13 @@ std::set<std::string> list_dir_set(const std::string& path);
 // `n` deterministic pseudo-random bytes: the same (seed, n) give the same bytes; the bytes
 // at position i do not depend on n, so pattern(s, n) is a prefix of pattern(s, n + k).
 std::string pattern(uint64_t seed, size_t n);
+
+// `n` bytes aligned to 4 KiB, as O_DIRECT transfers need; throws when out of memory.
+struct FreeDeleter {
+  void operator()(char* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<char[], FreeDeleter>;
+AlignedBuffer aligned_buffer(size_t n);
 // The first offset where a and b differ (or the shorter length), for failure messages.
 std::string first_difference(std::string_view a, std::string_view b);
 

@@ -7,7 +7,6 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <string>
@@ -203,12 +202,9 @@ TEST_F(XattrTest, WritesDropFileCapabilities) {
     ASSERT_OK(set(path("f"), "security.capability", value));
     ASSERT_EQ(get(path("f"), "security.capability").size(), value.size());
     Fd fd = xopen(path("f"), flags);
-    void* mem = nullptr;
-    ASSERT_EQ(::posix_memalign(&mem, 4096, 4096), 0);
-    std::memset(mem, 'y', 4096);
-    const ssize_t n = ::pwrite(fd.get(), mem, 4096, 4096);
-    std::free(mem);
-    ASSERT_EQ(n, 4096) << std::strerror(errno);
+    AlignedBuffer data = aligned_buffer(4096);
+    std::memset(data.get(), 'y', 4096);
+    ASSERT_EQ(::pwrite(fd.get(), data.get(), 4096, 4096), 4096) << std::strerror(errno);
     char buf[64];
     EXPECT_ERRNO(ENODATA, ::getxattr(path("f").c_str(), "security.capability", buf, sizeof buf))
         << (flags & O_DIRECT ? "O_DIRECT" : "buffered");
