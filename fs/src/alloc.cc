@@ -359,9 +359,7 @@ void FsImpl::finish_commit(std::vector<MetaBuf*>& dirty) {
       case MetaKind::kGdt:
         gdt_touched[b->block - sb_.gdt_start] = true;
         break;
-      case MetaKind::kHeader:
-        if (!b->dead) set_header_checksum(b);
-        break;
+      case MetaKind::kHeader:  // checksummed in the commit's copy (journal.cc)
       case MetaKind::kSuper:
       case MetaKind::kInodeTable:
         break;  // the superblock below; inodes carry their own checksums (store())

@@ -49,11 +49,6 @@ int FsImpl::meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner, u
   return journal_->get(block, MetaKind::kHeader, 0, out, verify);
 }
 
-void FsImpl::set_header_checksum(MetaBuf* b) {
-  const uint64_t c = block_checksum(b->data, kHeaderChecksumOffset, sb_.checksum_seed);
-  std::memcpy(b->data + kHeaderChecksumOffset, &c, 8);
-}
-
 int FsImpl::lock_mapped(Node& n, std::shared_lock<std::shared_mutex>* lk) {
   *lk = std::shared_lock<std::shared_mutex>(n.rw);
   if (n.mapped) return 0;

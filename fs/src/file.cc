@@ -224,6 +224,11 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return EFBIG;
   if (int rc = load_map(*n); rc) return rc;
   const uint64_t end = off + len;
+  if (const uint64_t old = n->disk.size; !(mode & FALLOC_FL_KEEP_SIZE) && end > old && old % kBlockSize) {
+    // Growing the size exposes the old last block's tail: zeroes, whatever an extending
+    // write lost in a crash left there (as write_locked and set_size do).
+    if (int rc = zero_range(*n, old, kBlockSize - old % kBlockSize); rc) return rc;
+  }
   if (mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE)) {
     // Partial edge blocks are zeroed in place; whole blocks are unmapped.
     const uint64_t fb = (off + kBlockSize - 1) / kBlockSize, lb = end / kBlockSize;

@@ -26,29 +26,44 @@ int FsImpl::inode_slot(Ino ino, MetaBuf** buf, size_t* off) {
 
 int FsImpl::get_node(Ino ino, NodeRef* out) {
   if (ino == 0 || ino > sb_.inode_count) return ENOENT;
-  {
+  for (;;) {
+    uint64_t epoch;
+    {
+      std::lock_guard<std::mutex> g(table_mu_);
+      auto it = nodes_.find(ino);
+      if (it != nodes_.end()) {
+        *out = it->second;
+        return 0;
+      }
+      epoch = table_epoch_;
+    }
+    MetaBuf* buf;
+    size_t off;
+    if (int rc = inode_slot(ino, &buf, &off); rc) return rc;
+    auto n = std::make_shared<Node>(ino);
+    {
+      std::lock_guard<std::mutex> g(slot_mu(buf->block));
+      std::memcpy(&n->disk, buf->data + off, sizeof(Inode));
+    }
+    if (n->disk.mode == 0) return ENOENT;
+    if (n->disk.checksum != inode_checksum(n->disk, ino, sb_.checksum_seed)) {
+      log("inode " + std::to_string(ino) + ": checksum mismatch (run fsck.warpfs)");
+      return EIO;
+    }
+    n->pub = n->disk;
     std::lock_guard<std::mutex> g(table_mu_);
     auto it = nodes_.find(ino);
     if (it != nodes_.end()) {
-      *out = it->second;
+      *out = it->second;  // another thread loaded it meanwhile: the one in the table counts
       return 0;
     }
+    // A node left the table since the slot was read: it may have been this one, with
+    // changes stored after that read. Read again.
+    if (table_epoch_ != epoch) continue;
+    nodes_.emplace(ino, n);
+    *out = std::move(n);
+    return 0;
   }
-  MetaBuf* buf;
-  size_t off;
-  if (int rc = inode_slot(ino, &buf, &off); rc) return rc;
-  auto n = std::make_shared<Node>(ino);
-  std::memcpy(&n->disk, buf->data + off, sizeof(Inode));
-  if (n->disk.mode == 0) return ENOENT;
-  if (n->disk.checksum != inode_checksum(n->disk, ino, sb_.checksum_seed)) {
-    log("inode " + std::to_string(ino) + ": checksum mismatch (run fsck.warpfs)");
-    return EIO;
-  }
-  n->pub = n->disk;
-  std::lock_guard<std::mutex> g(table_mu_);
-  auto [it, inserted] = nodes_.try_emplace(ino, std::move(n));
-  *out = it->second;
-  return 0;
 }
 
 int FsImpl::store(Node& n) {
@@ -56,7 +71,10 @@ int FsImpl::store(Node& n) {
   size_t off;
   if (int rc = inode_slot(n.ino, &buf, &off); rc) return rc;
   n.disk.checksum = inode_checksum(n.disk, n.ino, sb_.checksum_seed);
-  std::memcpy(buf->data + off, &n.disk, sizeof(Inode));
+  {
+    std::lock_guard<std::mutex> g(slot_mu(buf->block));
+    std::memcpy(buf->data + off, &n.disk, sizeof(Inode));
+  }
   journal_->dirty(buf);
   publish(n);
   return 0;
@@ -111,7 +129,10 @@ int FsImpl::new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out) {
     return rc;
   }
   Inode old;
-  std::memcpy(&old, buf->data + off, sizeof old);
+  {
+    std::lock_guard<std::mutex> g(slot_mu(buf->block));
+    std::memcpy(&old, buf->data + off, sizeof old);
+  }
   auto n = std::make_shared<Node>(ino);
   Inode& d = n->disk;
   d = Inode{};
@@ -160,7 +181,10 @@ void FsImpl::maybe_reclaim(Ino ino) {
   if (!unlinked) {
     std::lock_guard<std::mutex> g(table_mu_);
     // Only the table and `n` hold it: nobody is inside an operation on it.
-    if (n->nlookup == 0 && n->opens == 0 && n.use_count() == 2) nodes_.erase(ino);
+    if (n->nlookup == 0 && n->opens == 0 && n.use_count() == 2) {
+      nodes_.erase(ino);
+      ++table_epoch_;
+    }
     return;
   }
   if (ro_) return;  // reclaimed at the next read-write mount (it is on the orphan list)
@@ -189,7 +213,10 @@ int FsImpl::reclaim(const NodeRef& n) {
   }
   std::lock_guard<std::mutex> g(table_mu_);
   auto it = nodes_.find(n->ino);
-  if (it != nodes_.end() && it->second == n) nodes_.erase(it);
+  if (it != nodes_.end() && it->second == n) {
+    nodes_.erase(it);
+    ++table_epoch_;
+  }
   return 0;
 }
 

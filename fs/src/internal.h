@@ -225,7 +225,6 @@ class FsImpl final : public Filesystem {
   // A header block of `owner` with magic `magic` (or `alt_magic`, if not 0), verified on
   // its first read.
   int meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner, uint32_t alt_magic = 0);
-  void set_header_checksum(MetaBuf* b);
   int create_locked(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
                     std::string_view symlink_target, Attr* out, uint64_t rdev);
   int create_common(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
@@ -259,8 +258,15 @@ class FsImpl final : public Filesystem {
   uint64_t meta_reserve_ = 0;  // blocks only metadata may take (alloc_blocks)
 
   std::mutex namespace_mu_;  // level 1
-  std::mutex table_mu_;      // leaf: nodes_, and Node::nlookup/opens
+  std::mutex table_mu_;      // leaf: nodes_, table_epoch_, and Node::nlookup/opens
   std::unordered_map<Ino, NodeRef> nodes_;
+  uint64_t table_epoch_ = 0;  // bumped whenever a node leaves nodes_ (get_node's re-check)
+  // Leaf locks over the inode slots of the inode-table buffers: store() writes a slot while
+  // get_node() may be reading another inode's of the same block, or (in the window where a
+  // node leaves the table) the same one.
+  static constexpr int kSlotLocks = 64;
+  std::mutex slot_mus_[kSlotLocks];
+  std::mutex& slot_mu(uint64_t block) { return slot_mus_[block % kSlotLocks]; }
   std::mutex orphan_mu_;     // leaf: sb_.orphan_head under the superblock buffer
 
   // Blocks freed by the transaction being committed: trimmed, then reusable.

@@ -120,8 +120,11 @@ MetaBuf* Journal::create(uint64_t block, MetaKind kind) {
   if (slot) {
     // A stale cached copy of a block that was freed and is now reused (forget_block missed
     // it only if it was never cached): replace it.
+    {
+      std::lock_guard<std::mutex> gd(dirty_mu_);
+      slot->dead = true;  // commit skips it; the pointer in dirty_ stays valid until then
+    }
     std::lock_guard<std::mutex> gy(graveyard_mu_);
-    slot->dead = true;
     graveyard_.push_back(std::move(slot));
   }
   slot = std::move(b);
@@ -208,20 +211,34 @@ int Journal::commit() {
                 }),
                 dirty.end());
   }
+  // The buffers this transaction killed: no list points at them any more (the dirty list
+  // was just pruned), so they go once the gate opens. Buffers killed after it opens belong
+  // to the next transaction, whose dirty list may still hold them: they stay until then.
+  std::vector<std::unique_ptr<MetaBuf>> dead;
+  {
+    std::lock_guard<std::mutex> g(graveyard_mu_);
+    dead.swap(graveyard_);
+  }
   copy.resize(dirty.size() * kBlockSize);
   for (size_t i = 0; i < dirty.size(); ++i) {
-    std::memcpy(copy.data() + i * kBlockSize, dirty[i]->data, kBlockSize);
-    blocks.emplace_back(dirty[i]->block, copy.data() + i * kBlockSize);
+    uint8_t* image = copy.data() + i * kBlockSize;
+    std::memcpy(image, dirty[i]->data, kBlockSize);
+    if (dirty[i]->kind == MetaKind::kHeader) {
+      // In the copy, not the buffer: operations outside a transaction (lookups, readdir)
+      // read the buffers' headers meanwhile. The buffer's own checksum field is stale until
+      // the block is read from the device again.
+      const uint64_t sum = block_checksum(image, kHeaderChecksumOffset, sb_.checksum_seed);
+      std::memcpy(image + kHeaderChecksumOffset, &sum, 8);
+    }
+    blocks.emplace_back(dirty[i]->block, image);
   }
   {
     std::lock_guard<std::mutex> g(gate_mu_);
     closed_ = false;
   }
   gate_cv_.notify_all();
-  {
-    std::lock_guard<std::mutex> g(graveyard_mu_);
-    graveyard_.clear();  // dead buffers: nobody points at them any more (dirty list pruned)
-  }
+  if (reopened) reopened();
+  dead.clear();
 
   int rc = 0;
   if (!blocks.empty()) {

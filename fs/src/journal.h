@@ -90,6 +90,10 @@ class Journal {
   // precommit(): under the closed gate, before finish: take the transaction's private
   // lists (e.g. the blocks it freed).
   std::function<void()> precommit;
+  // reopened(): in the committing thread, as soon as the gate has reopened and before the
+  // commit's I/O (tests: an operation that runs there meets the commit at its most
+  // delicate point).
+  std::function<void()> reopened;
 
   // Commits, makes every checkpoint durable and leaves the journal empty (the header's tail
   // at the next position): a later replay finds nothing. For unmount.

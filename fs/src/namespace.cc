@@ -38,7 +38,12 @@ int FsImpl::lookup(Ino parent, std::string_view name, Attr* out) {
   NodeRef dir;
   if (int rc = get_node(parent, &dir); rc) return rc;
   Ino ino;
+  NodeRef n;
   {
+    // The entry, the node it names and the kernel's reference on it, all under the
+    // directory's lock: an unlink (which needs the lock exclusive) then comes wholly before,
+    // and the name is gone, or after, and the reference keeps the inode from being freed
+    // (and its number reused) until the kernel forgets it.
     std::shared_lock<std::shared_mutex> lk;
     if (int rc = lock_mapped(*dir, &lk); rc) return rc;
     if (!S_ISDIR(dir->disk.mode)) return ENOTDIR;
@@ -50,17 +55,16 @@ int FsImpl::lookup(Ino parent, std::string_view name, Attr* out) {
       uint8_t type;
       if (int rc = dir_find(*dir, name, &ino, &type); rc) return rc;
     }
-  }
-  NodeRef n;
-  if (int rc = get_node(ino, &n); rc) {
-    if (rc == ENOENT) {
-      log("directory " + std::to_string(parent) + ": entry '" + std::string(name) +
-          "' names free inode " + std::to_string(ino) + " (run fsck.warpfs)");
-      return EIO;
+    if (int rc = get_node(ino, &n); rc) {
+      if (rc == ENOENT) {
+        log("directory " + std::to_string(parent) + ": entry '" + std::string(name) +
+            "' names free inode " + std::to_string(ino) + " (run fsck.warpfs)");
+        return EIO;
+      }
+      return rc;
     }
-    return rc;
+    ref(*n, 1, 0);
   }
-  ref(*n, 1, 0);
   std::lock_guard<std::mutex> g(n->attr_mu);
   fill_attr(n->pub, ino, out);
   return 0;
@@ -188,6 +192,7 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
     free_inode(*n);
     std::lock_guard<std::mutex> g(table_mu_);
     nodes_.erase(n->ino);
+    ++table_epoch_;
     return rc;
   }
   if (S_ISDIR(mode)) dir->disk.links += 1;

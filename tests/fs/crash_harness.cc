@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <linux/fs.h>
 
 #include <algorithm>
@@ -74,9 +75,9 @@ std::string burst_name(uint64_t seed, uint64_t i) {
 
 // --- model -------------------------------------------------------------------------------
 
-Model::Model() {
+Model::Model(Ino root_ino) : root_ino_(root_ino) {
   auto root = std::make_shared<MNode>();
-  root->ino = kRootInode;
+  root->ino = root_ino;
   root->mode = S_IFDIR | 0755;  // mkfs
   root->links = 2;
   cur_.nodes[0] = root;
@@ -178,6 +179,57 @@ void model_write(MNode& n, uint64_t off, const std::string& data) {
     n.blocks[b] = std::move(blk);
     pos = e;
   }
+}
+
+void model_zero(MNode& n, uint64_t off, uint64_t len) {
+  const uint64_t end = std::min(off + len, n.size);
+  for (uint64_t pos = off; pos < end;) {
+    const uint64_t b = pos / kB, bs = b * kB, e = std::min(bs + kB, end);
+    if (n.blocks[b]) {
+      auto blk = std::make_shared<std::string>(*n.blocks[b]);
+      std::fill(blk->begin() + static_cast<long>(pos - bs), blk->begin() + static_cast<long>(e - bs),
+                '\0');
+      n.blocks[b] = std::move(blk);
+    }
+    pos = e;
+  }
+}
+
+void model_fallocate(Model& m, Id id, int mode, uint64_t off, uint64_t len) {
+  if (mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE)) {
+    model_zero(m.edit(id), off, len);
+    m.step();
+  }
+  if (mode & (FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE)) {
+    if (!(mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE))) m.step();  // no visible change
+    return;
+  }
+  // The size grows per allocation piece, each ending at a block boundary or at the end.
+  const uint64_t end = off + len;
+  for (uint64_t b = off / kB + 1; b * kB < end; ++b) {
+    if (b * kB > m.node(id)->size) {
+      model_truncate(m.edit(id), b * kB);
+      m.step();
+    }
+  }
+  if (end > m.node(id)->size) model_truncate(m.edit(id), end);
+  m.step();
+}
+
+std::string check_read(const MNode& n, uint64_t off, const std::string& got) {
+  for (uint64_t i = 0; i < got.size(); ++i) {
+    const uint64_t pos = off + i;
+    const uint64_t b = pos / kB;
+    const char want = pos < n.size && b < n.blocks.size() && n.blocks[b] ? (*n.blocks[b])[pos % kB] : '\0';
+    if (got[i] != want) {
+      char w[64];
+      std::snprintf(w, sizeof w, "byte %llu is 0x%02x, expected 0x%02x",
+                    static_cast<unsigned long long>(pos), static_cast<unsigned char>(got[i]),
+                    static_cast<unsigned char>(want));
+      return w;
+    }
+  }
+  return "";
 }
 
 void model_truncate(MNode& n, uint64_t size) {
@@ -325,7 +377,7 @@ struct FileSeen {
 // files reached.
 std::string compare_meta(const State& s, const Observed& o, std::vector<FileSeen>* files) {
   std::set<Id> seen;
-  std::vector<std::tuple<Id, Ino, std::string>> todo{{0, kRootInode, "/"}};
+  std::vector<std::tuple<Id, Ino, std::string>> todo{{0, s.nodes.at(0)->ino, "/"}};
   while (!todo.empty()) {
     auto [id, ino, path] = todo.back();
     todo.pop_back();
@@ -410,6 +462,21 @@ std::string check_data(const Model& m, size_t k, size_t hi, const Observed& o,
 
 }  // namespace
 
+std::map<Id, std::string> recovered_data(const State& s, const Observed& o) {
+  std::map<Id, std::string> data;
+  std::vector<std::pair<Id, Ino>> todo{{0, s.nodes.at(0)->ino}};
+  while (!todo.empty()) {
+    const auto [id, ino] = todo.back();
+    todo.pop_back();
+    const MNode& n = *s.nodes.at(id);
+    const ONode& on = o.nodes.at(ino);
+    if (S_ISREG(n.mode)) data[id] = on.data;
+    if (!S_ISDIR(n.mode)) continue;
+    for (const auto& [name, child] : n.entries) todo.emplace_back(child, on.entries.at(name).first);
+  }
+  return data;
+}
+
 std::string check(const Model& m, size_t hi, const Observed& o, size_t* matched) {
   std::string data_failure;
   for (size_t k = hi + 1; k-- > m.lo();) {
@@ -448,7 +515,8 @@ std::string Op::describe() const {
       return "symlink " + path + " -> " + show(path2, 24);
     case OpKind::kWrite:
       return "write " + who() + " off " + std::to_string(off) + " len " + std::to_string(len) +
-             " seed " + std::to_string(seed);
+             " seed " + std::to_string(seed) +
+             (via == Via::kDirect ? " direct" : via == Via::kMmap ? " mmap" : "");
     case OpKind::kTruncate:
       return "truncate " + who() + " to " + std::to_string(off);
     case OpKind::kChmod:
@@ -478,6 +546,12 @@ std::string Op::describe() const {
       return "open " + who();
     case OpKind::kRelease:
       return "release " + who();
+    case OpKind::kFallocate:
+      return "fallocate " + who() + " mode " + std::to_string(flags) + " off " + std::to_string(off) +
+             " len " + std::to_string(len);
+    case OpKind::kRead:
+      return "read " + who() + " off " + std::to_string(off) + " len " + std::to_string(len) +
+             (via == Via::kDirect ? " direct" : via == Via::kMmap ? " mmap" : "");
   }
   return "?";
 }
@@ -525,7 +599,39 @@ Op next_op(const Model& m, std::mt19937_64& rng) {
   Op op;
   for (int attempt = 0; attempt < 20; ++attempt) {
     op = Op{};
-    const uint64_t r = below(100);
+    const uint64_t r = below(110);
+    if (r >= 100 && r < 104) {  // fallocate: allocate, keep size, punch a hole, zero a range
+      static const int kModes[] = {0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                   FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE};
+      if (files.empty()) continue;
+      op.kind = OpKind::kFallocate;
+      op.id = pick_id(files);
+      op.flags = static_cast<unsigned>(kModes[below(std::size(kModes))]);
+      const uint64_t size = m.node(op.id)->size;
+      op.off = size > 0 && below(3) ? below(size) : below(512 * 1024);
+      op.len = 1 + below(256 * 1024);
+      if (below(2) == 0) op.off -= op.off % kB;
+      if (op.off + op.len > 3ull << 20 || total + op.len > 20ull << 20) continue;
+      return op;
+    }
+    if (r >= 104) {  // read a file's bytes back and compare them with the model
+      if (files.empty()) continue;
+      op.kind = OpKind::kRead;
+      op.id = pick_id(files);
+      const uint64_t size = m.node(op.id)->size;
+      op.off = size > 0 ? below(size) : 0;
+      op.len = 1 + below(64 * 1024);
+      const uint64_t how = below(4);
+      if (how == 1) {
+        op.off -= op.off % kB;
+        op.len = kB * (1 + op.len / kB);
+        op.via = Via::kDirect;
+      } else if (how == 2 && size > 0) {
+        op.via = Via::kMmap;
+        op.len = std::min(op.len, size - op.off);
+      }
+      return op;
+    }
     if (r == 0) {  // many files in one directory
       auto [dpath, did] = pick(dirs);
       op.kind = OpKind::kBurst;
@@ -580,6 +686,14 @@ Op next_op(const Model& m, std::mt19937_64& rng) {
       if (below(3) == 0) op.off -= op.off % kB;  // block-aligned: the direct path
       if (op.off + op.len > 3ull << 20 || total + op.len > 20ull << 20) continue;  // room left
       op.seed = rng();
+      const uint64_t via = below(4);
+      if (via == 0 && op.off % kB == 0) {
+        op.len = kB * (1 + op.len / kB);  // O_DIRECT: whole blocks
+        if (op.off + op.len > 3ull << 20 || total + op.len > 20ull << 20) continue;
+        op.via = Via::kDirect;
+      } else if (via == 1 && op.off + op.len <= size) {
+        op.via = Via::kMmap;
+      }
       return op;
     }
     if (r < 45) {  // truncate: shrink or grow
@@ -774,10 +888,10 @@ void Session::power_cut(double persist) {
   stack_.reset();
 }
 
-std::string Session::run(const Op& op, int* rc) {
-  Model& m = model_;
-  Filesystem& fs = *fs_;
-  const bool was_cut = cut_->is_cut();
+std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut, int* rc) {
+  auto is_cut = [&] { return cut != nullptr && cut->is_cut(); };
+  const bool was_cut = is_cut();
+  *rc = 0;
   auto ino_of = [&](Id id) { return m.node(id)->ino; };
   auto dir_ino = [&](const std::string& path, Id* id) {
     m.resolve(dirname_of(path), id);
@@ -785,7 +899,7 @@ std::string Session::run(const Op& op, int* rc) {
   };
   // The model changes if the call succeeded, or if the device was cut meanwhile (then the
   // operation may or may not have happened: its states become possible).
-  auto happened = [&] { return *rc == 0 || (!was_cut && cut_->is_cut()); };
+  auto happened = [&] { return *rc == 0 || (!was_cut && is_cut()); };
   Attr a;
   switch (op.kind) {
     case OpKind::kCreate:
@@ -839,7 +953,7 @@ std::string Session::run(const Op& op, int* rc) {
         n.links = 1;
         m.edit(did).entries[name] = m.add(n);
         m.step();
-        if (cut_->is_cut()) return "";
+        if (is_cut()) return "";
       }
       return "";
     }
@@ -848,7 +962,7 @@ std::string Session::run(const Op& op, int* rc) {
       size_t written = 0;
       *rc = fs.write(ino_of(op.id), op.off, op.len, data.data(), &written);
       if (!happened()) return "";
-      if (!cut_->is_cut() && written != op.len) {
+      if (!is_cut() && written != op.len) {
         return "wrote " + std::to_string(written) + " of " + std::to_string(op.len) + " bytes";
       }
       // One state per journal piece (file.cc): the size grows piece by piece.
@@ -986,6 +1100,22 @@ std::string Session::run(const Op& op, int* rc) {
       if (n.links == 0 && n.opens == 0) m.remove(op.id);
       return "";
     }
+    case OpKind::kFallocate:
+      *rc = fs.fallocate(ino_of(op.id), static_cast<int>(op.flags), op.off, op.len);
+      if (happened()) model_fallocate(m, op.id, static_cast<int>(op.flags), op.off, op.len);
+      return "";
+    case OpKind::kRead: {
+      std::string buf(op.len, '\0');
+      size_t got = 0;
+      *rc = fs.read(ino_of(op.id), op.off, op.len, buf.data(), &got);
+      if (*rc || is_cut()) return "";  // a read of a cut device proves nothing
+      const MNode& n = *m.node(op.id);
+      const uint64_t want = op.off >= n.size ? 0 : std::min<uint64_t>(op.len, n.size - op.off);
+      if (got != want) return "read " + std::to_string(got) + " bytes, expected " + std::to_string(want);
+      buf.resize(got);
+      if (std::string bad = check_read(n, op.off, buf); !bad.empty()) return "read back: " + bad;
+      return "";
+    }
   }
   return "";
 }
@@ -995,7 +1125,7 @@ std::string Session::apply(const Op& op) {
   const size_t before = model_.current();
   const uint64_t commits = fs_->stats().commits;
   int rc = 0;
-  std::string bad = run(op, &rc);
+  std::string bad = run_op(*fs_, model_, op, cut_.get(), &rc);
   // A commit counted during the operation is durable: everything before the operation is.
   if (fs_->stats().commits != commits) model_.durable(before);
   if (!bad.empty()) return bad;

@@ -83,7 +83,10 @@ struct State {
 
 class Model {
  public:
-  Model();  // an empty root (inode 1)
+  // An empty root directory: the filesystem's root (inode 1), or a directory of the tree
+  // that one worker of a concurrent workload owns (its mode 0755, as mkfs makes the root).
+  explicit Model(Ino root = kRootInode);
+  Ino root_ino() const { return root_ino_; }
   const State& now() const { return cur_; }
   const MNode* node(Id id) const;
   // A private copy of `id` in the current state, to change (copy-on-write).
@@ -106,6 +109,7 @@ class Model {
   void restart(size_t k, const std::map<Id, std::string>& data);
 
  private:
+  Ino root_ino_;
   State cur_;
   std::deque<State> hist_;  // states base_ .. base_ + size - 1
   size_t base_ = 0;
@@ -115,6 +119,14 @@ class Model {
 // The model's file bytes [off, off + len) written into `n` (regular file); size grows.
 void model_write(MNode& n, uint64_t off, const std::string& data);
 void model_truncate(MNode& n, uint64_t size);  // bytes past the new end become zero
+// Bytes [off, off + len) of a regular file read as zeroes (within its size).
+void model_zero(MNode& n, uint64_t off, uint64_t len);
+// The states fallocate(mode, off, len) of `id` passes through (file.cc): it zeroes first
+// (punch, zero range), then grows the size a piece at a time, so a crash may find the size
+// at any block boundary between the old size and the new.
+void model_fallocate(Model& m, Id id, int mode, uint64_t off, uint64_t len);
+// "" if `got`, read from offset `off` of `n`, is what the model holds there; else where not.
+std::string check_read(const MNode& n, uint64_t off, const std::string& got);
 
 // What a mounted filesystem shows, read through the Filesystem API from the root.
 struct ONode {
@@ -130,6 +142,10 @@ struct Observed {
 // Reads the whole tree; "" or what could not be read (or a directory reachable twice, an
 // entry whose lookup disagrees with readdir, a ".." naming the wrong parent).
 std::string observe(Filesystem& fs, Observed* out);
+
+// Each regular file's contents in `o`, by model id, once `o` matched state `s` (of a model
+// rooted at s's node 0).
+std::map<Id, std::string> recovered_data(const State& s, const Observed& o);
 
 // "" if `o` is a state the model allows: metadata S_k with k in [m.lo(), hi], data from
 // [k, hi] (the oracle above); then *matched = k. Else the violation, naming the path.
@@ -162,7 +178,13 @@ enum class OpKind : uint8_t {
   kSync,
   kOpen,
   kRelease,
+  kFallocate,  // flags: the mode (0, KEEP_SIZE, PUNCH_HOLE | KEEP_SIZE, ZERO_RANGE [| KEEP_SIZE])
+  kRead,       // reads [off, off + len) and compares with the model (changes nothing)
 };
+// How a write or a read reaches the file through a mount (the in-process runner ignores
+// it): pwrite/pread, O_DIRECT (block-aligned offsets and lengths only), or a shared mapping
+// (writes only within the file's size).
+enum class Via : uint8_t { kPlain, kDirect, kMmap };
 struct Op {
   OpKind kind = OpKind::kSync;
   Id id = 0;                // the inode operated on (write, truncate, chmod, xattr, fsync,
@@ -173,7 +195,8 @@ struct Op {
   uint64_t off = 0, len = 0, seed = 0;  // write: pattern(seed, off, len); truncate: size off;
                                         // burst: len files, names from seed
   uint32_t perm = 0;                    // create, mkdir, chmod
-  unsigned flags = 0;                   // rename: RENAME_NOREPLACE
+  unsigned flags = 0;                   // rename: RENAME_NOREPLACE; fallocate: the mode
+  Via via = Via::kPlain;                // write, read
   std::string name, value;              // xattr
   std::string describe() const;
 };
@@ -181,6 +204,13 @@ struct Op {
 // The next operation: valid in the model's current state (every one must succeed on a
 // healthy filesystem), chosen from `rng` and the state only.
 Op next_op(const Model& m, std::mt19937_64& rng);
+
+// Runs `op` on the filesystem (in-process) and on the model. The model changes when the call
+// succeeded, or when `cut` (may be null) was cut while it ran: then the operation may or may
+// not have happened, and its states become possible. "" or a mismatch of what the operation
+// reported; the errno in *rc. Several threads may run operations on one filesystem at once,
+// each with its own model (of its own subtree).
+std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut, int* rc);
 
 // A formatted, mounted filesystem on its own emulated controller, with a model.
 class Session {
@@ -219,7 +249,6 @@ class Session {
   bool power_on(uint64_t seed, std::string* error);
   std::string mount();
   std::string fsck(const char* when);
-  std::string run(const Op& op, int* rc);  // the filesystem side of apply()
 
   std::shared_ptr<nvme::BackingStore> store_;
   std::unique_ptr<cache::test::Stack> stack_;

@@ -73,6 +73,7 @@
 
 #include "fs/crash_harness.h"
 #include "tools/mount_rig.h"
+#include "tools/syscall_ops.h"
 
 namespace {
 
@@ -88,6 +89,7 @@ using warpfs::fs::mounted::Daemon;
 using warpfs::fs::mounted::errno_name;
 using warpfs::fs::mounted::last_lines;
 using warpfs::fs::mounted::run_program;
+using warpfs::fs::mounted::SyscallRunner;
 
 constexpr uint64_t kImageMiB = 64;  // as warpfs-crash's RAM store: the workload keeps < 20 MiB
 constexpr uint64_t kB = 4096;
@@ -111,13 +113,6 @@ std::string env_or(const char* name, const char* fallback) {
   return v && *v ? v : fallback;
 }
 
-std::string dirname_of(const std::string& path) {
-  const size_t s = path.rfind('/');
-  return s == 0 ? "/" : path.substr(0, s);
-}
-std::string basename_of(const std::string& path) {
-  return path.substr(path.rfind('/') + 1);
-}
 
 // Sends SIGKILL to a pid from its own thread, once operation `at_op` has started (or the
 // workload is over) and `delay_us` more have passed (cut short when the workload ends).
@@ -173,22 +168,6 @@ class Killer {
   std::thread t_;  // last: starts once the rest is initialised
 };
 
-// Each regular file's recovered contents, by model id, once `o` matched state `s`.
-std::map<Id, std::string> recovered_data(const crash::State& s, const Observed& o) {
-  std::map<Id, std::string> data;
-  std::vector<std::pair<Id, Ino>> todo{{0, warpfs::fs::kRootInode}};
-  while (!todo.empty()) {
-    const auto [id, ino] = todo.back();
-    todo.pop_back();
-    const MNode& n = *s.nodes.at(id);
-    const crash::ONode& on = o.nodes.at(ino);
-    if (S_ISREG(n.mode)) data[id] = on.data;
-    if (!S_ISDIR(n.mode)) continue;
-    for (const auto& [name, child] : n.entries) todo.emplace_back(child, on.entries.at(name).first);
-  }
-  return data;
-}
-
 // A generator for one purpose (`salt`) of a seed: consecutive seeds give unrelated streams.
 std::mt19937_64 seeded(uint64_t seed, uint32_t salt) {
   std::seed_seq s{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), salt};
@@ -218,16 +197,6 @@ struct Report {
   std::vector<std::string> trace;
 };
 
-// A create, mkdir or symlink that the kill interrupted: its inode number comes from the
-// recovered tree, if the entry is there.
-struct PendingCreate {
-  bool set = false;
-  OpKind kind = OpKind::kCreate;
-  Id dir = 0;
-  std::string name, target;
-  uint32_t perm = 0;
-};
-
 class Cut {
  public:
   Cut(const Programs& p, const std::string& dir, const Options& o, uint64_t seed)
@@ -235,21 +204,12 @@ class Cut {
   Report run();
 
  private:
-  std::string mnt_path(const std::string& p) const { return daemon_.mnt() + (p == "/" ? "" : p); }
   bool killed() const { return killer_ && killer_->fired(); }
   void trace(const std::string& s) {
     if (opt_.verbose) report_.trace.push_back(s);
   }
   std::string fsck(const char* when);
   std::string apply(const Op& op);
-  std::string exec(const Op& op, int* rc);
-  int create(OpKind kind, const std::string& path, uint32_t perm, const std::string& target,
-             Ino* ino, uint32_t* mode);
-  std::string add_created(OpKind kind, Id dir, const std::string& name, Ino ino, uint32_t perm,
-                          const std::string& target, uint32_t mode);
-  int open_id(Id id, int flags, bool* temp);
-  bool path_of(Id id, std::string* path) const;
-  void close_all();
   std::string recover();
   std::string check_final();
 
@@ -260,8 +220,7 @@ class Cut {
   Daemon daemon_;
   std::unique_ptr<Killer> killer_;
   Model model_;
-  std::map<Id, std::vector<int>> fds_;  // files the workload holds open (kOpen)
-  PendingCreate pending_;
+  SyscallRunner runner_{daemon_.mnt(), &model_, [this] { return killed(); }};
   Report report_;
 };
 
@@ -272,303 +231,10 @@ std::string Cut::fsck(const char* when) {
   return std::string("fsck.warpfs -f -n ") + when + ": exit " + std::to_string(rc) + "\n" + out;
 }
 
-bool Cut::path_of(Id id, std::string* path) const {
-  for (const auto& [p, i] : model_.names()) {
-    if (i == id) {
-      *path = p;
-      return true;
-    }
-  }
-  return false;
-}
-
-// A descriptor on `id`: one the workload holds, else a new one (*temp: close it after).
-// -errno if it cannot be had.
-int Cut::open_id(Id id, int flags, bool* temp) {
-  *temp = false;
-  if (auto it = fds_.find(id); it != fds_.end() && !it->second.empty()) return it->second.front();
-  std::string path;
-  if (!path_of(id, &path)) return -ENOENT;  // an unlinked inode the workload does not hold
-  const int fd = open(mnt_path(path).c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return -errno;
-  *temp = true;
-  return fd;
-}
-
-void Cut::close_all() {
-  for (auto& [id, v] : fds_) {
-    for (int fd : v) close(fd);
-  }
-  fds_.clear();
-}
-
-// Creates `path` (a file with `perm`, a directory, or a symlink to `target`); its inode
-// number and mode in *ino and *mode. 0 or the errno.
-int Cut::create(OpKind kind, const std::string& path, uint32_t perm, const std::string& target,
-                Ino* ino, uint32_t* mode) {
-  const std::string p = mnt_path(path);
-  struct stat st;
-  if (kind == OpKind::kCreate) {
-    const int fd = open(p.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, perm);
-    if (fd < 0) return errno;
-    const int rc = fstat(fd, &st) == 0 ? 0 : errno;
-    close(fd);
-    if (rc) return rc;
-  } else {
-    const int made =
-        kind == OpKind::kMkdir ? mkdir(p.c_str(), perm) : symlink(target.c_str(), p.c_str());
-    if (made != 0 || lstat(p.c_str(), &st) != 0) return errno;
-  }
-  *ino = st.st_ino;
-  *mode = st.st_mode;
-  return 0;
-}
-
-// The model side of a create, mkdir or symlink of `name` in `dir`: a new state.
-std::string Cut::add_created(OpKind kind, Id dir, const std::string& name, Ino ino, uint32_t perm,
-                             const std::string& target, uint32_t mode) {
-  MNode n;
-  n.ino = ino;
-  n.links = 1;
-  if (kind == OpKind::kMkdir) {
-    n.mode = S_IFDIR | perm;
-    n.links = 2;
-    model_.edit(dir).links += 1;
-  } else if (kind == OpKind::kSymlink) {
-    n.mode = S_IFLNK | 0777;
-    n.target = target;
-    n.size = target.size();
-  } else {
-    n.mode = S_IFREG | perm;
-  }
-  model_.edit(dir).entries[name] = model_.add(n);
-  model_.step();
-  if (mode != n.mode)
-    return "created with mode " + std::to_string(mode) + ", expected " + std::to_string(n.mode);
-  return "";
-}
-
-// Runs `op` on the mount and on the model (crash_harness.cc Session::run, through syscalls).
-// The model changes when the call succeeded, or when the daemon was killed meanwhile: then
-// the operation may or may not have happened. "" or a mismatch; the errno in *rc.
-std::string Cut::exec(const Op& op, int* rc) {
-  Model& m = model_;
-  *rc = 0;
-  auto happened = [&] { return *rc == 0 || killed(); };
-  auto sys = [&](int r) { *rc = r == 0 ? 0 : errno; };
-  switch (op.kind) {
-    case OpKind::kCreate:
-    case OpKind::kMkdir:
-    case OpKind::kSymlink:
-    case OpKind::kBurst: {
-      const bool burst = op.kind == OpKind::kBurst;
-      Id did;
-      m.resolve(burst ? op.path : dirname_of(op.path), &did);
-      const std::string dpath = burst ? op.path : dirname_of(op.path);
-      for (uint64_t i = 0; i < (burst ? op.len : 1); ++i) {  // one state per file
-        const OpKind kind = burst ? OpKind::kCreate : op.kind;
-        const std::string name =
-            burst ? "p" + std::to_string(op.seed + i) + "_" + std::string(100, 'p')
-                  : basename_of(op.path);
-        const uint32_t perm = burst ? 0644 : op.perm;
-        Ino ino = 0;
-        uint32_t mode = 0;
-        *rc = create(kind, (dpath == "/" ? "" : dpath) + "/" + name, perm, op.path2, &ino, &mode);
-        if (*rc != 0) {
-          if (killed()) pending_ = PendingCreate{true, kind, did, name, op.path2, perm};
-          return "";
-        }
-        if (std::string bad = add_created(kind, did, name, ino, perm, op.path2, mode); !bad.empty())
-          return bad;
-      }
-      return "";
-    }
-    case OpKind::kWrite: {
-      const std::string data = warpfs::fs::test::pattern(op.seed, op.off, op.len);
-      bool temp;
-      const int fd = open_id(op.id, O_WRONLY, &temp);
-      uint64_t done = 0;
-      if (fd < 0) {
-        *rc = -fd;
-      } else {
-        while (done < op.len) {
-          const ssize_t n =
-              pwrite(fd, data.data() + done, op.len - done, static_cast<off_t>(op.off + done));
-          if (n <= 0) {
-            *rc = n < 0 ? errno : EIO;
-            break;
-          }
-          done += static_cast<uint64_t>(n);
-        }
-        if (temp) close(fd);
-      }
-      if (!happened()) return "";
-      for (uint64_t d = 0; d < op.len;) {  // a state at each block boundary (file comment)
-        const uint64_t pos = op.off + d;
-        const uint64_t piece = std::min(op.len - d, kB - pos % kB);
-        crash::model_write(m.edit(op.id), pos, data.substr(d, piece));
-        m.step();
-        d += piece;
-      }
-      return "";
-    }
-    case OpKind::kTruncate:
-    case OpKind::kChmod:
-    case OpKind::kSetXattr:
-    case OpKind::kRemoveXattr: {
-      bool temp = false;
-      const bool dir = S_ISDIR(m.node(op.id)->mode);
-      const int fd = open_id(op.id, dir ? O_RDONLY | O_DIRECTORY : O_RDWR, &temp);
-      if (fd < 0) {
-        *rc = -fd;
-      } else if (op.kind == OpKind::kTruncate) {
-        sys(ftruncate(fd, static_cast<off_t>(op.off)));
-      } else if (op.kind == OpKind::kChmod) {
-        sys(fchmod(fd, op.perm));
-      } else if (op.kind == OpKind::kSetXattr) {
-        sys(fsetxattr(fd, op.name.c_str(), op.value.data(), op.value.size(), 0));
-      } else {
-        sys(fremovexattr(fd, op.name.c_str()));
-      }
-      if (temp) close(fd);
-      if (!happened()) return "";
-      MNode& n = m.edit(op.id);
-      if (op.kind == OpKind::kTruncate) {
-        crash::model_truncate(n, op.off);
-      } else if (op.kind == OpKind::kChmod) {
-        n.mode = (n.mode & S_IFMT) | op.perm;
-      } else if (op.kind == OpKind::kSetXattr) {
-        n.xattrs[op.name] = op.value;
-      } else {
-        n.xattrs.erase(op.name);
-      }
-      m.step();
-      return "";
-    }
-    case OpKind::kRename:
-    case OpKind::kExchange: {
-      Id sd, td, src, dst = 0;
-      m.resolve(dirname_of(op.path), &sd);
-      m.resolve(dirname_of(op.path2), &td);
-      const std::string sn = basename_of(op.path), tn = basename_of(op.path2);
-      m.resolve(op.path, &src);
-      const bool has_dst = m.resolve(op.path2, &dst);
-      sys(renameat2(AT_FDCWD, mnt_path(op.path).c_str(), AT_FDCWD, mnt_path(op.path2).c_str(),
-                    op.kind == OpKind::kExchange ? RENAME_EXCHANGE : op.flags));
-      if (!happened()) return "";
-      if (has_dst && dst == src) {  // the same inode under both names: nothing happens
-        m.step();
-        return "";
-      }
-      const bool sdir = S_ISDIR(m.node(src)->mode);
-      const bool ddir = has_dst && S_ISDIR(m.node(dst)->mode);
-      if (op.kind == OpKind::kExchange) {
-        m.edit(sd).entries[sn] = dst;
-        m.edit(td).entries[tn] = src;
-        if (sd != td && sdir) m.edit(td).links += 1, m.edit(sd).links -= 1;
-        if (sd != td && ddir) m.edit(sd).links += 1, m.edit(td).links -= 1;
-        m.step();
-        return "";
-      }
-      m.edit(sd).entries.erase(sn);
-      m.edit(td).entries[tn] = src;
-      if (sdir && sd != td) m.edit(sd).links -= 1, m.edit(td).links += 1;
-      if (has_dst) {
-        MNode& v = m.edit(dst);
-        v.links = ddir ? 0 : v.links - 1;
-        if (ddir) m.edit(td).links -= 1;
-        if (v.links == 0 && v.opens == 0) m.remove(dst);
-      }
-      m.step();
-      return "";
-    }
-    case OpKind::kLink: {
-      Id td;
-      m.resolve(dirname_of(op.path2), &td);
-      std::string src;
-      if (!path_of(op.id, &src)) return "no name for #" + std::to_string(op.id);
-      sys(linkat(AT_FDCWD, mnt_path(src).c_str(), AT_FDCWD, mnt_path(op.path2).c_str(), 0));
-      if (!happened()) return "";
-      m.edit(op.id).links += 1;
-      m.edit(td).entries[basename_of(op.path2)] = op.id;
-      m.step();
-      return "";
-    }
-    case OpKind::kUnlink:
-    case OpKind::kRmdir: {
-      Id d, id;
-      m.resolve(dirname_of(op.path), &d);
-      m.resolve(op.path, &id);
-      const std::string p = mnt_path(op.path);
-      sys(op.kind == OpKind::kUnlink ? unlink(p.c_str()) : rmdir(p.c_str()));
-      if (!happened()) return "";
-      m.edit(d).entries.erase(basename_of(op.path));
-      if (op.kind == OpKind::kRmdir) {
-        m.edit(d).links -= 1;
-        m.remove(id);
-      } else {
-        MNode& n = m.edit(id);
-        n.links -= 1;
-        if (n.links == 0 && n.opens == 0) m.remove(id);
-      }
-      m.step();
-      return "";
-    }
-    case OpKind::kFsync:
-    case OpKind::kFdatasync: {
-      bool temp;
-      const bool dir = S_ISDIR(m.node(op.id)->mode);
-      const int fd = open_id(op.id, dir ? O_RDONLY | O_DIRECTORY : O_RDONLY, &temp);
-      if (fd < 0) {
-        *rc = -fd;
-      } else {
-        sys(op.kind == OpKind::kFsync ? fsync(fd) : fdatasync(fd));
-        if (temp) close(fd);
-      }
-      if (*rc == 0) m.durable(m.current());  // acknowledged: everything before is durable
-      return "";
-    }
-    case OpKind::kSync: {  // syncfs: not forwarded to a FUSE daemon, so no promise
-      const int fd = open(daemon_.mnt().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (fd < 0) {
-        *rc = errno;
-        return "";
-      }
-      sys(syncfs(fd));
-      close(fd);
-      return "";
-    }
-    case OpKind::kOpen: {
-      std::string path;
-      if (!path_of(op.id, &path)) return "no name for #" + std::to_string(op.id);
-      const int fd = open(mnt_path(path).c_str(), O_RDWR | O_CLOEXEC);
-      if (fd < 0) {
-        *rc = errno;
-        return "";
-      }
-      fds_[op.id].push_back(fd);
-      m.edit(op.id).opens += 1;
-      return "";
-    }
-    case OpKind::kRelease: {  // FUSE_RELEASE goes asynchronously; it changes no state
-      auto& v = fds_[op.id];
-      if (!v.empty()) {
-        close(v.back());
-        v.pop_back();
-      }
-      MNode& n = m.edit(op.id);
-      n.opens -= 1;
-      if (n.links == 0 && n.opens == 0) m.remove(op.id);
-      return "";
-    }
-  }
-  return "";
-}
-
 // One operation of the workload; "" or the failure.
 std::string Cut::apply(const Op& op) {
   int rc = 0;
-  std::string bad = exec(op, &rc);
+  std::string bad = runner_.exec(op, &rc);
   if (!bad.empty()) return bad;
   if (rc != 0 && !killed()) {
     if (std::string how = daemon_.ended(); !how.empty())
@@ -595,6 +261,7 @@ std::string Cut::recover() {
   Observed o;
   if (std::string e = warpfs::fs::mounted::observe(daemon_.mnt(), &o); !e.empty())
     return "reading the recovered tree: " + e;
+  const warpfs::fs::mounted::PendingCreate& pending_ = runner_.pending();
   if (pending_.set) {  // the interrupted create: there if its entry is (by inode number)
     const Ino dino = model_.node(pending_.dir)->ino;
     const uint8_t type = pending_.kind == OpKind::kMkdir     ? DT_DIR
@@ -604,8 +271,8 @@ std::string Cut::recover() {
       if (auto e = d->second.entries.find(pending_.name);
           e != d->second.entries.end() && e->second.second == type) {
         const uint32_t mode = o.nodes.at(e->second.first).mode;
-        add_created(pending_.kind, pending_.dir, pending_.name, e->second.first, pending_.perm,
-                    pending_.target, mode);
+        runner_.add_created(pending_.kind, pending_.dir, pending_.name, e->second.first,
+                            pending_.perm, pending_.target, mode);
         trace("the interrupted create of " + pending_.name + " came back as inode " +
               std::to_string(e->second.first));
       }
@@ -615,7 +282,7 @@ std::string Cut::recover() {
   size_t k = 0;
   if (std::string e = crash::check(model_, model_.current(), o, &k); !e.empty()) return e;
   report_.matched = k;
-  model_.restart(k, recovered_data(model_.state(k), o));
+  model_.restart(k, crash::recovered_data(model_.state(k), o));
   return "";
 }
 
@@ -693,7 +360,7 @@ Report Cut::run() {
   r.killed_in = killer_->fired_during();
   r.in_workload = killer_->fired_in_workload();
   killer_.reset();
-  close_all();
+  runner_.close_all();
   if (failure.empty()) failure = daemon_.reap_killed();
   daemon_.abandon();
   if (!failure.empty()) {
@@ -727,7 +394,7 @@ Report Cut::run() {
       return r;
     }
   }
-  close_all();
+  runner_.close_all();
   if (std::string e = daemon_.unmount(); !e.empty()) {
     r.failure = "after recovery: " + e;
     return r;
@@ -782,6 +449,7 @@ int main(int argc, char** argv) {
   }
   umask(0);  // the daemon applies the caller's umask: the model's modes are the ones asked for
   signal(SIGPIPE, SIG_IGN);
+  warpfs::fs::mounted::install_sigbus_guard();
   warpfs::fs::mounted::clean_up_on_termination(dir);
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t passed = 0, failed = 0, in_workload = 0, after = 0, recovery_kills = 0;

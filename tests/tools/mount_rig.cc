@@ -310,7 +310,9 @@ std::string read_node(const std::string& path, const struct stat& st, crash::ONo
 
 }  // namespace
 
-std::string observe(const std::string& mnt, crash::Observed* out) {
+std::string observe(const std::string& mnt, crash::Observed* out) { return observe(mnt, 0, out); }
+
+std::string observe(const std::string& mnt, Ino parent, crash::Observed* out) {
   out->nodes.clear();
   struct stat st;
   if (lstat(mnt.c_str(), &st) != 0) return "/: lstat: " + errno_name(errno);
@@ -319,7 +321,7 @@ std::string observe(const std::string& mnt, crash::Observed* out) {
     Ino ino, parent;
     std::string path;  // in the mount: "" is the root
   };
-  std::vector<Dir> dirs{{st.st_ino, st.st_ino, ""}};
+  std::vector<Dir> dirs{{st.st_ino, parent ? parent : st.st_ino, ""}};
   for (size_t i = 0; i < dirs.size(); ++i) {
     const Dir d = dirs[i];
     const std::string dpath = d.path.empty() ? "/" : d.path;

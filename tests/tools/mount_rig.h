@@ -82,5 +82,7 @@ void clean_up_on_termination(const std::string& dir);
 // whose readdir and lstat disagree, a directory reachable twice, or a "." or ".." naming the
 // wrong inode.
 std::string observe(const std::string& mnt, crash::Observed* out);
+// The same for the subtree at `dir` (a directory in a mount), whose ".." is inode `parent`.
+std::string observe(const std::string& dir, Ino parent, crash::Observed* out);
 
 }  // namespace warpfs::fs::mounted

@@ -1,0 +1,729 @@
+// The concurrent stress harness (stress.h).
+#include "fs/stress.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "fs/crash_harness.h"
+#include "warpfs/blockdev/devices.h"
+#include "warpfs/fs/fsck.h"
+#include "warpfs/fs/mkfs.h"
+
+namespace warpfs::fs::stress {
+
+namespace {
+
+using crash::CutDevice;
+using crash::Id;
+using crash::MNode;
+using crash::Model;
+using crash::Observed;
+using crash::Op;
+using crash::OpKind;
+
+constexpr uint64_t kB = kBlockSize;
+
+uint64_t mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::string errno_name(int rc) {
+  return rc == 0 ? "0" : std::string(strerrorname_np(rc) ? strerrorname_np(rc) : "?");
+}
+
+// A sharer's data block: 8 bytes of inode, 8 of block number, then bytes drawn from a tag,
+// the last 8 a checksum of the rest. Zeroes (a hole) or such a block for this inode and
+// offset are the only contents a shared file's block may have.
+void stamp(uint8_t* b, Ino ino, uint64_t lblk, uint64_t tag) {
+  std::memcpy(b, &ino, 8);
+  std::memcpy(b + 8, &lblk, 8);
+  uint64_t x = mix(tag);
+  for (size_t i = 16; i < kB - 8; i += 8) {
+    x = mix(x);
+    std::memcpy(b + i, &x, 8);
+  }
+  uint64_t sum = 0;
+  for (size_t i = 0; i < kB - 8; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, b + i, 8);
+    sum = mix(sum ^ w);
+  }
+  std::memcpy(b + kB - 8, &sum, 8);
+}
+
+// "" if block `lblk` of inode `ino` reads as `b` legitimately.
+std::string check_stamp(const uint8_t* b, Ino ino, uint64_t lblk) {
+  bool zero = true;
+  for (size_t i = 0; i < kB && zero; ++i) zero = b[i] == 0;
+  if (zero) return "";
+  uint64_t got_ino, got_lblk, sum = 0, want;
+  std::memcpy(&got_ino, b, 8);
+  std::memcpy(&got_lblk, b + 8, 8);
+  for (size_t i = 0; i < kB - 8; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, b + i, 8);
+    sum = mix(sum ^ w);
+  }
+  std::memcpy(&want, b + kB - 8, 8);
+  if (sum != want) {
+    return "block " + std::to_string(lblk) + " of inode " + std::to_string(ino) +
+           " is torn or foreign (checksum mismatch; it claims inode " + std::to_string(got_ino) +
+           " block " + std::to_string(got_lblk) + ")";
+  }
+  if (got_ino != ino || got_lblk != lblk) {
+    return "block " + std::to_string(lblk) + " of inode " + std::to_string(ino) +
+           " holds the data of inode " + std::to_string(got_ino) + " block " +
+           std::to_string(got_lblk);
+  }
+  return "";
+}
+
+// The device stack of one power-on: controller, driver, optional cache, and the CutDevice
+// the filesystem sees.
+struct Machine {
+  std::shared_ptr<nvme::BackingStore> store;
+  std::unique_ptr<cache::test::Stack> stack;
+  std::unique_ptr<blockdev::NvmeBlockDevice> nvme;
+  std::unique_ptr<blockdev::CachedBlockDevice> cached;
+  std::unique_ptr<CutDevice> cut;
+  std::unique_ptr<Filesystem> fs;
+  std::mutex log_mu;
+  std::string log;  // log_mu
+  uint64_t power_ons = 0;
+
+  std::string power_on(const Options& o) {
+    nvme::EmulatedConfig cfg;
+    cfg.seed = mix(o.seed ^ ++power_ons);
+    cfg.inline_io = (o.seed & 1) != 0;  // as the daemon runs it, or on the worker threads
+    cfg.worker_threads = 1 + static_cast<unsigned>((o.seed >> 1) & 1);
+    stack = cache::test::Stack::make(0, store, cfg);
+    if (!stack) return "cannot start the emulated controller";
+    std::string err;
+    nvme = blockdev::NvmeBlockDevice::create(*stack->engine, 1, kBlockSize, &err);
+    if (!nvme) return err;
+    blockdev::BlockDevice* dev = nvme.get();
+    if (o.cache_mb > 0) {
+      cache::CacheOptions co;
+      co.ways = 8;
+      uint32_t sets = 1;
+      while (uint64_t{sets} * 2 * co.ways <= (uint64_t{o.cache_mb} << 20) / kB) sets *= 2;
+      co.sets = sets;
+      cached = blockdev::CachedBlockDevice::create(*nvme, co, &err);
+      if (!cached) return "cache: " + err;
+      dev = cached.get();
+    }
+    cut = std::make_unique<CutDevice>(*dev);
+    return "";
+  }
+  std::string mount(const Options& o) {
+    MountOptions mo;
+    mo.commit_interval_ms = o.commit_ms;
+    mo.log = [this](const std::string& s) {
+      std::lock_guard<std::mutex> g(log_mu);
+      log += s + "\n";
+    };
+    std::string err;
+    fs = Filesystem::mount(*cut, mo, &err);
+    return fs ? "" : "mount failed: " + err + "\n" + logged();
+  }
+  std::string logged() {
+    std::lock_guard<std::mutex> g(log_mu);
+    return log;
+  }
+  void clear_log() {
+    std::lock_guard<std::mutex> g(log_mu);
+    log.clear();
+  }
+  std::string fsck(const char* when) {
+    FsckOptions fo;  // check only
+    std::string out;
+    FsckResult r = warpfs::fs::fsck(*cut, fo, [&](const std::string& s) { out += "  " + s + "\n"; });
+    if (r.exit_code == kFsckClean) return "";
+    return std::string("fsck ") + when + ": exit " + std::to_string(r.exit_code) + " " + r.error +
+           "\n" + out;
+  }
+  // Unmount; "" or why it failed (an error, or anything the filesystem logged).
+  std::string unmount(const char* when) {
+    const int rc = fs->unmount();
+    fs.reset();
+    std::string l = logged();
+    if (rc != 0) return std::string("unmount ") + when + ": " + errno_name(rc) + "\n" + l;
+    if (!l.empty()) return std::string("the filesystem logged ") + when + ":\n" + l;
+    return "";
+  }
+  void power_cut(double persist) {
+    cut->cut();
+    stack->transport->power_cut(persist);
+    fs.reset();
+    cut.reset();
+    cached.reset();
+    nvme.reset();
+    stack.reset();
+  }
+  ~Machine() {
+    fs.reset();
+    cut.reset();
+    cached.reset();
+    nvme.reset();
+    stack.reset();
+  }
+};
+
+// The first failure of any thread; the others stop once it is set.
+class Failure {
+ public:
+  void set(const std::string& s) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (what_.empty()) what_ = s;
+    failed_.store(true);
+  }
+  bool failed() const { return failed_.load(); }
+  std::string what() {
+    std::lock_guard<std::mutex> g(mu_);
+    return what_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::string what_;  // mu_
+  std::atomic<bool> failed_{false};
+};
+
+// One worker: a subtree, its model, and the operations it ran.
+struct Worker {
+  int index = 0;
+  Ino dir = 0;
+  std::unique_ptr<Model> model;
+  std::mt19937_64 rng;
+  std::deque<std::pair<size_t, uint64_t>> pending;  // (state reached, commits when it was)
+  std::deque<std::string> trace;                    // the last operations (verbose)
+  uint64_t ops = 0;
+};
+
+class Run {
+ public:
+  explicit Run(const Options& o) : o_(o) {}
+  Report go();
+
+ private:
+  std::string setup();
+  // The concurrent phase: workers run `ops` operations each (stopping at a cut).
+  void phase(uint64_t ops, bool allow_cut);
+  void worker_loop(Worker& w, uint64_t ops, bool allow_cut);
+  void sharer_loop(int index, uint64_t seed);
+  void observer_loop(uint64_t seed);
+  bool stop() const { return done_.load() || failure_.failed(); }
+  bool cut() const { return m_.cut && m_.cut->is_cut(); }
+  // Every worker's held opens released (the model follows).
+  std::string release_all();
+  // The tree's invariants and each worker's subtree against its model (`hi`: the states up
+  // to the last reached are allowed, from its lower bound; exact when lo == hi).
+  std::string check_all(const char* when, bool after_crash);
+  std::string check_invariants(const Observed& o);
+
+  const Options& o_;
+  Machine m_;
+  std::vector<Worker> workers_;
+  Ino shared_ = 0;
+  std::atomic<bool> done_{false};
+  std::atomic<int> workers_running_{0};
+  std::atomic<uint64_t> other_ops_{0};
+  Failure failure_;
+  Report r_;
+};
+
+std::string Run::setup() {
+  m_.store = nvme::BackingStore::ram(o_.mib << 20);
+  if (!m_.store) return "no RAM store";
+  if (std::string e = m_.power_on(o_); !e.empty()) return e;
+  MkfsOptions mo;
+  mo.seed = 7;
+  Geometry g;
+  std::string err;
+  if (!plan_geometry(m_.cut->block_count(), mo, &g, &err)) return err;
+  if (blockdev::Status st = format(*m_.cut, mo, g, nullptr); !st.is_ok())
+    return "format: " + st.to_string();
+  if (std::string e = m_.mount(o_); !e.empty()) return e;
+  Attr a;
+  for (int k = 0; k < o_.workers; ++k) {
+    if (int rc = m_.fs->mkdir(kRootInode, "w" + std::to_string(k), 0755, Caller{}, &a); rc)
+      return "mkdir /w" + std::to_string(k) + ": " + errno_name(rc);
+    m_.fs->forget(a.ino, 1);
+    Worker w;
+    w.index = k;
+    w.dir = a.ino;
+    w.model = std::make_unique<Model>(a.ino);
+    std::seed_seq ss{static_cast<uint32_t>(o_.seed), static_cast<uint32_t>(o_.seed >> 32),
+                     static_cast<uint32_t>(k), 0x5eedu};
+    w.rng.seed(ss);
+    workers_.push_back(std::move(w));
+  }
+  if (int rc = m_.fs->mkdir(kRootInode, "shared", 0755, Caller{}, &a); rc)
+    return "mkdir /shared: " + errno_name(rc);
+  m_.fs->forget(a.ino, 1);
+  shared_ = a.ino;
+  // The directories are there before any worker's first state.
+  if (int rc = m_.fs->sync(); rc) return "sync: " + errno_name(rc);
+  return "";
+}
+
+void Run::worker_loop(Worker& w, uint64_t ops, bool allow_cut) {
+  Model& m = *w.model;
+  Filesystem& fs = *m_.fs;
+  for (uint64_t i = 0; i < ops && !failure_.failed() && !cut(); ++i) {
+    if (allow_cut) {
+      // What a commit that began after an operation ended made durable.
+      const uint64_t commits = fs.stats().commits;
+      while (!w.pending.empty() && w.pending.front().second + 2 <= commits) {
+        m.durable(w.pending.front().first);
+        w.pending.pop_front();
+      }
+    }
+    const Op op = crash::next_op(m, w.rng);
+    const bool was_cut = cut();
+    int rc = 0;
+    const std::string bad = crash::run_op(fs, m, op, m_.cut.get(), &rc);
+    ++w.ops;
+    if (o_.verbose) {
+      w.trace.push_back(op.describe() + " -> " + errno_name(rc));
+      if (w.trace.size() > 40) w.trace.pop_front();
+    }
+    if (!bad.empty() || (rc != 0 && !was_cut && !cut())) {
+      failure_.set("worker " + std::to_string(w.index) + ", op " + std::to_string(i) + " (" +
+                   op.describe() + "): " + (bad.empty() ? "returned " + errno_name(rc) : bad) +
+                   "\n" + m_.logged());
+      return;
+    }
+    if (allow_cut) {
+      w.pending.emplace_back(m.current(), fs.stats().commits);
+    } else {
+      m.durable(m.current());  // no crash to come: keep the history short
+    }
+  }
+}
+
+// The errors a racing call in /shared may legitimately return.
+bool expected(int rc, std::initializer_list<int> ok) {
+  if (rc == 0) return true;
+  for (int e : ok) {
+    if (rc == e) return true;
+  }
+  return false;
+}
+
+void Run::sharer_loop(int index, uint64_t seed) {
+  Filesystem& fs = *m_.fs;
+  std::mt19937_64 rng(mix(seed));
+  auto below = [&](uint64_t n) { return n == 0 ? 0 : rng() % n; };
+  // A directory of /shared ("" = /shared itself, or d0..d2) and a name in it.
+  auto pick_dir = [&](Ino* dir) -> int {
+    if (below(3) == 0) {
+      *dir = shared_;
+      return 0;
+    }
+    Attr a;
+    const int rc = fs.lookup(shared_, "d" + std::to_string(below(3)), &a);
+    if (rc) return rc;
+    fs.forget(a.ino, 1);
+    if (!S_ISDIR(a.mode)) return ENOTDIR;
+    *dir = a.ino;  // may be removed before it is used: its operations then see ENOENT
+    return 0;
+  };
+  auto name = [&] { return below(4) == 0 ? "d" + std::to_string(below(3)) : "s" + std::to_string(below(10)); };
+  std::vector<std::pair<Ino, uint32_t>> held;  // inodes opened and not released
+  auto fail = [&](const std::string& what, int rc) {
+    failure_.set("sharer " + std::to_string(index) + ": " + what + " returned " + errno_name(rc) +
+                 "\n" + m_.logged());
+  };
+  std::vector<uint8_t> buf(16 * kB);
+  // Racing with a removal of the directory itself: ENOENT; with a rename over a directory
+  // being emptied: ENOTEMPTY; and so on.
+  const std::initializer_list<int> kNameRaces = {ENOENT, EEXIST, ENOTEMPTY, EISDIR, ENOTDIR,
+                                                  EINVAL, EPERM, EMLINK};
+  while (!stop() && !cut()) {
+    other_ops_.fetch_add(1, std::memory_order_relaxed);
+    const uint64_t r = below(100);
+    Ino dir;
+    if (int rc = pick_dir(&dir); rc) {
+      if (!expected(rc, {ENOENT, ENOTDIR})) return fail("lookup of a shared directory", rc);
+      continue;
+    }
+    Attr a;
+    const std::string n = name();
+    int rc;
+    if (r < 12) {
+      rc = n[0] == 'd' ? fs.mkdir(dir, n, 0755, Caller{}, &a)
+                       : fs.mknod(dir, n, S_IFREG | 0644, 0, Caller{}, &a);
+      if (rc == 0) fs.forget(a.ino, 1);
+      if (!expected(rc, {ENOENT, EEXIST}) && !cut()) return fail("create " + n, rc);
+    } else if (r < 22) {
+      rc = below(3) == 0 ? fs.rmdir(dir, n) : fs.unlink(dir, n);
+      if (!expected(rc, kNameRaces) && !cut()) return fail("unlink/rmdir " + n, rc);
+    } else if (r < 34) {
+      Ino dir2;
+      if (pick_dir(&dir2) != 0) continue;
+      const unsigned flags = below(4) == 0 ? RENAME_EXCHANGE : below(4) == 0 ? RENAME_NOREPLACE : 0;
+      rc = fs.rename(dir, n, dir2, name(), flags);
+      if (!expected(rc, kNameRaces) && !cut()) return fail("rename " + n, rc);
+    } else if (r < 40) {
+      if (fs.lookup(dir, n, &a) != 0) continue;
+      Ino dir2;
+      if (pick_dir(&dir2) == 0) {
+        Attr b;
+        rc = fs.link(a.ino, dir2, name(), &b);
+        if (rc == 0) fs.forget(b.ino, 1);
+        if (!expected(rc, kNameRaces) && !cut()) {
+          fs.forget(a.ino, 1);
+          return fail("link " + n, rc);
+        }
+      }
+      fs.forget(a.ino, 1);
+    } else if (r < 80) {
+      // Data through a looked-up inode: it stays valid (an orphan at worst) while we hold it.
+      if (fs.lookup(dir, n, &a) != 0) continue;
+      const Ino ino = a.ino;
+      if (S_ISDIR(a.mode)) {
+        std::vector<DirEntry> ents;
+        rc = fs.readdir(ino, 0, [&](const DirEntry& e) {
+          ents.push_back(e);
+          return true;
+        });
+        if (rc && !cut()) {
+          fs.forget(ino, 1);
+          return fail("readdir", rc);
+        }
+      } else if (S_ISREG(a.mode)) {
+        const uint64_t blk = below(48), nb = 1 + below(4);
+        const uint64_t what = below(10);
+        if (what < 4) {
+          for (uint64_t i = 0; i < nb; ++i) stamp(buf.data() + i * kB, ino, blk + i, rng());
+          size_t w = 0;
+          rc = fs.write(ino, blk * kB, nb * kB, reinterpret_cast<const char*>(buf.data()), &w);
+        } else if (what < 7) {
+          size_t got = 0;
+          rc = fs.read(ino, blk * kB, nb * kB, reinterpret_cast<char*>(buf.data()), &got);
+          if (rc == 0 && !cut()) {
+            for (uint64_t i = 0; i * kB < got; ++i) {
+              if (std::string e = check_stamp(buf.data() + i * kB, ino, blk + i); !e.empty()) {
+                fs.forget(ino, 1);
+                failure_.set("sharer " + std::to_string(index) + ": read of " + n + ": " + e);
+                return;
+              }
+            }
+          }
+        } else if (what == 7) {
+          SetAttr s;
+          s.size = true;
+          s.new_size = below(40) * kB;
+          Attr out;
+          rc = fs.setattr(ino, s, &out);
+        } else if (what == 8) {
+          rc = fs.fallocate(ino, below(2) ? FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE : 0,
+                            blk * kB, nb * kB);
+        } else {
+          const std::string v(below(200), 'v');
+          rc = fs.setxattr(ino, "user.s" + std::to_string(below(3)), v.data(), v.size(), 0);
+        }
+        if (rc && !cut()) {
+          fs.forget(ino, 1);
+          return fail("data operation on " + n, rc);
+        }
+      }
+      if (below(8) == 0 && held.size() < 4 && fs.open(ino, O_RDWR) == 0) {
+        held.emplace_back(ino, 0);  // kept open: unlinking it leaves an orphan
+      }
+      fs.forget(ino, 1);
+    } else if (r < 86) {
+      if (!held.empty()) {
+        fs.release(held.back().first);
+        held.pop_back();
+      }
+    } else if (r < 94) {
+      // Readdir of a shared directory: each name listed resolves, or was removed meanwhile.
+      std::vector<DirEntry> ents;
+      rc = fs.readdir(dir, 0, [&](const DirEntry& e) {
+        ents.push_back(e);
+        return true;
+      });
+      if (rc && !expected(rc, {ENOENT}) && !cut()) return fail("readdir", rc);
+      for (const DirEntry& e : ents) {
+        if (e.name == "." || e.name == "..") continue;
+        rc = fs.lookup(dir, e.name, &a);
+        if (rc == 0) {
+          fs.forget(a.ino, 1);
+        } else if (!expected(rc, {ENOENT}) && !cut()) {
+          return fail("lookup of listed " + e.name, rc);
+        }
+      }
+    } else if (r < 97) {
+      rc = fs.fsync(dir, false);
+      if (rc && !cut()) return fail("fsync", rc);
+    } else {
+      struct statvfs sv;
+      rc = fs.statfs(&sv);
+      if (rc) return fail("statfs", rc);
+    }
+  }
+  for (auto [ino, unused] : held) fs.release(ino);
+}
+
+void Run::observer_loop(uint64_t seed) {
+  Filesystem& fs = *m_.fs;
+  std::mt19937_64 rng(mix(seed ^ 0x0b5));
+  while (!stop() && !cut() && !workers_.empty()) {
+    other_ops_.fetch_add(1, std::memory_order_relaxed);
+    // A walk down a worker's subtree, as `find` would do beside it. The directories found
+    // are held (a lookup reference each, as the kernel holds them) until they are read.
+    std::vector<Ino> dirs{workers_[rng() % workers_.size()].dir};
+    struct Forget {
+      Filesystem& fs;
+      std::vector<Ino>& dirs;
+      ~Forget() {
+        for (size_t i = 1; i < dirs.size(); ++i) fs.forget(dirs[i], 1);
+      }
+    } forget{fs, dirs};
+    for (size_t i = 0; i < dirs.size() && i < 16 && !stop(); ++i) {
+      std::vector<DirEntry> ents;
+      int rc = fs.readdir(dirs[i], 0, [&](const DirEntry& e) {
+        ents.push_back(e);
+        return true;
+      });
+      if (rc) {
+        if (expected(rc, {ENOENT}) || cut()) continue;  // removed since we found it
+        failure_.set("observer: readdir of inode " + std::to_string(dirs[i]) + " returned " +
+                     errno_name(rc) + "\n" + m_.logged());
+        return;
+      }
+      for (const DirEntry& e : ents) {
+        if (e.name == "." || e.name == "..") continue;
+        Attr a;
+        rc = fs.lookup(dirs[i], e.name, &a);
+        if (rc) {
+          if (expected(rc, {ENOENT}) || cut()) continue;
+          failure_.set("observer: lookup of '" + e.name + "' (listed in inode " +
+                       std::to_string(dirs[i]) + ") returned " + errno_name(rc) + "\n" +
+                       m_.logged());
+          return;
+        }
+        Attr b;
+        rc = fs.getattr(a.ino, &b);
+        if (rc == 0 && b.ino != a.ino) rc = EIO;
+        if (rc && !cut()) {
+          fs.forget(a.ino, 1);
+          failure_.set("observer: getattr of a looked-up inode returned " + errno_name(rc));
+          return;
+        }
+        if (S_ISREG(a.mode) && rng() % 4 == 0) {
+          std::string x;
+          (void)fs.listxattr(a.ino, &x);
+        }
+        if (S_ISDIR(a.mode)) {
+          dirs.push_back(a.ino);  // forgotten once read
+        } else {
+          fs.forget(a.ino, 1);
+        }
+      }
+    }
+    struct statvfs sv;
+    (void)fs.statfs(&sv);
+  }
+}
+
+void Run::phase(uint64_t ops, bool allow_cut) {
+  done_ = false;
+  const uint64_t c0 = m_.fs->stats().commits;
+  std::vector<std::thread> others;
+  for (int k = 0; k < o_.sharers; ++k)
+    others.emplace_back([this, k] { sharer_loop(k, mix(o_.seed * 31 + static_cast<uint64_t>(k))); });
+  if (o_.observer) others.emplace_back([this] { observer_loop(o_.seed); });
+  std::vector<std::thread> ws;
+  for (Worker& w : workers_) ws.emplace_back([this, &w, ops, allow_cut] { worker_loop(w, ops, allow_cut); });
+  for (auto& t : ws) t.join();
+  done_ = true;
+  for (auto& t : others) t.join();
+  if (!cut()) r_.commits += m_.fs->stats().commits - c0;
+}
+
+std::string Run::release_all() {
+  for (Worker& w : workers_) {
+    Model& m = *w.model;
+    std::vector<std::pair<Id, uint32_t>> open;
+    for (const auto& [id, n] : m.now().nodes) {
+      if (n->opens > 0) open.emplace_back(id, n->opens);
+    }
+    for (auto [id, count] : open) {
+      for (uint32_t i = 0; i < count; ++i) {
+        Op op;
+        op.kind = OpKind::kRelease;
+        op.id = id;
+        int rc = 0;
+        if (std::string bad = crash::run_op(*m_.fs, m, op, nullptr, &rc); !bad.empty()) return bad;
+      }
+    }
+    m.durable(m.current());
+  }
+  return "";
+}
+
+// Names per inode against link counts, and the shared files' blocks.
+std::string Run::check_invariants(const Observed& o) {
+  std::map<Ino, uint32_t> names, subdirs;
+  for (const auto& [ino, n] : o.nodes) {
+    for (const auto& [name, ent] : n.entries) {
+      names[ent.first] += 1;
+      if (ent.second == DT_DIR) subdirs[ino] += 1;
+    }
+  }
+  for (const auto& [ino, n] : o.nodes) {
+    const uint32_t want = S_ISDIR(n.mode) ? 2 + subdirs[ino] : names[ino];
+    if (n.nlink != want) {
+      return "inode " + std::to_string(ino) + " (" + (S_ISDIR(n.mode) ? "directory" : "file") +
+             ") has link count " + std::to_string(n.nlink) + " but " + std::to_string(want) +
+             (S_ISDIR(n.mode) ? " (2 + subdirectories)" : " names");
+    }
+  }
+  // The shared subtree's files: stamped blocks or zeroes only.
+  std::vector<Ino> todo{shared_};
+  std::set<Ino> seen;
+  while (!todo.empty()) {
+    const Ino d = todo.back();
+    todo.pop_back();
+    auto it = o.nodes.find(d);
+    if (it == o.nodes.end()) return "/shared (inode " + std::to_string(d) + ") was not read";
+    for (const auto& [name, ent] : it->second.entries) {
+      if (ent.second == DT_DIR) {
+        todo.push_back(ent.first);
+        continue;
+      }
+      if (!seen.insert(ent.first).second) continue;
+      const crash::ONode& f = o.nodes.at(ent.first);
+      if (f.size % kB) {
+        return "shared file inode " + std::to_string(ent.first) + " has size " +
+               std::to_string(f.size) + ", not a multiple of the block size";
+      }
+      for (uint64_t b = 0; b * kB < f.data.size(); ++b) {
+        if (std::string e = check_stamp(reinterpret_cast<const uint8_t*>(f.data.data()) + b * kB,
+                                        ent.first, b);
+            !e.empty())
+          return "/shared/.../" + name + ": " + e;
+      }
+    }
+  }
+  return "";
+}
+
+std::string Run::check_all(const char* when, bool after_crash) {
+  Observed o;
+  if (std::string e = crash::observe(*m_.fs, &o); !e.empty())
+    return std::string("reading the tree ") + when + ": " + e;
+  for (Worker& w : workers_) {
+    Model& m = *w.model;
+    size_t k = 0;
+    if (std::string e = crash::check(m, m.current(), o, &k); !e.empty())
+      return std::string("worker ") + std::to_string(w.index) + "'s subtree " + when + ": " + e;
+    if (after_crash) {
+      r_.durable_states += m.lo();
+      r_.reached_states += m.current();
+      r_.matched_states += k;
+      m.restart(k, crash::recovered_data(m.state(k), o));
+      w.pending.clear();
+    }
+  }
+  if (std::string e = check_invariants(o); !e.empty()) return std::string(when) + ": " + e;
+  return "";
+}
+
+Report Run::go() {
+  if (std::string e = setup(); !e.empty()) {
+    r_.failure = "setup: " + e;
+    return r_;
+  }
+  std::mt19937_64 draw(mix(o_.seed ^ 0xc07));
+  if (o_.cut && draw() % 8 != 0) {
+    // Mutating device calls: about two per worker operation, timed commits aside.
+    const uint64_t n = 1 + draw() % (o_.ops * static_cast<uint64_t>(o_.workers) * 2 + 1);
+    m_.cut->cut_at(n, true, draw());
+  }
+  phase(o_.ops, o_.cut);
+  for (const Worker& w : workers_) r_.ops += w.ops;
+  r_.ops += other_ops_.load();
+  auto fail = [&](const std::string& e) {
+    r_.failure = e;
+    for (const Worker& w : workers_) {
+      for (const std::string& t : w.trace) r_.trace.push_back("w" + std::to_string(w.index) + ": " + t);
+    }
+    return r_;
+  };
+  if (failure_.failed()) return fail(failure_.what());
+  if (o_.cut) {
+    r_.cut_call = cut() ? m_.cut->mutations() : 0;
+    std::uniform_real_distribution<double> share(0, 1);
+    m_.power_cut(draw() % 3 == 0 ? 0.0 : share(draw));
+    if (std::string e = m_.power_on(o_); !e.empty()) return fail("power on: " + e);
+    m_.clear_log();
+    if (std::string e = m_.fsck("of the crashed image"); !e.empty()) return fail(e);
+    if (std::string e = m_.mount(o_); !e.empty()) return fail("recovery: " + e);
+    if (std::string e = check_all("after the power cut", true); !e.empty()) return fail(e);
+    // The recovered filesystem takes the same load again.
+    m_.clear_log();
+    phase(std::max<uint64_t>(o_.ops / 4, 10), false);
+    if (failure_.failed()) return fail("after recovery: " + failure_.what());
+  }
+  if (std::string e = release_all(); !e.empty()) return fail(e);
+  if (o_.tamper_model && !workers_.empty()) {
+    Model& m = *workers_[0].model;
+    bool done = false;
+    for (const auto& [id, n] : m.now().nodes) {
+      if (S_ISREG(n->mode) && n->size > 0) {
+        const char first = n->blocks[0] ? (*n->blocks[0])[0] : '\0';
+        crash::model_write(m.edit(id), 0, std::string(1, static_cast<char>(~first)));
+        done = true;
+        break;
+      }
+    }
+    if (!done) {  // no data anywhere: claim a name instead
+      MNode f;
+      f.mode = S_IFREG | 0644;
+      f.links = 1;
+      f.ino = 999999;
+      m.edit(0).entries["tampered"] = m.add(f);
+    }
+    m.step();
+    m.durable(m.current());
+  }
+  if (std::string e = check_all("at the end of the workload", false); !e.empty()) return fail(e);
+  if (std::string e = m_.unmount("at the end"); !e.empty()) return fail(e);
+  if (std::string e = m_.fsck("after the unmount"); !e.empty()) return fail(e);
+  if (std::string e = m_.mount(o_); !e.empty()) return fail(e);
+  if (std::string e = check_all("after a remount", false); !e.empty()) return fail(e);
+  if (std::string e = m_.unmount("after the remount"); !e.empty()) return fail(e);
+  if (std::string e = m_.fsck("at last"); !e.empty()) return fail(e);
+  r_.passed = true;
+  return r_;
+}
+
+}  // namespace
+
+Report run(const Options& o) {
+  Run r(o);
+  return r.go();
+}
+
+}  // namespace warpfs::fs::stress

@@ -1,0 +1,102 @@
+// warpfs-stress: the concurrent stress harness on the filesystem core (tests/fs/stress.h).
+//
+//   warpfs-stress [--runs N | --seconds T] [--seed S] [--workers N] [--sharers N] [--ops N]
+//                 [--cut] [--cache-mb N] [--verbose]
+//
+// Run i uses seed S + i. --seconds runs seeds one after another until T seconds have passed
+// (a soak). Each failure prints one line naming its seed; ends with "N passed, N failed" and
+// exit status 0 if every run passed, 1 if any failed, 2 on bad usage.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "fs/crash_harness.h"
+#include "fs/stress.h"
+
+namespace {
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: warpfs-stress [--runs N | --seconds T] [--seed S] [--workers N] "
+               "[--sharers N] [--ops N] [--cut] [--cache-mb N] [--verbose]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t runs = 10, seed = 1, seconds = 0, workers = 4, sharers = 2, ops = 300, cache_mb = 0;
+  bool cut = false, verbose = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--verbose" || a == "-v") {
+      verbose = true;
+    } else if (a == "--cut") {
+      cut = true;
+    } else if ((a == "--runs" || a == "--seed" || a == "--seconds" || a == "--workers" ||
+                a == "--sharers" || a == "--ops" || a == "--cache-mb") &&
+               i + 1 < argc) {
+      uint64_t v;
+      if (!warpfs::fs::crash::parse_number(argv[++i], &v)) return usage();
+      (a == "--runs"      ? runs
+       : a == "--seed"    ? seed
+       : a == "--seconds" ? seconds
+       : a == "--workers" ? workers
+       : a == "--sharers" ? sharers
+       : a == "--ops"     ? ops
+                          : cache_mb) = v;
+    } else {
+      return usage();
+    }
+  }
+  if (workers == 0 || workers > 64 || sharers > 64 || ops == 0 || ops > 1000000) return usage();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  uint64_t passed = 0, failed = 0, total_ops = 0, commits = 0, in_workload = 0;
+  for (uint64_t i = 0; seconds ? elapsed() < static_cast<double>(seconds) : i < runs; ++i) {
+    warpfs::fs::stress::Options o;
+    o.seed = seed + i;
+    o.workers = static_cast<int>(workers);
+    o.sharers = static_cast<int>(sharers);
+    o.ops = ops;
+    o.cut = cut;
+    o.cache_mb = static_cast<uint32_t>(cache_mb);
+    o.verbose = verbose;
+    const warpfs::fs::stress::Report r = warpfs::fs::stress::run(o);
+    total_ops += r.ops;
+    commits += r.commits;
+    in_workload += r.cut_call != 0;
+    if (r.passed) {
+      ++passed;
+      if (verbose) {
+        std::printf("ok seed=%llu ops=%llu commits=%llu cut_call=%llu states durable/reached/matched %zu/%zu/%zu\n",
+                    static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(r.ops),
+                    static_cast<unsigned long long>(r.commits),
+                    static_cast<unsigned long long>(r.cut_call), r.durable_states,
+                    r.reached_states, r.matched_states);
+        std::fflush(stdout);
+      }
+      continue;
+    }
+    ++failed;
+    std::printf("FAIL seed=%llu (rerun: warpfs-stress --seed %llu --runs 20 --workers %llu "
+                "--sharers %llu --ops %llu%s%s --verbose): %s\n",
+                static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(o.seed),
+                static_cast<unsigned long long>(workers), static_cast<unsigned long long>(sharers),
+                static_cast<unsigned long long>(ops), cut ? " --cut" : "",
+                cache_mb ? (" --cache-mb " + std::to_string(cache_mb)).c_str() : "",
+                warpfs::fs::crash::one_line(r.failure, verbose ? 0 : 1500).c_str());
+    for (const std::string& t : r.trace) std::printf("  %s\n", t.c_str());
+    std::fflush(stdout);
+  }
+  std::printf("%llu runs in %.1f s: %llu operations, %llu commits%s\n",
+              static_cast<unsigned long long>(passed + failed), elapsed(),
+              static_cast<unsigned long long>(total_ops), static_cast<unsigned long long>(commits),
+              cut ? (", " + std::to_string(in_workload) + " cut inside the workload").c_str() : "");
+  std::printf("%llu passed, %llu failed\n", static_cast<unsigned long long>(passed),
+              static_cast<unsigned long long>(failed));
+  return failed ? 1 : 0;
+}
