@@ -68,11 +68,13 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
         len - *written, uint64_t{kBlocksPerTxn} * kBlockSize - pos % kBlockSize));
     size_t done = 0;
     int rc = write_locked(*n, pos, chunk, buf + *written, &done);
-    if (rc == ENOSPC && done == 0 && held_blocks_.load(std::memory_order_relaxed) > 0) {
-      journal_->commit();  // blocks freed by the running transaction become usable
-      rc = write_locked(*n, pos, chunk, buf + *written, &done);
-    }
     *written += done;
+    if (rc == ENOSPC && free_held_blocks()) {
+      // Blocks freed by the running transaction are free now: the rest of the piece again.
+      done = 0;
+      rc = write_locked(*n, off + *written, chunk - (off + *written - pos), buf + *written, &done);
+      *written += done;
+    }
     if (rc) return *written > 0 ? 0 : rc;
   }
   return 0;
@@ -254,30 +256,41 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
   // Allocate unwritten extents over the holes (mode 0, KEEP_SIZE, ZERO_RANGE).
   const uint64_t first = off / kBlockSize, last = (end - 1) / kBlockSize;
   int rc = 0;
-  for (uint64_t b = first; b <= last && rc == 0;) {
-    Journal::Txn t(*journal_);
-    for (int k = 0; k < 8 && b <= last; ++k) {
-      const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
-      const uint64_t run = std::min<uint64_t>(m.length, last - b + 1);
-      if (!m.hole) {
-        b += run;
-        continue;
+  bool retried = false;  // one commit for space per call, as retry_enospc
+  for (uint64_t b = first; b <= last;) {
+    {
+      Journal::Txn t(*journal_);
+      for (int k = 0; k < 8 && b <= last; ++k) {
+        const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
+        const uint64_t run = std::min<uint64_t>(m.length, last - b + 1);
+        if (!m.hole) {
+          b += run;
+          continue;
+        }
+        uint64_t phys;
+        uint32_t got;
+        if ((rc = alloc_blocks(alloc_goal(*n, static_cast<uint32_t>(b)), static_cast<uint32_t>(run), &phys, &got))) break;
+        if ((rc = map_insert(*n, Extent{static_cast<uint32_t>(b), got | Extent::kUnwritten, phys}))) {
+          free_blocks(phys, got);
+          break;
+        }
+        n->disk.blocks += got;
+        b += got;
       }
-      uint64_t phys;
-      uint32_t got;
-      if ((rc = alloc_blocks(alloc_goal(*n, static_cast<uint32_t>(b)), static_cast<uint32_t>(run), &phys, &got))) break;
-      if ((rc = map_insert(*n, Extent{static_cast<uint32_t>(b), got | Extent::kUnwritten, phys}))) {
-        free_blocks(phys, got);
-        break;
+      if (rc == 0 && !(mode & FALLOC_FL_KEEP_SIZE)) {
+        n->disk.size = std::max(n->disk.size, std::min(end, b * kBlockSize));  // never shrinks
       }
-      n->disk.blocks += got;
-      b += got;
+      n->disk.ctime_ns = now_ns();
+      if (int src = map_store(*n); src && !rc) rc = src;
     }
-    if (rc == 0 && !(mode & FALLOC_FL_KEEP_SIZE)) {
-      n->disk.size = std::max(n->disk.size, std::min(end, b * kBlockSize));  // never shrinks
+    // Out of the transaction: blocks freed before (an unlink, this call's own punch) may only
+    // be held; free them and go on from where the allocation stopped.
+    if (rc == ENOSPC && !retried && free_held_blocks()) {
+      retried = true;
+      rc = 0;
+      continue;
     }
-    n->disk.ctime_ns = now_ns();
-    if (int src = map_store(*n); src && !rc) rc = src;
+    if (rc) break;
   }
   return rc;
 }

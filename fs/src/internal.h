@@ -225,21 +225,38 @@ class FsImpl final : public Filesystem {
   // A header block of `owner` with magic `magic` (or `alt_magic`, if not 0), verified on
   // its first read.
   int meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner, uint32_t alt_magic = 0);
+  // The allocating calls, once; their public versions retry them after a commit
+  // (retry_enospc).
+  int link_once(Ino ino, Ino new_parent, std::string_view new_name, Attr* out);
+  int rename_once(Ino parent, std::string_view name, Ino new_parent, std::string_view new_name,
+                  unsigned flags);
+  int setxattr_once(Ino ino, std::string_view name, const void* value, size_t size, int flags);
   int create_locked(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
                     std::string_view symlink_target, Attr* out, uint64_t rdev);
   int create_common(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
                     std::string_view symlink_target, Attr* out, uint64_t rdev = 0);
   int unlink_common(Ino parent, std::string_view name, bool dir);
   void commit_loop();
-  // Blocks freed by transactions not yet committed are not allocatable; a full disk may
-  // only look full. Runs f again after a commit when that may help (ext4's retry_alloc).
+  // Blocks freed by transactions not yet committed are not allocatable (FORMAT.md: reusing
+  // them earlier could let a crash resurrect their old owner over new data), so a full disk
+  // may only look full. After ENOSPC: commits if such blocks exist (they become free at
+  // once); true if it did, and the allocation is worth retrying (ext4's retry_alloc).
+  // REQUIRES: not in a transaction (the caller may hold node locks: a commit takes none).
+  // Through FUSE, `rm f; fallocate g` may reach two daemon threads with f's FORGET (which
+  // frees f: the kernel evicted it inside the unlink) processed beside g's allocation: the
+  // freeing that is under way (reclaiming_) is waited for first, briefly (it may need a
+  // node the caller holds).
+  bool free_held_blocks();
+  std::mutex reclaim_mu_;
+  std::condition_variable reclaim_cv_;
+  int reclaiming_ = 0;  // reclaim_mu_: forget() and release() calls under way
+  // Runs f, and once more after free_held_blocks() when it failed with ENOSPC. Every
+  // allocating operation goes through this (or retries its pieces the same way: write,
+  // fallocate), so space freed by unlink, truncate or punch is there for the next one.
   template <typename F>
   int retry_enospc(F f) {
     int rc = f();
-    if (rc == ENOSPC && held_blocks_.load(std::memory_order_relaxed) > 0) {
-      journal_->commit();
-      rc = f();
-    }
+    if (rc == ENOSPC && free_held_blocks()) rc = f();
     return rc;
   }
   std::atomic<uint64_t> held_blocks_{0};

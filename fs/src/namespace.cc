@@ -6,6 +6,7 @@
 #include <linux/fs.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "internal.h"
@@ -70,7 +71,39 @@ int FsImpl::lookup(Ino parent, std::string_view name, Attr* out) {
   return 0;
 }
 
+namespace {
+// Counts a forget() or release() under way (free_held_blocks waits for them).
+class Reclaiming {
+ public:
+  Reclaiming(std::mutex& mu, std::condition_variable& cv, int& n) : mu_(mu), cv_(cv), n_(n) {
+    std::lock_guard<std::mutex> g(mu_);
+    ++n_;
+  }
+  ~Reclaiming() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      --n_;
+    }
+    cv_.notify_all();
+  }
+ private:
+  std::mutex& mu_;
+  std::condition_variable& cv_;
+  int& n_;
+};
+}  // namespace
+
+bool FsImpl::free_held_blocks() {
+  {
+    std::unique_lock<std::mutex> g(reclaim_mu_);
+    reclaim_cv_.wait_for(g, std::chrono::milliseconds(200), [&] { return reclaiming_ == 0; });
+  }
+  if (held_blocks_.load(std::memory_order_relaxed) == 0) return false;
+  return journal_->commit() == 0;
+}
+
 void FsImpl::forget(Ino ino, uint64_t count) {
+  Reclaiming r(reclaim_mu_, reclaim_cv_, reclaiming_);
   {
     std::lock_guard<std::mutex> g(table_mu_);
     auto it = nodes_.find(ino);
@@ -243,6 +276,10 @@ int FsImpl::readlink(Ino ino, std::string* target) {
 }
 
 int FsImpl::link(Ino ino, Ino new_parent, std::string_view new_name, Attr* out) {
+  return retry_enospc([&] { return link_once(ino, new_parent, new_name, out); });
+}
+
+int FsImpl::link_once(Ino ino, Ino new_parent, std::string_view new_name, Attr* out) {
   if (int rc = check_writable(); rc) return rc;
   if (int rc = check_name(new_name); rc) return rc;
   std::lock_guard<std::mutex> ns(namespace_mu_);
@@ -330,6 +367,11 @@ int FsImpl::rmdir(Ino parent, std::string_view name) { return unlink_common(pare
 
 int FsImpl::rename(Ino parent, std::string_view name, Ino new_parent, std::string_view new_name,
                    unsigned flags) {
+  return retry_enospc([&] { return rename_once(parent, name, new_parent, new_name, flags); });
+}
+
+int FsImpl::rename_once(Ino parent, std::string_view name, Ino new_parent,
+                        std::string_view new_name, unsigned flags) {
   if (int rc = check_writable(); rc) return rc;
   if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return EINVAL;
   if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE)) return EINVAL;
@@ -473,6 +515,7 @@ int FsImpl::opendir(Ino ino) {
 }
 
 void FsImpl::release(Ino ino) {
+  Reclaiming r(reclaim_mu_, reclaim_cv_, reclaiming_);
   {
     std::lock_guard<std::mutex> g(table_mu_);
     auto it = nodes_.find(ino);

@@ -96,6 +96,11 @@ int FsImpl::xattr_load(Node& n, MetaBuf** out) {
 }
 
 int FsImpl::setxattr(Ino ino, std::string_view name, const void* value, size_t size, int flags) {
+  return retry_enospc([&] { return setxattr_once(ino, name, value, size, flags); });
+}
+
+int FsImpl::setxattr_once(Ino ino, std::string_view name, const void* value, size_t size,
+                          int flags) {
   if (int rc = check_writable(); rc) return rc;
   uint8_t index;
   std::string_view short_name;

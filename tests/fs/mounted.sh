@@ -143,6 +143,16 @@ case $scenario in
     done
     [[ $free1 -eq $free0 ]] || fail "free blocks $free1 after delete, $free0 before"
     echo ok >"$mnt/after" || fail "cannot write after freeing space"
+    # Space freed by rm is there for the very next allocation (no wait, no sync): most of the
+    # disk, freed and taken again 20 times, by fallocate and by dd.
+    most=$(( $(stat -f -c %a "$mnt") * 4 * 3 / 4 ))K
+    for i in $(seq 1 20); do
+      fallocate -l "$most" "$mnt/big" || fail "fallocate $most right after rm (round $i)"
+      rm "$mnt/big"
+      dd if=/dev/zero of="$mnt/big" bs=1M count=$(( ${most%K} / 1024 )) status=none \
+        || fail "dd of $most right after rm (round $i)"
+      rm "$mnt/big"
+    done
     unmount_fs
     fsck_clean
     ;;
