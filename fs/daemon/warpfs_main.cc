@@ -52,6 +52,7 @@ struct Options {
   unsigned workers = 1;
   unsigned inline_io = 1;
   unsigned commit_s = 5;
+  unsigned meta_cache_mb = 32;
   unsigned io_timeout_s = 30;
   char* stats = nullptr;
   int ro = 0;
@@ -67,6 +68,7 @@ const fuse_opt kOpts[] = {
     WARPFS_OPT("commit=%u", commit_s),       WARPFS_OPT("stats=%s", stats),
     WARPFS_OPT("nodiscard", nodiscard),      FUSE_OPT_KEY("ro", FUSE_OPT_KEY_KEEP),
     WARPFS_OPT("io_timeout=%u", io_timeout_s), WARPFS_OPT("inline_io=%u", inline_io),
+    WARPFS_OPT("meta_cache_mb=%u", meta_cache_mb),
     WARPFS_OPT("-h", help),                  WARPFS_OPT("--help", help),
     WARPFS_OPT("--list-devices", list_devices),
     FUSE_OPT_END};
@@ -537,7 +539,8 @@ std::string stats_json(const Daemon& d) {
     << ",\"meta_cached\":" << s.meta_cached << ",\"checksum_errors\":" << s.checksum_errors
     << ",\"trims\":" << s.trims << ",\"trimmed_blocks\":" << s.trimmed_blocks
     << ",\"replayed_transactions\":" << s.replayed_transactions
-    << ",\"orphans_freed_at_mount\":" << s.orphans_freed_at_mount << "}";
+    << ",\"orphans_freed_at_mount\":" << s.orphans_freed_at_mount << ",\"nodes\":" << s.nodes
+    << ",\"meta_buffers\":" << s.meta_buffers << ",\"meta_evicted\":" << s.meta_evicted << "}";
   if (d.cached) {
     const warpfs::cache::CacheStats c = d.cached->cache().stats();
     j << ",\"cache\":{\"hits\":" << c.hits << ",\"misses\":" << c.misses << ",\"evictions\":" << c.evictions
@@ -610,6 +613,8 @@ void usage(const char* prog) {
       "  inline_io=0|1   emulated device: run commands in the thread that rings the doorbell\n"
       "                  (1, default) or only on the worker threads (0)\n"
       "  commit=N        commit the journal at least every N seconds (default 5)\n"
+      "  meta_cache_mb=N cap of the metadata cache in MiB (default 32; 0: no cap); blocks of\n"
+      "                  inodes the kernel has forgotten are dropped whatever the size\n"
       "  io_timeout=N    reset the controller when a busy queue completes nothing for N\n"
       "                  seconds; the commands in flight fail with EIO (default 30; 0: never)\n"
       "  stats=FILE      write cache and journal counters as JSON to FILE at unmount and on SIGUSR1\n"
@@ -748,6 +753,7 @@ int main(int argc, char** argv) {
   mo.read_only = o.ro;
   mo.discard = !o.nodiscard;
   mo.commit_interval_ms = o.commit_s * 1000;
+  mo.meta_cache_mb = o.meta_cache_mb;
   mo.log = log_line;
   d.fs = Filesystem::mount(*dev, mo, &err);
   if (!d.fs) {

@@ -170,7 +170,7 @@ struct DirOps {
     dir.disk.size += kBlockSize;
     dir.disk.blocks += 1;
     *lblk = l;
-    *out = fs.journal_->create(phys, MetaKind::kHeader);
+    *out = fs.journal_->create(phys, MetaKind::kHeader, dir.ino);
     fs.journal_->dirty(*out);
     return 0;
   }

@@ -46,7 +46,7 @@ int FsImpl::meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner, u
     if (o != owner) return "owned by inode " + std::to_string(o) + ", not " + std::to_string(owner);
     return "";
   };
-  return journal_->get(block, MetaKind::kHeader, 0, out, verify);
+  return journal_->get(block, MetaKind::kHeader, 0, out, verify, owner);
 }
 
 int FsImpl::lock_mapped(Node& n, std::shared_lock<std::shared_mutex>* lk) {
@@ -283,14 +283,14 @@ int FsImpl::map_store(Node& n) {
     }
     if (n.leaves[i].block == 0) {
       if (int rc = alloc_meta_block(n, &n.leaves[i].block); rc) return rc;
-      journal_->create(n.leaves[i].block, MetaKind::kHeader);
+      journal_->create(n.leaves[i].block, MetaKind::kHeader, n.ino);
       n.leaves[i].dirty = true;
       n.index_dirty = true;
     }
     if (n.leaves[i].ext.size() > kExtentNodeCapacity) {
       ExtentLeaf upper;
       if (int rc = alloc_meta_block(n, &upper.block); rc) return rc;
-      journal_->create(upper.block, MetaKind::kHeader);
+      journal_->create(upper.block, MetaKind::kHeader, n.ino);
       auto& lower = n.leaves[i].ext;
       const auto half = static_cast<long>(lower.size() / 2);
       upper.ext.assign(lower.begin() + half, lower.end());
@@ -341,7 +341,7 @@ int FsImpl::map_store(Node& n) {
       while (n.index_blocks.size() < need) {
         uint64_t b;
         if (int rc = alloc_meta_block(n, &b); rc) return rc;
-        journal_->create(b, MetaKind::kHeader);
+        journal_->create(b, MetaKind::kHeader, n.ino);
         n.index_blocks.push_back(b);
       }
       while (n.index_blocks.size() > need) {

@@ -1,5 +1,7 @@
 // Inodes: loading and storing them in the inode tables, the node table with FUSE's lookup
 // counts and open counts, the orphan list, and reclaiming an inode after its last user.
+#include <malloc.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -14,14 +16,24 @@ uint64_t now_ns() {
                                    .count());
 }
 
-int FsImpl::inode_slot(Ino ino, MetaBuf** buf, size_t* off) {
+uint64_t FsImpl::inode_block(Ino ino, size_t* off) const {
   const uint64_t g = group_of_inode(ino, sb_.inodes_per_group);
   const uint64_t i = (ino - 1) % sb_.inodes_per_group;
   const auto* gd = reinterpret_cast<const GroupDesc*>(gdt_[g / kGroupDescsPerBlock]->data) +
                    g % kGroupDescsPerBlock;
   *off = (i % kInodesPerBlock) * kInodeSize;
-  return journal_->get(gd->inode_table + i / kInodesPerBlock, MetaKind::kInodeTable,
-                       static_cast<uint32_t>(g), buf);
+  return gd->inode_table + i / kInodesPerBlock;
+}
+
+int FsImpl::with_slot(Ino ino, const std::function<void(MetaBuf*, size_t)>& f) {
+  size_t off;
+  const uint64_t block = inode_block(ino, &off);
+  const uint64_t g = group_of_inode(ino, sb_.inodes_per_group);
+  std::lock_guard<std::mutex> lk(slot_mu(block));
+  MetaBuf* buf;
+  if (int rc = journal_->get(block, MetaKind::kInodeTable, static_cast<uint32_t>(g), &buf); rc) return rc;
+  f(buf, off);
+  return 0;
 }
 
 int FsImpl::get_node(Ino ino, NodeRef* out) {
@@ -37,13 +49,12 @@ int FsImpl::get_node(Ino ino, NodeRef* out) {
       }
       epoch = table_epoch_;
     }
-    MetaBuf* buf;
-    size_t off;
-    if (int rc = inode_slot(ino, &buf, &off); rc) return rc;
     auto n = std::make_shared<Node>(ino);
-    {
-      std::lock_guard<std::mutex> g(slot_mu(buf->block));
-      std::memcpy(&n->disk, buf->data + off, sizeof(Inode));
+    if (int rc = with_slot(ino, [&](MetaBuf* buf, size_t off) {
+          std::memcpy(&n->disk, buf->data + off, sizeof(Inode));
+        });
+        rc) {
+      return rc;
     }
     if (n->disk.mode == 0) return ENOENT;
     if (n->disk.checksum != inode_checksum(n->disk, ino, sb_.checksum_seed)) {
@@ -67,15 +78,14 @@ int FsImpl::get_node(Ino ino, NodeRef* out) {
 }
 
 int FsImpl::store(Node& n) {
-  MetaBuf* buf;
-  size_t off;
-  if (int rc = inode_slot(n.ino, &buf, &off); rc) return rc;
   n.disk.checksum = inode_checksum(n.disk, n.ino, sb_.checksum_seed);
-  {
-    std::lock_guard<std::mutex> g(slot_mu(buf->block));
-    std::memcpy(buf->data + off, &n.disk, sizeof(Inode));
+  if (int rc = with_slot(n.ino, [&](MetaBuf* buf, size_t off) {
+        std::memcpy(buf->data + off, &n.disk, sizeof(Inode));
+        journal_->dirty(buf);
+      });
+      rc) {
+    return rc;
   }
-  journal_->dirty(buf);
   publish(n);
   return 0;
 }
@@ -83,21 +93,6 @@ int FsImpl::store(Node& n) {
 void FsImpl::publish(Node& n) {
   std::lock_guard<std::mutex> g(n.attr_mu);
   n.pub = n.disk;
-}
-
-void FsImpl::fill_attr(const Inode& d, Ino ino, Attr* out) const {
-  out->ino = ino;
-  out->mode = d.mode;
-  out->nlink = d.links;
-  out->uid = d.uid;
-  out->gid = d.gid;
-  out->generation = d.generation;
-  out->rdev = d.rdev;
-  out->size = d.size;
-  out->blocks = d.blocks * (kBlockSize / 512);
-  out->atime_ns = d.atime_ns;
-  out->mtime_ns = d.mtime_ns;
-  out->ctime_ns = d.ctime_ns;
 }
 
 void Attr::to_stat(struct stat* st) const {
@@ -122,16 +117,13 @@ void Attr::to_stat(struct stat* st) const {
 int FsImpl::new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out) {
   Ino ino;
   if (int rc = alloc_inode(parent, S_ISDIR(mode), &ino); rc) return rc;
-  MetaBuf* buf;
-  size_t off;
-  if (int rc = inode_slot(ino, &buf, &off); rc) {
+  Inode old;
+  if (int rc = with_slot(ino, [&](MetaBuf* buf, size_t off) {
+        std::memcpy(&old, buf->data + off, sizeof old);
+      });
+      rc) {
     free_inode_bit(ino, S_ISDIR(mode));
     return rc;
-  }
-  Inode old;
-  {
-    std::lock_guard<std::mutex> g(slot_mu(buf->block));
-    std::memcpy(&old, buf->data + off, sizeof old);
   }
   auto n = std::make_shared<Node>(ino);
   Inode& d = n->disk;
@@ -275,6 +267,62 @@ int FsImpl::orphan_remove(Node& n, Node* pred) {
   }
   n.disk.next_orphan = 0;
   return store(n);
+}
+
+bool FsImpl::forgotten_inode_block(uint64_t block) {
+  if (block < group_start(0)) return false;
+  const uint64_t g = (block - group_start(0)) / kBlocksPerGroup;
+  const uint64_t first_table = group_start(static_cast<uint32_t>(g)) + 2;
+  if (g >= sb_.group_count || block < first_table || block >= first_table + itb_) return false;
+  const Ino first = g * sb_.inodes_per_group + (block - first_table) * kInodesPerBlock + 1;
+  for (Ino ino = first; ino < first + kInodesPerBlock; ++ino) {
+    if (nodes_.count(ino)) return false;
+  }
+  return true;
+}
+
+void FsImpl::evict_metadata() {
+  if (!journal_) return;
+  std::lock_guard<std::mutex> one(evict_mu_);
+  // Over the cap: down to 7/8 of it, so that a busy mount does not evict at every block.
+  const size_t low = meta_cap_ - meta_cap_ / 8;
+  const std::vector<Journal::Candidate> cands = journal_->eviction_candidates(SIZE_MAX);
+  size_t dropped = 0;
+  for (const Journal::Candidate& c : cands) {
+    const bool over = meta_cap_ != 0 && journal_->cached_buffers() > low;
+    if (c.kind == MetaKind::kInodeTable) {
+      bool forgotten;
+      {
+        std::lock_guard<std::mutex> g(table_mu_);
+        forgotten = forgotten_inode_block(c.block);
+      }
+      if (!forgotten && !over) continue;
+      // Its users hold the slot lock throughout (with_slot).
+      std::lock_guard<std::mutex> lk(slot_mu(c.block));
+      dropped += journal_->drop_if_clean(c.block);
+      continue;
+    }
+    NodeRef owner;
+    {
+      std::lock_guard<std::mutex> g(table_mu_);
+      auto it = nodes_.find(c.owner);
+      if (it == nodes_.end()) {
+        // Forgotten: a node that loads it again is inserted in the table first (which this
+        // lock holds off), and reads it from its home, current since it is clean.
+        dropped += journal_->drop_if_clean(c.block);
+        continue;
+      }
+      if (!over) continue;
+      owner = it->second;
+    }
+    // Its users hold the owner's lock; while nobody does, it can go.
+    if (owner->rw.try_lock()) {
+      dropped += journal_->drop_if_clean(c.block);
+      owner->rw.unlock();
+    }
+  }
+  // Freed buffers are scattered over the heap: give whole free pages back.
+  if (dropped >= 256) malloc_trim(0);
 }
 
 }  // namespace warpfs::fs

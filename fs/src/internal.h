@@ -57,9 +57,20 @@ struct Node {
   std::vector<uint64_t> index_blocks;  // depth 2
   bool index_dirty = false;
 
-  // Published attributes for getattr without `rw` (leaf lock).
+  // Published attributes for getattr without `rw` (leaf lock): what stat shows, copied
+  // from `disk` at every store (a quarter of an Inode: a node per inode the kernel holds).
+  struct Published {
+    uint32_t mode = 0, uid = 0, gid = 0, links = 0, generation = 0;
+    uint64_t size = 0, blocks = 0, atime_ns = 0, mtime_ns = 0, ctime_ns = 0, rdev = 0;
+    Published& operator=(const Inode& d) {
+      mode = d.mode, uid = d.uid, gid = d.gid, links = d.links, generation = d.generation;
+      size = d.size, blocks = d.blocks, atime_ns = d.atime_ns, mtime_ns = d.mtime_ns;
+      ctime_ns = d.ctime_ns, rdev = d.rdev;
+      return *this;
+    }
+  };
   std::mutex attr_mu;
-  Inode pub{};
+  Published pub;
 
   // Kernel references and open handles: NodeTable's mutex.
   uint64_t nlookup = 0;
@@ -122,6 +133,7 @@ class FsImpl final : public Filesystem {
   int drop_capability_locked(Node& n);
   int statfs(struct statvfs* out) override;
   int sync() override;
+  void shrink_caches() override;
   FsStats stats() const override;
   bool read_only() const override { return ro_; }
 
@@ -133,8 +145,26 @@ class FsImpl final : public Filesystem {
   int get_node(Ino ino, NodeRef* out);  // loads and verifies; EIO, ENOENT (free inode)
   int store(Node& n);                   // REQUIRES: rw exclusive, in a transaction
   void publish(Node& n);
-  void fill_attr(const Inode& d, Ino ino, Attr* out) const;
-  int inode_slot(Ino ino, MetaBuf** buf, size_t* off);
+  template <typename D>  // Inode or Node::Published
+  void fill_attr(const D& d, Ino ino, Attr* out) const {
+    out->ino = ino;
+    out->mode = d.mode;
+    out->nlink = d.links;
+    out->uid = d.uid;
+    out->gid = d.gid;
+    out->generation = d.generation;
+    out->rdev = d.rdev;
+    out->size = d.size;
+    out->blocks = d.blocks * (kBlockSize / 512);
+    out->atime_ns = d.atime_ns;
+    out->mtime_ns = d.mtime_ns;
+    out->ctime_ns = d.ctime_ns;
+  }
+  // The inode-table block holding `ino`, and its slot's offset in it.
+  uint64_t inode_block(Ino ino, size_t* off) const;
+  // f(buffer, offset) for ino's slot, under its slot lock (MetaBuf's rules): the buffer may
+  // be used only inside f.
+  int with_slot(Ino ino, const std::function<void(MetaBuf*, size_t)>& f);
   int alloc_inode(Ino parent, bool dir, Ino* out);  // in a transaction
   void free_inode_bit(Ino ino, bool dir);
   // The inode slot becomes free (its generation kept for the next user) and its bit
@@ -237,6 +267,15 @@ class FsImpl final : public Filesystem {
                     std::string_view symlink_target, Attr* out, uint64_t rdev = 0);
   int unlink_common(Ino parent, std::string_view name, bool dir);
   void commit_loop();
+  // --- the metadata cache's cap (inode.cc)
+  // Drops clean cached metadata (MetaBuf's rules make it safe): blocks whose inodes are not
+  // in the node table, and beyond the cap the least recently used. The committer runs it
+  // after its commits, and at once when the journal reports pressure.
+  void evict_metadata();
+  bool forgotten_inode_block(uint64_t block);  // REQUIRES: table_mu_
+  size_t meta_cap_ = 0;                      // buffers (MountOptions::meta_cache_mb)
+  std::mutex evict_mu_;                      // one evict_metadata() at a time (outermost)
+  bool evict_wanted_ = false;                // committer_mu_
   // Blocks freed by transactions not yet committed are not allocatable (FORMAT.md: reusing
   // them earlier could let a crash resurrect their old owner over new data), so a full disk
   // may only look full. After ENOSPC: commits if such blocks exist (they become free at
@@ -275,7 +314,7 @@ class FsImpl final : public Filesystem {
   uint64_t meta_reserve_ = 0;  // blocks only metadata may take (alloc_blocks)
 
   std::mutex namespace_mu_;  // level 1
-  std::mutex table_mu_;      // leaf: nodes_, table_epoch_, and Node::nlookup/opens
+  mutable std::mutex table_mu_;  // leaf: nodes_, table_epoch_, and Node::nlookup/opens
   std::unordered_map<Ino, NodeRef> nodes_;
   uint64_t table_epoch_ = 0;  // bumped whenever a node leaves nodes_ (get_node's re-check)
   // Leaf locks over the inode slots of the inode-table buffers: store() writes a slot while

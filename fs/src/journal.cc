@@ -43,7 +43,7 @@ Journal::Journal(blockdev::BlockDevice& dev, const Superblock& sb, uint64_t pos,
 Journal::~Journal() = default;
 
 int Journal::get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
-                 const std::function<std::string(const MetaBuf&)>& verify) {
+                 const std::function<std::string(const MetaBuf&)>& verify, uint64_t owner) {
   Shard& s = shard(block);
   {
     std::unique_lock<std::mutex> g(s.mu);
@@ -52,6 +52,7 @@ int Journal::get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
       const MetaKind held = it->second->kind;
       if (held == kind) {
         meta_cached.fetch_add(1, std::memory_order_relaxed);
+        it->second->referenced.store(true, std::memory_order_relaxed);
         *out = it->second.get();
         return 0;
       }
@@ -74,6 +75,7 @@ int Journal::get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
   b->block = block;
   b->kind = kind;
   b->group = group;
+  b->owner = owner;
   meta_reads.fetch_add(1, std::memory_order_relaxed);
   if (blockdev::Status st = dev_.read(block, 1, b->data); !st.is_ok()) {
     log_("read of metadata block " + std::to_string(block) + " failed: " + st.to_string());
@@ -103,20 +105,27 @@ int Journal::get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
     log_("metadata block " + std::to_string(block) + ": " + bad + " (run fsck.warpfs)");
     return EIO;
   }
-  std::lock_guard<std::mutex> g(s.mu);
-  auto [it, inserted] = s.map.try_emplace(block, std::move(b));
-  *out = it->second.get();
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    auto [it, inserted] = s.map.try_emplace(block, std::move(b));
+    if (inserted) buffers_.fetch_add(1, std::memory_order_relaxed);
+    *out = it->second.get();
+  }
+  if (cap != 0 && buffers_.load(std::memory_order_relaxed) > cap && pressure) pressure();
   return 0;
 }
 
-MetaBuf* Journal::create(uint64_t block, MetaKind kind) {
+MetaBuf* Journal::create(uint64_t block, MetaKind kind, uint64_t owner) {
   auto b = std::make_unique<MetaBuf>();
   b->block = block;
   b->kind = kind;
+  b->owner = owner;
+  b->home_seq = MetaBuf::kUnwritten;  // no commit has copied it: its home holds garbage
   std::memset(b->data, 0, kBlockSize);
   Shard& s = shard(block);
   std::lock_guard<std::mutex> g(s.mu);
   auto& slot = s.map[block];
+  if (!slot) buffers_.fetch_add(1, std::memory_order_relaxed);
   if (slot) {
     // A stale cached copy of a block that was freed and is now reused (forget_block missed
     // it only if it was never cached): replace it.
@@ -149,6 +158,7 @@ void Journal::forget_block(uint64_t block) {
     }
     victim = std::move(it->second);
     s.map.erase(it);
+    buffers_.fetch_sub(1, std::memory_order_relaxed);
   }
   {
     std::lock_guard<std::mutex> g(dirty_mu_);
@@ -160,6 +170,9 @@ void Journal::forget_block(uint64_t block) {
 
 void Journal::dirty(MetaBuf* b) {
   std::lock_guard<std::mutex> g(dirty_mu_);
+  // Not home until a commit has copied it and written its checkpoint: from the commit's
+  // prune (dirty goes false) to its copy (home_seq set), nothing may evict it.
+  b->home_seq = MetaBuf::kUnwritten;
   if (!b->dirty) {
     b->dirty = true;
     dirty_.push_back(b);
@@ -223,6 +236,10 @@ int Journal::commit() {
   for (size_t i = 0; i < dirty.size(); ++i) {
     uint8_t* image = copy.data() + i * kBlockSize;
     std::memcpy(image, dirty[i]->data, kBlockSize);
+    {
+      std::lock_guard<std::mutex> g(dirty_mu_);
+      dirty[i]->home_seq = seq_;  // this transaction's: home once its checkpoint is written
+    }
     if (dirty[i]->kind == MetaKind::kHeader) {
       // In the copy, not the buffer: operations outside a transaction (lookups, readdir)
       // read the buffers' headers meanwhile. The buffer's own checksum field is stale until
@@ -331,7 +348,48 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
     }
   }
   checkpoint_blocks.fetch_add(n, std::memory_order_relaxed);
+  checkpointed_seq_.store(seq_ - 1, std::memory_order_release);
   return 0;
+}
+
+std::vector<Journal::Candidate> Journal::eviction_candidates(size_t max) {
+  std::vector<Candidate> out;
+  const uint64_t done = checkpointed_seq_.load(std::memory_order_acquire);
+  for (int k = 0; k < kShards && out.size() < max; ++k) {
+    Shard& s = shards_[sweep_shard_];
+    sweep_shard_ = (sweep_shard_ + 1) % kShards;
+    std::lock_guard<std::mutex> g(s.mu);
+    std::lock_guard<std::mutex> gd(dirty_mu_);
+    for (auto& [block, b] : s.map) {
+      if (b->kind != MetaKind::kInodeTable && b->kind != MetaKind::kHeader) continue;  // pinned
+      if (b->dirty || b->dead || (b->home_seq != 0 && b->home_seq > done)) continue;
+      if (b->referenced.exchange(false, std::memory_order_relaxed)) continue;  // second chance
+      out.push_back(Candidate{block, b->kind, b->owner});
+    }
+  }
+  return out;
+}
+
+bool Journal::drop_if_clean(uint64_t block) {
+  Shard& s = shard(block);
+  std::unique_ptr<MetaBuf> victim;
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    auto it = s.map.find(block);
+    if (it == s.map.end()) return false;
+    MetaBuf* b = it->second.get();
+    if (b->kind != MetaKind::kInodeTable && b->kind != MetaKind::kHeader) return false;
+    {
+      std::lock_guard<std::mutex> gd(dirty_mu_);
+      const uint64_t done = checkpointed_seq_.load(std::memory_order_acquire);
+      if (b->dirty || b->dead || (b->home_seq != 0 && b->home_seq > done)) return false;
+    }
+    victim = std::move(it->second);
+    s.map.erase(it);
+    buffers_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  evicted.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 int Journal::close() {

@@ -31,12 +31,29 @@ enum class MetaKind : uint8_t {
   kHeader,       // directory, extent-tree and xattr blocks: checksum at byte 24
 };
 
+// One cached metadata block. Who may touch `data` (the rules eviction relies on, see
+// Journal::drop_if_clean):
+//   - superblock, group descriptors and bitmaps: pinned for the mount; bitmaps under their
+//     group's lock, the rest under the journal gate (in a transaction) or read-only;
+//   - inode-table blocks: only under FsImpl::slot_mu(block), from the lookup in the cache
+//     to the last byte copied and the dirty() call;
+//   - directory, extent-tree and xattr blocks (kHeader): only under their owner inode's
+//     Node::rw (shared to read, exclusive to change), and only through a node that is in
+//     the node table;
+//   - a commit reads dirty buffers under its closed gate (no operation is inside).
 struct MetaBuf {
   uint64_t block = 0;
   MetaKind kind = MetaKind::kHeader;
   uint32_t group = 0;  // bitmaps: their group
+  uint64_t owner = 0;  // kHeader: the inode whose block this is (immutable)
   bool dirty = false;  // in the running transaction (journal's dirty_mu_)
-  bool dead = false;   // freed: never written again
+  bool dead = false;   // freed: never written again (dirty_mu_)
+  // The transaction whose checkpoint writes this content home (dirty_mu_): 0 once the home
+  // block holds it (read from the device, or checkpointed), kUnwritten for a new block no
+  // commit has copied yet. Only a buffer whose home is current may leave the cache.
+  uint64_t home_seq = 0;
+  static constexpr uint64_t kUnwritten = ~uint64_t{0};
+  std::atomic<bool> referenced{true};  // used since the eviction clock last passed
   alignas(64) uint8_t data[kBlockSize];
 };
 
@@ -52,10 +69,27 @@ class Journal {
   // The cached buffer of `block`, read and verified on first use. A checksum failure is
   // EIO, logged with the block and kind; `verify` checks kinds that need context (bitmaps
   // against their descriptor, header magic): it returns "" or the problem.
+  // `owner`: kHeader blocks' inode (MetaBuf::owner).
   int get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
-          const std::function<std::string(const MetaBuf&)>& verify = nullptr);
+          const std::function<std::string(const MetaBuf&)>& verify = nullptr, uint64_t owner = 0);
   // A zeroed buffer for a newly allocated metadata block (no read).
-  MetaBuf* create(uint64_t block, MetaKind kind);
+  MetaBuf* create(uint64_t block, MetaKind kind, uint64_t owner = 0);
+
+  // Eviction (the cache's cap, FsImpl::evict_metadata). Candidates: inode-table and kHeader
+  // buffers that look clean and written home, not referenced since the last sweep (the
+  // sweep clears the bit of those that were): (block, kind, owner).
+  struct Candidate {
+    uint64_t block;
+    MetaKind kind;
+    uint64_t owner;
+  };
+  std::vector<Candidate> eviction_candidates(size_t max);
+  // Drops `block`'s buffer if it is still clean and written home. REQUIRES: the caller
+  // excludes every user of the buffer by the rules at MetaBuf (the slot lock, or the
+  // owner's lock, or the owner's absence from the node table held locked).
+  bool drop_if_clean(uint64_t block);
+  size_t cached_buffers() const { return buffers_.load(std::memory_order_relaxed); }
+  std::atomic<uint64_t> evicted{0};
   // A freed metadata block: dropped from the cache and from the running transaction.
   void forget_block(uint64_t block);
   // REQUIRES: inside a transaction.
@@ -90,6 +124,10 @@ class Journal {
   // precommit(): under the closed gate, before finish: take the transaction's private
   // lists (e.g. the blocks it freed).
   std::function<void()> precommit;
+  // pressure(): the cache has grown past `cap` buffers (0: no cap), from the thread that
+  // added one (it may hold any lock of an operation: the hook only asks for eviction).
+  std::function<void()> pressure;
+  size_t cap = 0;
   // reopened(): in the committing thread, as soon as the gate has reopened and before the
   // commit's I/O (tests: an operation that runs there meets the commit at its most
   // delicate point).
@@ -124,6 +162,10 @@ class Journal {
 
   std::mutex commit_mu_;  // one commit at a time; outside the gate
   uint64_t pos_, seq_;    // commit_mu_
+  // The last transaction whose checkpoint is written (its buffers' homes are current).
+  std::atomic<uint64_t> checkpointed_seq_{0};
+  std::atomic<size_t> buffers_{0};  // in the shards
+  size_t sweep_shard_ = 0;          // eviction_candidates' clock hand (one evictor at a time)
   std::atomic<bool> failed_{false};
 
   std::mutex dirty_mu_;
@@ -132,7 +174,7 @@ class Journal {
 
   static constexpr int kShards = 64;
   struct Shard {
-    std::mutex mu;
+    std::mutex mu;  // leaf, but for dirty_mu_ (taken inside it by create and drop_if_clean)
     std::unordered_map<uint64_t, std::unique_ptr<MetaBuf>> map;
   };
   Shard shards_[kShards];

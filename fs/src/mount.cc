@@ -127,6 +127,16 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
   journal_->precommit = [this] { take_freed(); };
   journal_->finish = [this](std::vector<MetaBuf*>& d) { finish_commit(d); };
   journal_->committed = [this] { release_freed(); };
+  meta_cap_ = size_t{opts_.meta_cache_mb} * (1 << 20) / kBlockSize;
+  journal_->cap = meta_cap_;
+  journal_->pressure = [this] {
+    {
+      std::lock_guard<std::mutex> lk(committer_mu_);
+      if (evict_wanted_) return;
+      evict_wanted_ = true;
+    }
+    committer_cv_.notify_all();
+  };
   sb_buf_ = journal_->create(0, MetaKind::kSuper);
   std::memcpy(sb_buf_->data, &sb_, sizeof sb_);
   if (int rc = load_groups(); rc) {
@@ -191,18 +201,29 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
         return EIO;
       }
     }
-    committer_ = std::thread([this] { commit_loop(); });
   }
+  // Read-only mounts too: the committer also keeps the metadata cache under its cap.
+  committer_ = std::thread([this] { commit_loop(); });
   return 0;
 }
 
 void FsImpl::commit_loop() {
   std::unique_lock<std::mutex> lk(committer_mu_);
   while (!stopping_) {
-    committer_cv_.wait_for(lk, std::chrono::milliseconds(opts_.commit_interval_ms));
+    committer_cv_.wait_for(lk, std::chrono::milliseconds(opts_.commit_interval_ms),
+                           [&] { return stopping_ || evict_wanted_; });
     if (stopping_) break;
+    const bool pressed = evict_wanted_;
+    evict_wanted_ = false;
     lk.unlock();
-    journal_->commit();
+    // Woken by the cache's pressure: clean blocks first; a commit (which makes dirty ones
+    // clean, and evictable once written home) only if that was not enough. On the timer: a
+    // commit, then the blocks of forgotten inodes.
+    if (pressed) evict_metadata();
+    if (!pressed || journal_->cached_buffers() > meta_cap_) {
+      if (!ro_) journal_->commit();
+      evict_metadata();
+    }
     lk.lock();
   }
 }
@@ -281,6 +302,13 @@ int FsImpl::sync() {
   return dev_.flush().is_ok() ? 0 : EIO;
 }
 
+void FsImpl::shrink_caches() {
+  if (!ro_) journal_->commit();
+  // Twice: the first sweep gives recently used blocks their second chance.
+  evict_metadata();
+  evict_metadata();
+}
+
 FsStats FsImpl::stats() const {
   FsStats s;
   s.commits = journal_->commits.load();
@@ -293,6 +321,12 @@ FsStats FsImpl::stats() const {
   s.trimmed_blocks = trimmed_blocks_.load();
   s.orphans_freed_at_mount = orphans_freed_;
   s.replayed_transactions = replayed_;
+  s.meta_buffers = journal_->cached_buffers();
+  s.meta_evicted = journal_->evicted.load();
+  {
+    std::lock_guard<std::mutex> g(table_mu_);
+    s.nodes = nodes_.size();
+  }
   return s;
 }
 

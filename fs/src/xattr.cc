@@ -127,7 +127,7 @@ int FsImpl::setxattr_once(Ino ino, std::string_view name, const void* value, siz
   if (!b) {
     uint64_t blk;
     if (int rc = alloc_meta_block(*n, &blk); rc) return rc;
-    b = journal_->create(blk, MetaKind::kHeader);
+    b = journal_->create(blk, MetaKind::kHeader, ino);
     n->disk.xattr_block = blk;
   }
   serialize(b, ino, v);

@@ -119,10 +119,13 @@ struct Rig {
     return r;
   }
 
+  uint32_t meta_cache_mb = MountOptions{}.meta_cache_mb;  // for the next mount()
+
   bool mount(bool read_only = false) {
     cut = std::make_unique<CutDevice>(*dev);
     MountOptions o;
     o.read_only = read_only;
+    o.meta_cache_mb = meta_cache_mb;
     o.commit_interval_ms = 60000;  // tests commit explicitly (fsync, unmount)
     o.log = [this](const std::string& s) { log += s + "\n"; };
     std::string err;

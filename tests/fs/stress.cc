@@ -135,6 +135,8 @@ struct Machine {
   std::string mount(const Options& o) {
     MountOptions mo;
     mo.commit_interval_ms = o.commit_ms;
+    // A tiny metadata cache on every other seed: blocks are evicted and read back all the time.
+    mo.meta_cache_mb = o.meta_cache_mb ? o.meta_cache_mb : (o.seed & 2) ? 1 : 32;
     mo.log = [this](const std::string& s) {
       std::lock_guard<std::mutex> g(log_mu);
       log += s + "\n";

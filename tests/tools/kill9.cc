@@ -64,7 +64,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -177,7 +179,8 @@ std::mt19937_64 seeded(uint64_t seed, uint32_t salt) {
 // --- one cut -------------------------------------------------------------------------------
 
 struct Options {
-  uint64_t ops = 150;
+  uint64_t ops = 150;   // operations of all workload threads together
+  uint64_t threads = 1;  // workload threads (1: on the root, as before; more: /wK each)
   bool verbose = false;
   std::string keep;  // a directory for the crashed images of failing cuts
 };
@@ -192,8 +195,19 @@ struct Report {
   bool after_workload = false;    // the kill was drawn to come after the last operation
   bool in_workload = false;       // it came while operations were still being issued
   uint64_t recovery_kill_us = 0;  // > 0: the first recovery mount dies this long after its start
-  size_t lo = 0, hi = 0, matched = 0;
+  size_t lo = 0, hi = 0, matched = 0;  // summed over the workload threads
   std::string kept;  // --keep: the crashed image's copy
+  std::vector<std::string> trace;
+};
+
+// One workload thread: a subtree (the whole tree when alone), its model and its syscalls.
+struct Worker {
+  std::string base;  // the model's root in the mount
+  std::unique_ptr<Model> model;
+  std::unique_ptr<SyscallRunner> runner;
+  std::mt19937_64 rng;
+  // Operations not yet known durable: (the state they reached, the clock when they returned).
+  std::deque<std::pair<size_t, uint64_t>> pending;
   std::vector<std::string> trace;
 };
 
@@ -209,7 +223,13 @@ class Cut {
     if (opt_.verbose) report_.trace.push_back(s);
   }
   std::string fsck(const char* when);
-  std::string apply(const Op& op);
+  // Runs one operation of worker w; "" or the failure. Keeps the cross-thread durability
+  // bookkeeping: an fsync that began after an operation returned, and returned 0, makes it
+  // durable (warpfs commits the whole running transaction on any fsync).
+  std::string apply(Worker& w, const Op& op);
+  // `ops` operations on every worker at once (the killer counts them); "" or the first
+  // failure.
+  std::string run_workers(uint64_t ops, uint64_t pace_us, bool count_for_killer);
   std::string recover();
   std::string check_final();
 
@@ -219,8 +239,10 @@ class Cut {
   const uint64_t seed_;
   Daemon daemon_;
   std::unique_ptr<Killer> killer_;
-  Model model_;
-  SyscallRunner runner_{daemon_.mnt(), &model_, [this] { return killed(); }};
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::atomic<uint64_t> clock_{1};       // tickets: operations returned, fsyncs begun
+  std::atomic<uint64_t> acked_fsync_{0};  // the latest ticket an fsync that returned 0 began at
+  std::atomic<uint64_t> started_{0};      // operations started (for the killer)
   Report report_;
 };
 
@@ -231,10 +253,23 @@ std::string Cut::fsck(const char* when) {
   return std::string("fsck.warpfs -f -n ") + when + ": exit " + std::to_string(rc) + "\n" + out;
 }
 
-// One operation of the workload; "" or the failure.
-std::string Cut::apply(const Op& op) {
+std::string Cut::apply(Worker& w, const Op& op) {
+  Model& m = *w.model;
+  const uint64_t acked = acked_fsync_.load();
+  while (!w.pending.empty() && w.pending.front().second < acked) {
+    m.durable(w.pending.front().first);
+    w.pending.pop_front();
+  }
+  const bool sync = op.kind == OpKind::kFsync || op.kind == OpKind::kFdatasync;
+  const uint64_t began = sync ? clock_.fetch_add(1) : 0;
   int rc = 0;
-  std::string bad = runner_.exec(op, &rc);
+  std::string bad = w.runner->exec(op, &rc);
+  if (sync && rc == 0) {
+    uint64_t cur = acked_fsync_.load();
+    while (cur < began && !acked_fsync_.compare_exchange_weak(cur, began)) {
+    }
+  }
+  w.pending.emplace_back(m.current(), clock_.fetch_add(1));
   if (!bad.empty()) return bad;
   if (rc != 0 && !killed()) {
     if (std::string how = daemon_.ended(); !how.empty())
@@ -245,8 +280,48 @@ std::string Cut::apply(const Op& op) {
   return "";
 }
 
-// After the kill: fsck, mount, check against the model, and the model goes on from what is
-// there. "" or the failure.
+std::string Cut::run_workers(uint64_t ops, uint64_t pace_us, bool count_for_killer) {
+  std::mutex mu;
+  std::string failure;
+  auto loop = [&](Worker& w, uint64_t n) {
+    for (uint64_t i = 0; i < n && !killed(); ++i) {
+      {
+        std::lock_guard<std::mutex> g(mu);
+        if (!failure.empty()) return;
+      }
+      const Op op = crash::next_op(*w.model, w.rng);
+      if (count_for_killer) killer_->started(started_.fetch_add(1));
+      const std::string bad = apply(w, op);
+      if (opt_.verbose) {
+        w.trace.push_back(op.describe() + "  [states " + std::to_string(w.model->lo()) + ".." +
+                          std::to_string(w.model->current()) + "]" +
+                          (killed() ? " (daemon killed)" : ""));
+      }
+      if (!bad.empty()) {
+        std::lock_guard<std::mutex> g(mu);
+        if (failure.empty()) failure = w.base + ": op " + std::to_string(i) + " (" + op.describe() + "): " + bad;
+        return;
+      }
+      if (pace_us && !killed()) usleep(static_cast<useconds_t>(w.rng() % pace_us));
+    }
+  };
+  const uint64_t per = std::max<uint64_t>(1, ops / workers_.size());
+  if (workers_.size() == 1) {
+    loop(*workers_[0], per);
+  } else {
+    std::vector<std::thread> ts;
+    for (auto& w : workers_) ts.emplace_back(loop, std::ref(*w), per);
+    for (auto& t : ts) t.join();
+  }
+  for (auto& w : workers_) {
+    for (const std::string& t : w->trace) trace(w->base.substr(daemon_.mnt().size()) + " " + t);
+    w->trace.clear();
+  }
+  return failure;
+}
+
+// After the kill: fsck, mount, check every worker's subtree against its model, and the models
+// go on from what is there. "" or the failure.
 std::string Cut::recover() {
   if (std::string e = fsck("of the crashed image"); !e.empty()) return e;
   if (report_.recovery_kill_us > 0) {  // the power goes again while the journal replays
@@ -261,45 +336,55 @@ std::string Cut::recover() {
   Observed o;
   if (std::string e = warpfs::fs::mounted::observe(daemon_.mnt(), &o); !e.empty())
     return "reading the recovered tree: " + e;
-  const warpfs::fs::mounted::PendingCreate& pending_ = runner_.pending();
-  if (pending_.set) {  // the interrupted create: there if its entry is (by inode number)
-    const Ino dino = model_.node(pending_.dir)->ino;
-    const uint8_t type = pending_.kind == OpKind::kMkdir     ? DT_DIR
-                         : pending_.kind == OpKind::kSymlink ? DT_LNK
-                                                             : DT_REG;
-    if (auto d = o.nodes.find(dino); d != o.nodes.end()) {
-      if (auto e = d->second.entries.find(pending_.name);
-          e != d->second.entries.end() && e->second.second == type) {
-        const uint32_t mode = o.nodes.at(e->second.first).mode;
-        runner_.add_created(pending_.kind, pending_.dir, pending_.name, e->second.first,
-                            pending_.perm, pending_.target, mode);
-        trace("the interrupted create of " + pending_.name + " came back as inode " +
-              std::to_string(e->second.first));
+  report_.hi = report_.lo = report_.matched = 0;
+  for (auto& wp : workers_) {
+    Worker& w = *wp;
+    Model& model = *w.model;
+    const warpfs::fs::mounted::PendingCreate& pending = w.runner->pending();
+    if (pending.set) {  // the interrupted create: there if its entry is (by inode number)
+      const Ino dino = model.node(pending.dir)->ino;
+      const uint8_t type = pending.kind == OpKind::kMkdir     ? DT_DIR
+                           : pending.kind == OpKind::kSymlink ? DT_LNK
+                                                              : DT_REG;
+      if (auto d = o.nodes.find(dino); d != o.nodes.end()) {
+        if (auto e = d->second.entries.find(pending.name);
+            e != d->second.entries.end() && e->second.second == type) {
+          const uint32_t mode = o.nodes.at(e->second.first).mode;
+          w.runner->add_created(pending.kind, pending.dir, pending.name, e->second.first,
+                                pending.perm, pending.target, mode);
+          trace("the interrupted create of " + pending.name + " came back as inode " +
+                std::to_string(e->second.first));
+        }
       }
+      w.runner->clear_pending();
     }
+    size_t k = 0;
+    if (std::string e = crash::check(model, model.current(), o, &k); !e.empty())
+      return (workers_.size() > 1 ? w.base.substr(daemon_.mnt().size()) + ": " : "") + e;
+    report_.lo += model.lo();
+    report_.hi += model.current();
+    report_.matched += k;
+    model.restart(k, crash::recovered_data(model.state(k), o));
+    w.pending.clear();
   }
-  report_.hi = model_.current();
-  size_t k = 0;
-  if (std::string e = crash::check(model_, model_.current(), o, &k); !e.empty()) return e;
-  report_.matched = k;
-  model_.restart(k, crash::recovered_data(model_.state(k), o));
   return "";
 }
 
-// After a clean unmount: fsck, mount, the tree is the model's last state, unmount.
+// After a clean unmount: fsck, mount, every subtree is its model's last state, unmount.
 std::string Cut::check_final() {
   if (std::string e = fsck("after a clean unmount"); !e.empty()) return e;
   if (std::string e = daemon_.start(report_.mount_options); !e.empty()) return "mount: " + e;
-  model_.durable(model_.current());
   Observed o;
   if (std::string e = warpfs::fs::mounted::observe(daemon_.mnt(), &o); !e.empty())
     return "reading the tree: " + e;
-  if (std::string e = crash::check(model_, model_.current(), o); !e.empty()) return e;
+  for (auto& w : workers_) {
+    w->model->durable(w->model->current());
+    if (std::string e = crash::check(*w->model, w->model->current(), o); !e.empty()) return e;
+  }
   return daemon_.unmount();
 }
 
 Report Cut::run() {
-  std::mt19937_64 work = seeded(seed_, 1);  // the operations
   std::mt19937_64 draw = seeded(seed_, 2);  // the mount options and the kill
   Report& r = report_;
   // Mount options: timed commits every second or five (the default); no software cache, a
@@ -338,63 +423,76 @@ Report Cut::run() {
     r.failure = "mount: " + e;
     return r;
   }
+  // The workers: the root when alone (the single-threaded harness as it always was), else
+  // a directory each, made durable before the workload (an fsync of the root).
+  for (uint64_t k = 0; k < opt_.threads; ++k) {
+    auto w = std::make_unique<Worker>();
+    Ino root = warpfs::fs::kRootInode;
+    w->base = daemon_.mnt();
+    if (opt_.threads > 1) {
+      w->base += "/w" + std::to_string(k);
+      struct stat st;
+      if (mkdir(w->base.c_str(), 0755) != 0 || lstat(w->base.c_str(), &st) != 0) {
+        r.failure = "mkdir " + w->base + ": " + errno_name(errno);
+        return r;
+      }
+      root = st.st_ino;
+    }
+    w->model = std::make_unique<Model>(root);
+    w->runner = std::make_unique<SyscallRunner>(w->base, w->model.get(), [this] { return killed(); });
+    w->rng = seeded(seed_, k == 0 ? 1 : static_cast<uint32_t>(100 + k));  // thread 0: as before
+    workers_.push_back(std::move(w));
+  }
+  if (opt_.threads > 1) {
+    const int fd = open(daemon_.mnt().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const bool ok = fd >= 0 && fsync(fd) == 0;
+    if (fd >= 0) close(fd);
+    if (!ok) {
+      r.failure = "fsync of the root: " + errno_name(errno);
+      return r;
+    }
+  }
   trace("mounted -o " + r.mount_options + "; kill once op " + std::to_string(r.kill_at_op) +
         " has started, " + std::to_string(r.delay_us) + " us later");
   killer_ = std::make_unique<Killer>(daemon_.pid(), r.kill_at_op, r.delay_us);
-  std::string failure;
-  for (uint64_t i = 0; i < opt_.ops && !killed(); ++i) {
-    const Op op = crash::next_op(model_, work);
-    killer_->started(i);
-    ++r.ops_run;
-    const std::string bad = apply(op);
-    trace("op " + std::to_string(i) + ": " + op.describe() + "  [states " +
-          std::to_string(model_.lo()) + ".." + std::to_string(model_.current()) + "]" +
-          (killed() ? " (daemon killed)" : ""));
-    if (!bad.empty()) {
-      failure = "op " + std::to_string(i) + " (" + op.describe() + "): " + bad;
-      break;
-    }
-    if (pace_us && !killed()) usleep(static_cast<useconds_t>(work() % pace_us));
-  }
+  std::string failure = run_workers(opt_.ops, pace_us, true);
+  r.ops_run = started_.load();
   killer_->finish();
   r.killed_in = killer_->fired_during();
   r.in_workload = killer_->fired_in_workload();
   killer_.reset();
-  runner_.close_all();
+  for (auto& w : workers_) w->runner->close_all();
   if (failure.empty()) failure = daemon_.reap_killed();
   daemon_.abandon();
   if (!failure.empty()) {
     r.failure = failure;
     return r;
   }
-  r.lo = model_.lo();
-  r.hi = model_.current();
+  for (auto& w : workers_) {
+    r.lo += w->model->lo();
+    r.hi += w->model->current();
+  }
   trace("killed with " + std::to_string(r.killed_in) + " operations started; states " +
-        std::to_string(model_.lo()) + ".." + std::to_string(model_.current()) +
+        std::to_string(r.lo) + ".." + std::to_string(r.hi) +
         (r.recovery_kill_us
              ? "; the recovery mount is killed after " + std::to_string(r.recovery_kill_us) + " us"
              : ""));
+  const size_t lo = r.lo, hi = r.hi;
   const std::string kept = opt_.keep + "/kill9-seed-" + std::to_string(seed_) + ".img";
   if (!opt_.keep.empty() && run_program({"cp", "--sparse=always", img_, kept}, &out) == 0)
     r.kept = kept;
   if (std::string e = recover(); !e.empty()) {
-    r.failure =
-        "recovery (states " + std::to_string(r.lo) + ".." + std::to_string(r.hi) + "): " + e;
+    r.failure = "recovery (states " + std::to_string(lo) + ".." + std::to_string(hi) + "): " + e;
     return r;
   }
-  trace("recovered state " + std::to_string(r.matched));
+  trace("recovered states summing to " + std::to_string(r.matched));
   // The recovered filesystem works: a few more operations, a clean unmount, and it is all there.
-  const int more = 5 + static_cast<int>(work() % 16);
-  for (int i = 0; i < more; ++i) {
-    const Op op = crash::next_op(model_, work);
-    const std::string bad = apply(op);
-    trace("after recovery, op " + std::to_string(i) + ": " + op.describe());
-    if (!bad.empty()) {
-      r.failure = "after recovery, op " + std::to_string(i) + " (" + op.describe() + "): " + bad;
-      return r;
-    }
+  const uint64_t more = (5 + draw() % 16) * workers_.size();
+  if (std::string e = run_workers(more, 0, false); !e.empty()) {
+    r.failure = "after recovery: " + e;
+    return r;
   }
-  runner_.close_all();
+  for (auto& w : workers_) w->runner->close_all();
   if (std::string e = daemon_.unmount(); !e.empty()) {
     r.failure = "after recovery: " + e;
     return r;
@@ -413,8 +511,8 @@ Report Cut::run() {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: warpfs-kill9 [--cuts N] [--seed S] [--ops N] [--repeat R] [--keep DIR] "
-               "[--verbose]\n");
+               "usage: warpfs-kill9 [--cuts N] [--seed S] [--ops N] [--threads T] [--repeat R] "
+               "[--keep DIR] [--verbose]\n");
   return 2;
 }
 
@@ -429,16 +527,21 @@ int main(int argc, char** argv) {
       o.verbose = true;
     } else if (a == "--keep" && i + 1 < argc) {
       o.keep = argv[++i];
-    } else if ((a == "--cuts" || a == "--seed" || a == "--ops" || a == "--repeat") &&
+    } else if ((a == "--cuts" || a == "--seed" || a == "--ops" || a == "--repeat" ||
+                a == "--threads") &&
                i + 1 < argc) {
       uint64_t v;
       if (!crash::parse_number(argv[++i], &v)) return usage();
-      (a == "--cuts" ? cuts : a == "--seed" ? seed : a == "--ops" ? o.ops : repeat) = v;
+      (a == "--cuts"      ? cuts
+       : a == "--seed"    ? seed
+       : a == "--ops"     ? o.ops
+       : a == "--threads" ? o.threads
+                          : repeat) = v;
     } else {
       return usage();
     }
   }
-  if (o.ops == 0 || o.ops > 100000 || repeat == 0) return usage();
+  if (o.ops == 0 || o.ops > 100000 || repeat == 0 || o.threads == 0 || o.threads > 64) return usage();
   const Programs progs{env_or("WARPFS", WARPFS_DAEMON_BIN), env_or("MKFS", WARPFS_MKFS_BIN),
                        env_or("FSCK", WARPFS_FSCK_BIN)};
   const char* tmp = std::getenv("TMPDIR");
@@ -477,10 +580,11 @@ int main(int argc, char** argv) {
     }
     ++failed;
     std::printf(
-        "FAIL seed=%llu (rerun: warpfs-kill9 --seed %llu --cuts 1 --ops %llu --repeat 20 "
-        "--verbose) -o %s: %s\n",
+        "FAIL seed=%llu (rerun: warpfs-kill9 --seed %llu --cuts 1 --ops %llu --threads %llu "
+        "--repeat 20 --verbose) -o %s: %s\n",
         static_cast<unsigned long long>(s), static_cast<unsigned long long>(s),
-        static_cast<unsigned long long>(o.ops), r.mount_options.c_str(),
+        static_cast<unsigned long long>(o.ops), static_cast<unsigned long long>(o.threads),
+        r.mount_options.c_str(),
         crash::one_line(r.failure, o.verbose ? 0 : 800).c_str());
     if (!r.kept.empty()) std::printf("  the crashed image: %s\n", r.kept.c_str());
     if (o.verbose) std::printf("%s\n", r.failure.c_str());

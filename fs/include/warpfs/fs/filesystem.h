@@ -53,6 +53,11 @@ struct MountOptions {
   uint32_t commit_interval_ms = 5000;
   // Issue Dataset Management (trim) for blocks once their freeing commits.
   bool discard = true;
+  // The metadata cache's cap in MiB (inode tables, directory, extent-tree and xattr blocks;
+  // 0: none). Beyond it, clean blocks are dropped, least recently used first; blocks of
+  // inodes the kernel has forgotten are dropped whatever the size. The running
+  // transaction's dirty blocks (at most the journal's capacity) come on top.
+  uint32_t meta_cache_mb = 32;
   std::function<void(const std::string&)> log;  // errors and notices; default: stderr
 };
 
@@ -75,6 +80,8 @@ struct FsStats {
   uint64_t meta_reads = 0, meta_cached = 0, checksum_errors = 0;
   uint64_t trims = 0, trimmed_blocks = 0;
   uint64_t orphans_freed_at_mount = 0, replayed_transactions = 0;
+  uint64_t nodes = 0;                       // inodes in the node table (the kernel's)
+  uint64_t meta_buffers = 0, meta_evicted = 0;  // the metadata cache: now, dropped so far
 };
 
 class Filesystem {
@@ -135,6 +142,10 @@ class Filesystem {
 
   virtual int statfs(struct statvfs* out) = 0;
   virtual int sync() = 0;  // commit the running transaction and flush the device
+  // Commits, then drops every cached metadata block it can: those of inodes the kernel has
+  // forgotten, and beyond the cap the least recently used (what the committer does on its
+  // own after commits and under pressure).
+  virtual void shrink_caches() = 0;
   virtual FsStats stats() const = 0;
   virtual bool read_only() const = 0;
 
