@@ -72,7 +72,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fsck.warpfs: %s: no such device or image file\n", spec.path.c_str());
     return fs::kFsckOperational;
   }
-  auto stack = fs::DeviceStack::open(device, fs::StackOptions{}, &err);
+  fs::StackOptions so;
+  so.log = [](const std::string& s) { std::fprintf(stderr, "fsck.warpfs: %s\n", s.c_str()); };
+  auto stack = fs::DeviceStack::open(device, so, &err);
   if (!stack) {
     std::fprintf(stderr, "fsck.warpfs: %s\n", err.c_str());
     return fs::kFsckOperational;

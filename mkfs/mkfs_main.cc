@@ -130,6 +130,7 @@ int main(int argc, char** argv) {
   }
   fs::StackOptions so;
   so.create_bytes = creating ? size : 0;
+  so.log = [](const std::string& s) { std::fprintf(stderr, "mkfs.warpfs: %s\n", s.c_str()); };
   auto stack = fs::DeviceStack::open(device, so, &err);
   if (!stack) {
     std::fprintf(stderr, "mkfs.warpfs: %s\n", err.c_str());

@@ -132,6 +132,10 @@ class PageCacheTracker {
   std::unordered_map<Ino, State> m_;
 };
 
+// What every FUSE worker thread reaches through fuse_req_userdata(). Set up before the
+// session loop starts and torn down after it ends: read-only while the workers run, except
+// page_cache (its own mutex). The filesystem and the device stack are thread-safe
+// themselves (filesystem.h, block_device.h).
 struct Daemon {
   std::unique_ptr<warpfs::fs::DeviceStack> stack;
   std::unique_ptr<warpfs::blockdev::CachedBlockDevice> cached;
@@ -669,10 +673,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "warpfs: queues and workers must be 1..64, commit at least 1\n");
     return 1;
   }
-  // Permissions are checked by the kernel; the daemon names itself in /proc/mounts.
+  // Permissions are checked by the kernel; the daemon names itself in /proc/mounts, an
+  // emulated image by its absolute path (so that mkfs and fsck recognise it as mounted
+  // whatever directory they run in: fs::warpfs_mount_of_image).
+  std::string named = o.device;
+  if (named.rfind("vfio:", 0) != 0) {
+    std::string path = named.rfind("emu:", 0) == 0 ? named.substr(4) : named;
+    std::string ns;
+    if (const size_t c = path.rfind(",ns="); c != std::string::npos) ns = path.substr(c), path.resize(c);
+    if (char* abs = realpath(path.c_str(), nullptr)) {
+      named = "emu:" + std::string(abs) + ns;
+      free(abs);
+    }
+  }
   // libfuse splits -o values at commas: a DEVICE such as vfio:...,ns=2 keeps its comma escaped.
   std::string escaped;
-  for (const char* c = o.device; *c; ++c) {
+  for (const char* c = named.c_str(); *c; ++c) {
     if (*c == ',' || *c == '\\') escaped += '\\';
     escaped += *c;
   }
@@ -804,7 +820,10 @@ int main(int argc, char** argv) {
           fuse_loop_config* lc = fuse_loop_cfg_create();
           // libfuse's defaults (as passthrough_ll): 10 threads at most, idle ones kept.
           fuse_loop_cfg_set_clone_fd(lc, cl.clone_fd);
-          fuse_loop_cfg_set_max_threads(lc, cl.max_threads);
+          // fuse_parse_cmdline leaves max_threads at UINT_MAX unless -o max_threads= was
+          // given; passed on as it is, libfuse logs "Ignoring invalid max threads value" at
+          // every mount.
+          if (cl.max_threads <= 100000) fuse_loop_cfg_set_max_threads(lc, cl.max_threads);
           fuse_loop_cfg_set_idle_threads(lc, cl.max_idle_threads);
           rc = fuse_session_loop_mt(se, lc);
           fuse_loop_cfg_destroy(lc);

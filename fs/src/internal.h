@@ -25,14 +25,18 @@ uint64_t now_ns();
 
 // One block group's allocation state. Bitmaps live in journal buffers; `held` marks blocks
 // freed by the running transaction, which may not be reused until it commits (FORMAT.md).
+// Allocating and freeing happen inside a transaction only, so a commit's closed gate (which
+// reads the bitmaps and writes the descriptors' checksums, alloc.cc finish_commit) never
+// meets them.
 struct Group {
-  std::mutex mu;  // leaf: bitmap bits, the descriptor, held
-  MetaBuf* block_bitmap = nullptr;
-  MetaBuf* inode_bitmap = nullptr;
-  std::vector<uint64_t> held;  // 512 words, lazily sized
-  std::vector<std::pair<uint32_t, uint32_t>> freed;  // (first, count) freed this transaction
+  std::mutex mu;  // leaf: the bitmap bits, this group's descriptor fields, held, freed, hints
+  MetaBuf* block_bitmap = nullptr;  // pinned for the mount (set at mount, then read-only)
+  MetaBuf* inode_bitmap = nullptr;  // pinned likewise
+  std::vector<uint64_t> held;  // mu: 512 words
+  std::vector<std::pair<uint32_t, uint32_t>> freed;  // mu: (first, count) freed this transaction
+  // Exact under mu; read without it (relaxed) as a hint and for statfs.
   std::atomic<uint32_t> free_blocks{0}, free_inodes{0};
-  uint32_t next_inode_hint = 0, next_block_hint = 0;
+  uint32_t next_inode_hint = 0, next_block_hint = 0;  // mu
 };
 
 // The in-memory mapping of a file: its extents, in leaves of at most kExtentNodeCapacity.
@@ -45,11 +49,16 @@ struct ExtentLeaf {
   bool dirty = false;
 };
 
+// An inode in memory, shared (NodeRef) by the node table and the operations using it.
 struct Node {
   explicit Node(Ino i) : ino(i) {}
   const Ino ino;
   // Operation lock (filesystem.h level 2): shared for reads of contents, exclusive for
-  // changes. `disk`, `leaves` and `index_blocks` are guarded by it.
+  // changes. Guards `disk`, `mapped`, `leaves`, `index_blocks`, `index_dirty`, and the
+  // node's directory, extent-tree and xattr buffers (MetaBuf's rules). Exceptions, each
+  // argued where it happens: `disk.parent` and `disk.next_orphan` change only under
+  // namespace_mu_ too, and are read under it alone (rename's ancestor walk, orphan_pred);
+  // a node being created is not locked (no name reaches it yet, create_locked).
   std::shared_mutex rw;
   Inode disk{};
   bool mapped = false;  // leaves loaded
@@ -69,10 +78,10 @@ struct Node {
       return *this;
     }
   };
-  std::mutex attr_mu;
+  std::mutex attr_mu;  // leaf: pub
   Published pub;
 
-  // Kernel references and open handles: NodeTable's mutex.
+  // Kernel references (FUSE lookups) and open handles: FsImpl::table_mu_.
   uint64_t nlookup = 0;
   uint32_t opens = 0;
 };
@@ -300,12 +309,16 @@ class FsImpl final : public Filesystem {
   }
   std::atomic<uint64_t> held_blocks_{0};
 
-  blockdev::BlockDevice& dev_;
-  Superblock sb_;
+  // Set at mount (start()), read-only afterwards: shared by every thread without a lock.
+  blockdev::BlockDevice& dev_;  // thread-safe itself (block_device.h)
+  Superblock sb_;               // the geometry and seed; the live superblock is sb_buf_
   MountOptions opts_;
   std::function<void(const std::string&)> log_;
   bool ro_;
-  std::unique_ptr<Journal> journal_;
+  std::unique_ptr<Journal> journal_;  // thread-safe itself (journal.h)
+  // Pinned buffers: the superblock (orphan_head under orphan_mu_ and namespace_mu_, the
+  // counts and checksum written by finish_commit under the closed gate), the descriptor
+  // table (each descriptor under its group's mu; checksums under the closed gate).
   MetaBuf* sb_buf_ = nullptr;
   std::vector<MetaBuf*> gdt_;
   std::unique_ptr<Group[]> groups_;
@@ -313,7 +326,9 @@ class FsImpl final : public Filesystem {
   uint64_t data_blocks_total_ = 0;
   uint64_t meta_reserve_ = 0;  // blocks only metadata may take (alloc_blocks)
 
-  std::mutex namespace_mu_;  // level 1
+  // Level 1 (filesystem.h): every change of a name (create, link, unlink, rename) and the
+  // freeing of an inode (reclaim, the orphan list), so that they may lock several nodes.
+  std::mutex namespace_mu_;
   mutable std::mutex table_mu_;  // leaf: nodes_, table_epoch_, and Node::nlookup/opens
   std::unordered_map<Ino, NodeRef> nodes_;
   uint64_t table_epoch_ = 0;  // bumped whenever a node leaves nodes_ (get_node's re-check)
@@ -323,19 +338,20 @@ class FsImpl final : public Filesystem {
   static constexpr int kSlotLocks = 64;
   std::mutex slot_mus_[kSlotLocks];
   std::mutex& slot_mu(uint64_t block) { return slot_mus_[block % kSlotLocks]; }
-  std::mutex orphan_mu_;     // leaf: sb_.orphan_head under the superblock buffer
+  std::mutex orphan_mu_;     // leaf: orphan_head in sb_buf_ (also under namespace_mu_)
 
-  // Blocks freed by the transaction being committed: trimmed, then reusable.
+  // Blocks freed by the transaction being committed: trimmed, then reusable. Touched only by
+  // the journal's precommit and committed hooks, which run inside Journal::commit under its
+  // commit_mu_ (one commit at a time).
   std::vector<std::pair<uint64_t, uint64_t>> committing_freed_;
 
-  std::thread committer_;
-  std::mutex committer_mu_;
+  std::thread committer_;  // started at mount, joined by unmount()/abandon()
+  std::mutex committer_mu_;  // leaf: stopping_, evict_wanted_
   std::condition_variable committer_cv_;
   bool stopping_ = false;
-  bool unmounted_ = false;
+  bool unmounted_ = false;  // unmount()'s caller (the one thread that unmounts)
   std::atomic<uint64_t> trims_{0}, trimmed_blocks_{0};
-  uint64_t orphans_freed_ = 0, replayed_ = 0;
-
+  uint64_t orphans_freed_ = 0, replayed_ = 0;  // written by start(), before any other thread
 };
 
 }  // namespace warpfs::fs

@@ -154,8 +154,10 @@ class Journal {
   Log log_;
   uint32_t capacity_;
 
-  // The gate. closed_ stops new entries; a commit waits for active_ == 0.
-  std::mutex gate_mu_;
+  // The gate. closed_ stops new entries; a commit waits for active_ == 0. Everything a
+  // commit reads under the closed gate (dirty buffers, the filesystem's finish hook) is
+  // changed only by operations inside a transaction.
+  std::mutex gate_mu_;  // leaf: active_, closed_
   std::condition_variable gate_cv_;
   int active_ = 0;
   bool closed_ = false;
@@ -168,9 +170,9 @@ class Journal {
   size_t sweep_shard_ = 0;          // eviction_candidates' clock hand (one evictor at a time)
   std::atomic<bool> failed_{false};
 
-  std::mutex dirty_mu_;
-  std::vector<MetaBuf*> dirty_;
-  std::atomic<uint32_t> dirty_count_{0};
+  std::mutex dirty_mu_;  // leaf: dirty_, and MetaBuf::dirty, dead, home_seq
+  std::vector<MetaBuf*> dirty_;  // the running transaction's buffers (may include dead ones)
+  std::atomic<uint32_t> dirty_count_{0};  // dirty_.size(), read without the lock by enter()
 
   static constexpr int kShards = 64;
   struct Shard {
@@ -179,8 +181,10 @@ class Journal {
   };
   Shard shards_[kShards];
   Shard& shard(uint64_t block) { return shards_[block % kShards]; }
-  std::mutex graveyard_mu_;
-  std::vector<std::unique_ptr<MetaBuf>> graveyard_;  // dead buffers, freed after a commit
+  // Buffers dead (freed) in the running transaction: its dirty_ may still point at them,
+  // so they are freed only by the commit that prunes them from that list (commit()).
+  std::mutex graveyard_mu_;  // leaf
+  std::vector<std::unique_ptr<MetaBuf>> graveyard_;
 };
 
 }  // namespace warpfs::fs

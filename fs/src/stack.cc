@@ -1,8 +1,84 @@
 #include "warpfs/fs/stack.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "warpfs/nvme/emulated.h"
+
 #include "warpfs/fs/format.h"
 
 namespace warpfs::fs {
+
+namespace {
+
+// mountinfo's escapes (\040 for a space, \134 for a backslash, ...) undone.
+std::string unescape_mountinfo(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 3), nullptr, 8));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+// Waits (bounded) until nobody holds the image's lock. Returns at once when the image is
+// missing or cannot be opened: open_file then says why.
+void wait_for_release(const std::string& path, unsigned seconds,
+                      const std::function<void(const std::string&)>& log) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  bool said = false;
+  while (!nvme::BackingStore::lock_image(fd) && std::chrono::steady_clock::now() < until) {
+    if (!said && log) {
+      log(path + " is held by a process that has no mount of it (a warpfs daemon finishing "
+                 "its unmount?): waiting up to " + std::to_string(seconds) + " s");
+    }
+    said = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::close(fd);  // the probe's lock (if it got it) goes with it
+}
+
+}  // namespace
+
+std::string warpfs_mount_of_image(const std::string& path) {
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS
+    const size_t dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream head(line.substr(0, dash)), tail(line.substr(dash + 3));
+    std::string id, parent, dev, root, mountpoint, fstype, source;
+    head >> id >> parent >> dev >> root >> mountpoint;
+    tail >> fstype >> source;
+    if (fstype != "fuse.warpfs") continue;
+    source = unescape_mountinfo(source);
+    if (source.rfind("vfio:", 0) == 0) continue;
+    if (source.rfind("emu:", 0) == 0) source = source.substr(4);
+    if (const size_t c = source.rfind(",ns="); c != std::string::npos) source.resize(c);
+    if (same_file(source, path)) return unescape_mountinfo(mountpoint);
+  }
+  return "";
+}
 
 std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const StackOptions& o,
                                                std::string* error) {
@@ -10,6 +86,13 @@ std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const 
   s->name_ = device;
   nvme::DeviceSpec spec;
   if (!nvme::parse_device(device, &spec, error)) return nullptr;
+  if (spec.kind == nvme::DeviceSpec::Kind::kEmulated) {
+    if (std::string where = warpfs_mount_of_image(spec.path); !where.empty()) {
+      *error = spec.path + ": mounted on " + where + " (unmount it first)";
+      return nullptr;
+    }
+    if (o.wait_for_release_s > 0) wait_for_release(spec.path, o.wait_for_release_s, o.log);
+  }
   nvme::VfioOptions vfio = o.vfio;
   vfio.max_vectors = static_cast<uint16_t>(o.io_queues + 1);  // admin + one per I/O queue
   s->transport_ = nvme::open_transport(spec, o.emulated, vfio, o.create_bytes, error);

@@ -104,18 +104,33 @@ class FileStore final : public BackingStore {
 
 }  // namespace
 
+const char* const BackingStore::kImageBusy =
+    "in use by another process (a mounted warpfs, mkfs.warpfs or fsck.warpfs)";
+
+bool BackingStore::lock_image(int fd) {
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;  // the whole file
+  return fcntl(fd, F_OFD_SETLK, &fl) == 0;
+}
+
 std::shared_ptr<BackingStore> BackingStore::open_file(const std::string& path,
                                                       uint64_t create_bytes, std::string* error) {
-  int flags = O_RDWR | O_CLOEXEC | (create_bytes > 0 ? O_CREAT : 0);
-  int fd = open(path.c_str(), flags, 0644);
+  // A new image is the owner's only (0600: it holds every file's data, whatever the files'
+  // own modes), and is never created through a symlink (root runs mkfs in shared directories).
+  int flags = O_RDWR | O_CLOEXEC | (create_bytes > 0 ? O_CREAT | O_NOFOLLOW : 0);
+  int fd = open(path.c_str(), flags, 0600);
   if (fd < 0) {
-    *error = path + ": " + std::strerror(errno);
+    *error = path + ": " + std::strerror(errno) +
+             (errno == ELOOP && create_bytes > 0 ? " (a symlink: refused)" : "");
     return nullptr;
   }
   // One user at a time, as a PCIe function has one driver: a second mount, mkfs or fsck of
-  // the same image would corrupt it.
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    *error = path + ": in use by another process (a mounted warpfs, mkfs.warpfs or fsck.warpfs)";
+  // the same image would corrupt it. An open-file-description write lock, which only a
+  // descriptor open for writing can take: a user who may merely read the image cannot block
+  // its owner (a flock, which any reader could take, did).
+  if (!lock_image(fd)) {
+    *error = path + ": " + kImageBusy;
     close(fd);
     return nullptr;
   }

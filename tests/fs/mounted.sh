@@ -44,11 +44,22 @@ unmount_fs() {
   wait "$daemon_pid" || { cat "$work/daemon.log" >&2; fail "the daemon exited with an error"; }
   daemon_pid=
 }
-# umount(8) returns before the daemon has written everything and let go of the image (it
-# holds an exclusive lock on it): wait for the lock.
+# Whether a process holds the image's lock (an open-file-description write lock, which a
+# POSIX record lock conflicts with; flock(1) would not see it).
+image_locked() {
+  python3 -c 'import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    sys.exit(0)
+sys.exit(1)' "$img"
+}
+# umount(8) returns before the daemon has written everything and let go of the image: wait
+# for the lock (mkfs and fsck wait themselves; this is for the tests' own checks).
 wait_released() {
   for _ in $(seq 1 600); do
-    flock -n "$img" true && return 0
+    image_locked || return 0
     sleep 0.05
   done
   fail "the daemon did not let go of the image within 30 s"
@@ -155,6 +166,40 @@ case $scenario in
     done
     unmount_fs
     fsck_clean
+    ;;
+  release)  # unmount, then at once fsck, mkfs or a new mount: they wait for the daemon to let go
+    format 512M
+    [[ $(stat -c %a "$img") == 600 ]] || fail "mkfs made the image mode $(stat -c %a "$img"), not 600"
+    for round in 1 2 3 4 5; do
+      "$WARPFS" "emu:$img" "$mnt" || fail "mount (round $round)"
+      dd if=/dev/urandom of="$mnt/big" bs=1M count=32 status=none || fail "write"
+      for f in $(seq 1 300); do echo "$f" >"$mnt/f$f"; done
+      out=$("$FSCK" -f -n "emu:$img" 2>&1) && fail "fsck of a mounted image was not refused"
+      grep -q "mounted on $mnt" <<<"$out" || fail "fsck's refusal does not name the mount: $out"
+      fusermount3 -u "$mnt" || fail "fusermount3 -u"
+      case $round in  # right after the unmount returned, with the daemon likely still busy
+        1|2|3) fsck_clean >/dev/null ;;
+        4) "$MKFS" -q --force "emu:$img" || fail "mkfs right after the unmount" ;;
+        5) "$WARPFS" "emu:$img" "$mnt" || fail "mount right after the unmount"
+           fusermount3 -u "$mnt" ;;
+      esac
+    done
+    wait_released
+    # A user who may read the image cannot block it: whatever lock nobody takes on a
+    # read-only descriptor (flock, which used to be the image lock, or a read lock), fsck
+    # and a mount still get theirs.
+    chmod 644 "$img"
+    mkfifo -m 666 "$work/held"
+    su nobody -s /bin/sh -c "exec flock -x -n $img sh -c 'echo held >$work/held; exec sleep 60'" &
+    locker=$!
+    [[ $(cat "$work/held") == held ]] || fail "nobody could not take a flock to test with"
+    fsck_clean >/dev/null
+    mount_fs
+    echo ok >"$mnt/after" || fail "write beside nobody's lock"
+    unmount_fs
+    kill "$locker" 2>/dev/null
+    chmod 600 "$img"
+    fsck_clean >/dev/null
     ;;
   mounthelper)  # mount -t fuse.warpfs and an fstab line go through mount.fuse3 to warpfs
     format 128M

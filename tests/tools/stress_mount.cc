@@ -1,7 +1,8 @@
 // warpfs-stress-mount: many processes at once on a real warpfs mount.
 //
 //   warpfs-stress-mount [--runs N | --seconds T] [--seed S] [--procs M] [--sharers K]
-//                       [--ops N] [--size SIZE] [--options O] [--keep DIR] [--verbose]
+//                       [--ops N] [--sharer-ops N] [--size SIZE] [--options O] [--keep DIR]
+//                       [--verbose]
 //
 // Each run:
 //   1. mkfs.warpfs of a fresh sparse emulated image (--size, default 4G); `warpfs -f` (a
@@ -11,7 +12,8 @@
 //      reads, truncates, fallocate in every mode, renames, exchanges, links, unlinks,
 //      mkdir/rmdir, xattrs, fsync/fdatasync/syncfs, files held open and unlinked. Each keeps
 //      a crash::Model of its subtree; every read must match it.
-//   3. K sharer processes work on /shared together: creates, mkdir, unlink, rmdir, renames
+//   3. K sharer processes (N operations each, or fewer if the workers finish first) work on
+//      /shared together: creates, mkdir, unlink, rmdir, renames
 //      (plain, noreplace, exchange), links, readdir + lstat of what it lists, and data in
 //      whole stamped 4 KiB blocks (sharer j writes only blocks j, j + K, ..., so no two
 //      processes write one block) through pwrite, O_DIRECT and mmap, truncates and punches at
@@ -77,6 +79,7 @@ constexpr uint64_t kB = 4096;
 
 struct Options {
   uint64_t procs = 8, sharers = 2, ops = 2000;
+  uint64_t sharer_ops = 0;  // 0: as many as a worker's
   std::string size = "4G";
   std::string mount_options = "commit=1";
   std::string keep;
@@ -228,8 +231,10 @@ bool raced(int e) {
   }
 }
 
-// A sharer: racing operations on /shared until its parent writes a line (or goes away).
-int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed, int up, int down) {
+// A sharer: `ops` racing operations on /shared (fewer if its parent writes a line first, or
+// goes away), then "ok N" once told to stop.
+int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed, uint64_t ops,
+                int up, int down) {
   std::mt19937_64 rng(mix(seed));
   auto below = [&](uint64_t n) { return n == 0 ? 0 : rng() % n; };
   auto name = [&] {
@@ -245,7 +250,7 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
     return 1;
   };
   uint64_t n_ops = 0;
-  for (;; ++n_ops) {
+  for (; n_ops < ops; ++n_ops) {
     pollfd p{down, POLLIN, 0};
     if (poll(&p, 1, 0) != 0) break;  // told to stop, or the parent is gone
     const uint64_t r = below(100);
@@ -378,6 +383,7 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
     }
   }
   std::free(raw);
+  (void)read_line(down);  // done: wait to be told to stop
   write_line(up, "ok " + std::to_string(n_ops));
   return 0;
 }
@@ -528,8 +534,9 @@ RunReport Run::go() {
   for (uint64_t k = 0; k < o_.sharers; ++k) {
     const uint64_t s = seed_ * 1000 + 500 + k;
     const int idx = static_cast<int>(k), n = static_cast<int>(o_.sharers);
-    sharers.push_back(fork_child([&, s, idx, n](int up, int down) {
-      return sharer_main(mnt + "/shared", idx, n, s, up, down);
+    const uint64_t ops = o_.sharer_ops ? o_.sharer_ops : o_.ops;
+    sharers.push_back(fork_child([&, s, idx, n, ops](int up, int down) {
+      return sharer_main(mnt + "/shared", idx, n, s, ops, up, down);
     }));
   }
   auto finish = [&](const std::string& failure) {
@@ -546,11 +553,19 @@ RunReport Run::go() {
     }
     return r;
   };
+  // How a child that said nothing ended.
+  auto died = [](Child& c) {
+    int st = 0;
+    if (waitpid(c.pid, &st, 0) != c.pid) return std::string("died");
+    c.pid = -1;
+    return WIFSIGNALED(st) ? "died of signal " + std::to_string(WTERMSIG(st))
+                           : "exited with status " + std::to_string(WEXITSTATUS(st));
+  };
   std::string failure;
   for (size_t k = 0; k < workers.size(); ++k) {
     const std::string line = read_line(workers[k].from);
     if (line != "done" && failure.empty())
-      failure = "worker " + std::to_string(k) + ": " + (line.empty() ? "died" : line);
+      failure = "worker " + std::to_string(k) + ": " + (line.empty() ? died(workers[k]) : line);
   }
   for (Child& c : sharers) write_line(c.to, "stop");
   for (size_t k = 0; k < sharers.size(); ++k) {
@@ -558,9 +573,9 @@ RunReport Run::go() {
     if (line.rfind("ok ", 0) == 0) {
       r.sharer_ops += std::strtoull(line.c_str() + 3, nullptr, 10);
     } else if (failure.empty()) {
-      failure = line.empty() ? "sharer " + std::to_string(k) + " died" : line;
+      failure = line.empty() ? "sharer " + std::to_string(k) + " " + died(sharers[k]) : line;
     }
-    waitpid(sharers[k].pid, nullptr, 0);
+    if (sharers[k].pid > 0) waitpid(sharers[k].pid, nullptr, 0);
     sharers[k].pid = -1;
   }
   if (!failure.empty()) return finish(failure);
@@ -571,8 +586,8 @@ RunReport Run::go() {
   for (size_t k = 0; k < workers.size(); ++k) {
     const std::string line = read_line(workers[k].from);
     if (line != "ok" && failure.empty())
-      failure = "worker " + std::to_string(k) + ": " + (line.empty() ? "died" : line);
-    waitpid(workers[k].pid, nullptr, 0);
+      failure = "worker " + std::to_string(k) + ": " + (line.empty() ? died(workers[k]) : line);
+    if (workers[k].pid > 0) waitpid(workers[k].pid, nullptr, 0);
     workers[k].pid = -1;
   }
   if (!failure.empty()) return finish(failure);
@@ -587,7 +602,8 @@ RunReport Run::go() {
 int usage() {
   std::fprintf(stderr,
                "usage: warpfs-stress-mount [--runs N | --seconds T] [--seed S] [--procs M] "
-               "[--sharers K] [--ops N] [--size SIZE] [--options O] [--keep DIR] [--verbose]\n");
+               "[--sharers K] [--ops N] [--sharer-ops N] [--size SIZE] [--options O] [--keep DIR] "
+               "[--verbose]\n");
   return 2;
 }
 
@@ -607,16 +623,17 @@ int main(int argc, char** argv) {
     } else if (a == "--options" && i + 1 < argc) {
       o.mount_options = argv[++i];
     } else if ((a == "--runs" || a == "--seed" || a == "--seconds" || a == "--procs" ||
-                a == "--sharers" || a == "--ops") &&
+                a == "--sharers" || a == "--ops" || a == "--sharer-ops") &&
                i + 1 < argc) {
       uint64_t v;
       if (!crash::parse_number(argv[++i], &v)) return usage();
-      (a == "--runs"      ? runs
-       : a == "--seed"    ? seed
-       : a == "--seconds" ? seconds
-       : a == "--procs"   ? o.procs
-       : a == "--sharers" ? o.sharers
-                          : o.ops) = v;
+      (a == "--runs"         ? runs
+       : a == "--seed"       ? seed
+       : a == "--seconds"    ? seconds
+       : a == "--procs"      ? o.procs
+       : a == "--sharers"    ? o.sharers
+       : a == "--sharer-ops" ? o.sharer_ops
+                             : o.ops) = v;
     } else {
       return usage();
     }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -36,8 +37,10 @@ std::string basename_of(const std::string& path) {
   return path.substr(path.rfind('/') + 1);
 }
 
-// SIGBUS of a mapping access: back to the guarded copy, which fails.
-thread_local sigjmp_buf* g_bus_jump = nullptr;
+// SIGBUS of a mapping access: back to the guarded copy, which fails. Volatile, and fenced
+// around the copy: otherwise the compiler may drop the store before the memcpy as dead (the
+// memcpy does not read it) and the handler finds nothing to jump to.
+thread_local sigjmp_buf* volatile g_bus_jump = nullptr;
 
 void on_sigbus(int sig) {
   if (g_bus_jump != nullptr) siglongjmp(*g_bus_jump, 1);
@@ -55,7 +58,9 @@ bool guarded_memcpy(void* dst, const void* src, size_t n) {
     return false;
   }
   g_bus_jump = &jb;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   std::memcpy(dst, src, n);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   g_bus_jump = nullptr;
   return true;
 }

@@ -20,8 +20,17 @@ struct StackOptions {
   nvme::VfioOptions vfio;         // hugepages, interrupts, signal teardown
   // A busy queue with no completion for this long resets the controller (IoEngine); 0: never.
   uint64_t io_timeout_ns = 30'000'000'000ull;
-  std::function<void(const std::string&)> log;  // the engine's recovery messages
+  std::function<void(const std::string&)> log;  // the engine's recovery messages, notices
+  // An emulated image that another process holds while no warpfs mount shows it (a daemon
+  // finishing its unmount: `fusermount3 -u` returns before the daemon has written its last
+  // blocks and exited) is waited for this long, saying so through `log`; one that is
+  // mounted is refused at once. 0: refused at once too.
+  unsigned wait_for_release_s = 10;
 };
+
+// The mountpoint of a warpfs mount of the emulated image `path` (/proc/self/mountinfo,
+// whose sources the daemon writes as emu:ABSOLUTE-PATH), or "".
+std::string warpfs_mount_of_image(const std::string& path);
 
 class DeviceStack {
  public:

@@ -35,10 +35,16 @@ class BackingStore {
   virtual Status punch(uint64_t offset, size_t len) = 0;
   virtual Status sync() = 0;
 
-  // An image file. With create_bytes > 0 a missing file is created with that size; an
-  // existing file keeps its size. `error` receives a message naming the path on failure.
+  // An image file. With create_bytes > 0 a missing file is created with that size (mode
+  // 0600, never through a symlink); an existing file keeps its size. The file is locked for
+  // the store's life (lock_image). `error` receives a message naming the path on failure;
+  // "PATH: " + kImageBusy when another process holds the lock.
   static std::shared_ptr<BackingStore> open_file(const std::string& path, uint64_t create_bytes,
                                                  std::string* error);
+  static const char* const kImageBusy;
+  // The image lock: an open-file-description write lock on the whole file (F_OFD_SETLK), which
+  // needs a descriptor open for writing and goes with its last close. False if held.
+  static bool lock_image(int fd);
   // Zero-filled memory; survives the controller as long as someone holds the pointer, which
   // is how tests power a new controller up on the same "media" after a cut.
   static std::shared_ptr<BackingStore> ram(uint64_t bytes);
