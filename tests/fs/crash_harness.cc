@@ -133,6 +133,10 @@ std::vector<std::pair<std::string, Id>> Model::names() const {
 }
 
 void Model::step() {
+  if (!keep_) {
+    ++base_;  // current() moves on; state(current()) is cur_
+    return;
+  }
   hist_.push_back(cur_);
 }
 

@@ -103,13 +103,20 @@ class Model {
   // States before `k` can no longer be found (k's transaction is durable).
   void durable(size_t k);
   size_t lo() const { return base_; }
-  const State& state(size_t k) const { return hist_[k - base_]; }
+  const State& state(size_t k) const { return keep_ ? hist_[k - base_] : cur_; }
+  // Without history (a run with no crash to come: the stress harnesses), step() keeps no
+  // copy of the state and only the current one can be checked: lo() == current().
+  void keep_history(bool keep) {
+    keep_ = keep;
+    if (!keep) durable(current());
+  }
   // After a recovery: state k (dropping open-unlinked inodes), with each file's data
   // replaced by what the disk holds (`data`: id -> contents). The history restarts there.
   void restart(size_t k, const std::map<Id, std::string>& data);
 
  private:
   Ino root_ino_;
+  bool keep_ = true;
   State cur_;
   std::deque<State> hist_;  // states base_ .. base_ + size - 1
   size_t base_ = 0;

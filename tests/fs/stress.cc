@@ -288,6 +288,7 @@ std::string Run::setup() {
 
 void Run::worker_loop(Worker& w, uint64_t ops, bool allow_cut) {
   Model& m = *w.model;
+  m.keep_history(allow_cut);  // the states a crash may show; without one only the last counts
   Filesystem& fs = *m_.fs;
   for (uint64_t i = 0; i < ops && !failure_.failed() && !cut(); ++i) {
     if (allow_cut) {
@@ -313,11 +314,7 @@ void Run::worker_loop(Worker& w, uint64_t ops, bool allow_cut) {
                    "\n" + m_.logged());
       return;
     }
-    if (allow_cut) {
-      w.pending.emplace_back(m.current(), fs.stats().commits);
-    } else {
-      m.durable(m.current());  // no crash to come: keep the history short
-    }
+    if (allow_cut) w.pending.emplace_back(m.current(), fs.stats().commits);
   }
 }
 
