@@ -37,13 +37,6 @@ bool within(const std::string& path, const std::string& dir) {
   return path == dir || path.compare(0, dir.size() + 1, dir + "/") == 0;
 }
 
-uint64_t mix(uint64_t x) {  // splitmix64: consecutive seeds give unrelated streams
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 std::string errno_name(int rc) {
   return rc == 0 ? "0" : std::string(strerrorname_np(rc) ? strerrorname_np(rc) : "?");
 }
@@ -892,6 +885,223 @@ void Session::power_cut(double persist) {
   stack_.reset();
 }
 
+// --- the model side of operations ---------------------------------------------------------
+
+uint64_t mix(uint64_t x) {  // splitmix64: consecutive seeds give unrelated streams
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+namespace {
+uint64_t stamp_sum(const uint8_t* b) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < kB - 8; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, b + i, 8);
+    sum = mix(sum ^ w);
+  }
+  return sum;
+}
+}  // namespace
+
+void stamp_block(uint8_t* b, Ino ino, uint64_t lblk, uint64_t tag) {
+  std::memcpy(b, &ino, 8);
+  std::memcpy(b + 8, &lblk, 8);
+  uint64_t x = mix(tag);
+  for (size_t i = 16; i < kB - 8; i += 8) {
+    x = mix(x);
+    std::memcpy(b + i, &x, 8);
+  }
+  const uint64_t sum = stamp_sum(b);
+  std::memcpy(b + kB - 8, &sum, 8);
+}
+
+std::string check_stamped_block(const uint8_t* b, Ino ino, uint64_t lblk) {
+  bool zero = true;
+  for (size_t i = 0; i < kB && zero; ++i) zero = b[i] == 0;
+  if (zero) return "";
+  uint64_t got_ino, got_lblk, want;
+  std::memcpy(&got_ino, b, 8);
+  std::memcpy(&got_lblk, b + 8, 8);
+  std::memcpy(&want, b + kB - 8, 8);
+  if (stamp_sum(b) != want) {
+    return "block " + std::to_string(lblk) + " of inode " + std::to_string(ino) +
+           " is torn or foreign (checksum mismatch; it claims inode " + std::to_string(got_ino) +
+           " block " + std::to_string(got_lblk) + ")";
+  }
+  if (got_ino != ino || got_lblk != lblk) {
+    return "block " + std::to_string(lblk) + " of inode " + std::to_string(ino) +
+           " holds the data of inode " + std::to_string(got_ino) + " block " +
+           std::to_string(got_lblk);
+  }
+  return "";
+}
+
+std::string check_invariants(const Observed& o, Ino stamped) {
+  std::map<Ino, uint32_t> names, subdirs;
+  for (const auto& [ino, n] : o.nodes) {
+    for (const auto& [name, ent] : n.entries) {
+      names[ent.first] += 1;
+      if (ent.second == DT_DIR) subdirs[ino] += 1;
+    }
+  }
+  for (const auto& [ino, n] : o.nodes) {
+    const uint32_t want = S_ISDIR(n.mode) ? 2 + subdirs[ino] : names[ino];
+    if (n.nlink != want) {
+      return "inode " + std::to_string(ino) + " (" + type_name(n.mode) + ") has link count " +
+             std::to_string(n.nlink) + " but " + std::to_string(want) +
+             (S_ISDIR(n.mode) ? " (2 + subdirectories)" : " names");
+    }
+  }
+  std::vector<Ino> todo;
+  if (stamped) todo.push_back(stamped);
+  std::set<Ino> seen;
+  while (!todo.empty()) {
+    const Ino d = todo.back();
+    todo.pop_back();
+    auto it = o.nodes.find(d);
+    if (it == o.nodes.end()) return "directory inode " + std::to_string(d) + " was not read";
+    for (const auto& [name, ent] : it->second.entries) {
+      if (ent.second == DT_DIR) {
+        todo.push_back(ent.first);
+        continue;
+      }
+      if (!seen.insert(ent.first).second) continue;
+      const ONode& f = o.nodes.at(ent.first);
+      if (!S_ISREG(f.mode)) continue;
+      if (f.size % kB) {
+        return "stamped file " + name + " (inode " + std::to_string(ent.first) + ") has size " +
+               std::to_string(f.size) + ", not a multiple of the block size";
+      }
+      for (uint64_t b = 0; b * kB < f.data.size(); ++b) {
+        if (std::string e = check_stamped_block(
+                reinterpret_cast<const uint8_t*>(f.data.data()) + b * kB, ent.first, b);
+            !e.empty())
+          return "stamped file " + name + ": " + e;
+      }
+    }
+  }
+  return "";
+}
+
+std::string model_create(Model& m, OpKind kind, Id dir, const std::string& name, Ino ino,
+                         uint32_t perm, const std::string& target, uint32_t mode) {
+  MNode n;
+  n.ino = ino;
+  n.links = 1;
+  if (kind == OpKind::kMkdir) {
+    n.mode = S_IFDIR | perm;
+    n.links = 2;
+    m.edit(dir).links += 1;
+  } else if (kind == OpKind::kSymlink) {
+    n.mode = S_IFLNK | 0777;
+    n.target = target;
+    n.size = target.size();
+  } else {
+    n.mode = S_IFREG | perm;
+  }
+  m.edit(dir).entries[name] = m.add(n);
+  m.step();
+  if (mode != n.mode) return "created with mode " + octal(mode) + ", expected " + octal(n.mode);
+  return "";
+}
+
+void model_rename(Model& m, const Op& op) {
+  Id sd, td, src, dst = 0;
+  m.resolve(dirname_of(op.path), &sd);
+  m.resolve(dirname_of(op.path2), &td);
+  const std::string sn = basename_of(op.path), tn = basename_of(op.path2);
+  m.resolve(op.path, &src);
+  const bool has_dst = m.resolve(op.path2, &dst);
+  if (has_dst && dst == src) {  // the same inode under both names: nothing happens
+    m.step();
+    return;
+  }
+  const bool sdir = S_ISDIR(m.node(src)->mode);
+  const bool ddir = has_dst && S_ISDIR(m.node(dst)->mode);
+  if (op.kind == OpKind::kExchange) {
+    m.edit(sd).entries[sn] = dst;
+    m.edit(td).entries[tn] = src;
+    if (sd != td) {
+      if (sdir) m.edit(td).links += 1, m.edit(sd).links -= 1;
+      if (ddir) m.edit(sd).links += 1, m.edit(td).links -= 1;
+    }
+    m.step();
+    return;
+  }
+  m.edit(sd).entries.erase(sn);
+  m.edit(td).entries[tn] = src;
+  if (sdir && sd != td) m.edit(sd).links -= 1, m.edit(td).links += 1;
+  if (has_dst) {
+    MNode& v = m.edit(dst);
+    if (ddir) {
+      v.links = 0;
+      m.edit(td).links -= 1;
+    } else {
+      v.links -= 1;
+    }
+    if (v.links == 0 && v.opens == 0) m.remove(dst);
+  }
+  m.step();
+}
+
+void model_link(Model& m, const Op& op) {
+  Id td;
+  m.resolve(dirname_of(op.path2), &td);
+  m.edit(op.id).links += 1;
+  m.edit(td).entries[basename_of(op.path2)] = op.id;
+  m.step();
+}
+
+void model_unlink(Model& m, const Op& op) {
+  Id d, id;
+  m.resolve(dirname_of(op.path), &d);
+  m.resolve(op.path, &id);
+  m.edit(d).entries.erase(basename_of(op.path));
+  if (op.kind == OpKind::kRmdir) {
+    m.edit(d).links -= 1;
+    m.remove(id);
+  } else {
+    MNode& n = m.edit(id);
+    n.links -= 1;
+    if (n.links == 0 && n.opens == 0) m.remove(id);
+  }
+  m.step();
+}
+
+void model_release(Model& m, Id id) {
+  MNode& n = m.edit(id);
+  n.opens -= 1;
+  if (n.links == 0 && n.opens == 0) m.remove(id);
+}
+
+void model_write_pieces(Model& m, const Op& op, uint64_t piece) {
+  const std::string data = test::pattern(op.seed, op.off, op.len);
+  for (uint64_t done = 0; done < op.len;) {
+    const uint64_t pos = op.off + done;
+    const uint64_t n = std::min(op.len - done, piece - pos % piece);
+    model_write(m.edit(op.id), pos, data.substr(done, n));
+    m.step();
+    done += n;
+  }
+}
+
+void model_change(Model& m, const Op& op) {
+  MNode& n = m.edit(op.id);
+  if (op.kind == OpKind::kTruncate) {
+    model_truncate(n, op.off);
+  } else if (op.kind == OpKind::kChmod) {
+    n.mode = (n.mode & S_IFMT) | op.perm;
+  } else if (op.kind == OpKind::kSetXattr) {
+    n.xattrs[op.name] = op.value;
+  } else if (op.kind == OpKind::kRemoveXattr) {
+    n.xattrs.erase(op.name);
+  }
+  m.step();
+}
+
 std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut, int* rc) {
   auto is_cut = [&] { return cut != nullptr && cut->is_cut(); };
   const bool was_cut = is_cut();
@@ -921,26 +1131,7 @@ std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut,
       }
       if (*rc) return "";  // no inode number: it cannot have become durable either
       fs.forget(a.ino, 1);
-      MNode n;
-      n.ino = a.ino;
-      if (op.kind == OpKind::kCreate) {
-        n.mode = S_IFREG | op.perm;
-        n.links = 1;
-      } else if (op.kind == OpKind::kMkdir) {
-        n.mode = S_IFDIR | op.perm;
-        n.links = 2;
-        m.edit(did).links += 1;
-      } else {
-        n.mode = S_IFLNK | 0777;
-        n.links = 1;
-        n.target = op.path2;
-        n.size = op.path2.size();
-      }
-      if (a.mode != n.mode)
-        return "created with mode " + octal(a.mode) + ", expected " + octal(n.mode);
-      m.edit(did).entries[name] = m.add(n);
-      m.step();
-      return "";
+      return model_create(m, op.kind, did, name, a.ino, op.perm, op.path2, a.mode);
     }
     case OpKind::kBurst: {
       Id did;
@@ -951,12 +1142,9 @@ std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut,
         *rc = fs.mknod(dino, name, S_IFREG | 0644, 0, Caller{}, &a);
         if (*rc) return "";
         fs.forget(a.ino, 1);
-        MNode n;
-        n.ino = a.ino;
-        n.mode = S_IFREG | 0644;
-        n.links = 1;
-        m.edit(did).entries[name] = m.add(n);
-        m.step();
+        if (std::string bad = model_create(m, OpKind::kCreate, did, name, a.ino, 0644, "", a.mode);
+            !bad.empty())
+          return bad;
         if (is_cut()) return "";
       }
       return "";
@@ -969,14 +1157,7 @@ std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut,
       if (!is_cut() && written != op.len) {
         return "wrote " + std::to_string(written) + " of " + std::to_string(op.len) + " bytes";
       }
-      // One state per journal piece (file.cc): the size grows piece by piece.
-      for (uint64_t done = 0; done < op.len;) {
-        const uint64_t pos = op.off + done;
-        const uint64_t piece = std::min(op.len - done, kWritePiece - pos % kB);
-        model_write(m.edit(op.id), pos, data.substr(done, piece));
-        m.step();
-        done += piece;
-      }
+      model_write_pieces(m, op, kWritePiece);  // one state per journal piece (file.cc)
       return "";
     }
     case OpKind::kTruncate:
@@ -991,13 +1172,8 @@ std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut,
       }
       *rc = fs.setattr(ino_of(op.id), s, &a);
       if (!happened()) return "";
-      MNode& n = m.edit(op.id);
-      if (op.kind == OpKind::kTruncate) {
-        model_truncate(n, op.off);
-      } else {
-        n.mode = (n.mode & S_IFMT) | op.perm;
-      }
-      m.step();
+      model_change(m, op);
+      const MNode& n = *m.node(op.id);
       if (*rc == 0 && (a.mode != n.mode || (S_ISREG(n.mode) && a.size != n.size))) {
         return "setattr gave mode " + octal(a.mode) + " size " + std::to_string(a.size);
       }
@@ -1005,43 +1181,11 @@ std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut,
     }
     case OpKind::kRename:
     case OpKind::kExchange: {
-      Id sd, td, src, dst = 0;
+      Id sd, td;
       const Ino sdi = dir_ino(op.path, &sd), tdi = dir_ino(op.path2, &td);
-      const std::string sn = basename_of(op.path), tn = basename_of(op.path2);
-      m.resolve(op.path, &src);
-      const bool has_dst = m.resolve(op.path2, &dst);
-      *rc = fs.rename(sdi, sn, tdi, tn, op.kind == OpKind::kExchange ? RENAME_EXCHANGE : op.flags);
-      if (!happened()) return "";
-      if (has_dst && dst == src) {  // the same inode under both names: nothing happens
-        m.step();
-        return "";
-      }
-      const bool sdir = S_ISDIR(m.node(src)->mode);
-      const bool ddir = has_dst && S_ISDIR(m.node(dst)->mode);
-      if (op.kind == OpKind::kExchange) {
-        m.edit(sd).entries[sn] = dst;
-        m.edit(td).entries[tn] = src;
-        if (sd != td) {
-          if (sdir) m.edit(td).links += 1, m.edit(sd).links -= 1;
-          if (ddir) m.edit(sd).links += 1, m.edit(td).links -= 1;
-        }
-        m.step();
-        return "";
-      }
-      m.edit(sd).entries.erase(sn);
-      m.edit(td).entries[tn] = src;
-      if (sdir && sd != td) m.edit(sd).links -= 1, m.edit(td).links += 1;
-      if (has_dst) {
-        MNode& v = m.edit(dst);
-        if (ddir) {
-          v.links = 0;
-          m.edit(td).links -= 1;
-        } else {
-          v.links -= 1;
-        }
-        if (v.links == 0 && v.opens == 0) m.remove(dst);
-      }
-      m.step();
+      *rc = fs.rename(sdi, basename_of(op.path), tdi, basename_of(op.path2),
+                      op.kind == OpKind::kExchange ? RENAME_EXCHANGE : op.flags);
+      if (happened()) model_rename(m, op);
       return "";
     }
     case OpKind::kLink: {
@@ -1050,39 +1194,26 @@ std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut,
       *rc = fs.link(ino_of(op.id), tdi, basename_of(op.path2), &a);
       if (*rc) return "";
       fs.forget(a.ino, 1);
-      m.edit(op.id).links += 1;
-      m.edit(td).entries[basename_of(op.path2)] = op.id;
-      m.step();
+      model_link(m, op);
       if (a.nlink != m.node(op.id)->links) return "link gave nlink " + std::to_string(a.nlink);
       return "";
     }
     case OpKind::kUnlink:
     case OpKind::kRmdir: {
-      Id d, id;
+      Id d;
       const Ino dino = dir_ino(op.path, &d);
-      m.resolve(op.path, &id);
       const std::string name = basename_of(op.path);
       *rc = op.kind == OpKind::kUnlink ? fs.unlink(dino, name) : fs.rmdir(dino, name);
-      if (!happened()) return "";
-      m.edit(d).entries.erase(name);
-      if (op.kind == OpKind::kRmdir) {
-        m.edit(d).links -= 1;
-        m.remove(id);
-      } else {
-        MNode& n = m.edit(id);
-        n.links -= 1;
-        if (n.links == 0 && n.opens == 0) m.remove(id);
-      }
-      m.step();
+      if (happened()) model_unlink(m, op);
       return "";
     }
     case OpKind::kSetXattr:
       *rc = fs.setxattr(ino_of(op.id), op.name, op.value.data(), op.value.size(), 0);
-      if (happened()) m.edit(op.id).xattrs[op.name] = op.value, m.step();
+      if (happened()) model_change(m, op);
       return "";
     case OpKind::kRemoveXattr:
       *rc = fs.removexattr(ino_of(op.id), op.name);
-      if (happened()) m.edit(op.id).xattrs.erase(op.name), m.step();
+      if (happened()) model_change(m, op);
       return "";
     case OpKind::kFsync:
     case OpKind::kFdatasync:
@@ -1097,13 +1228,10 @@ std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut,
       *rc = fs.open(ino_of(op.id), O_RDWR);
       if (*rc == 0) m.edit(op.id).opens += 1;
       return "";
-    case OpKind::kRelease: {
+    case OpKind::kRelease:
       fs.release(ino_of(op.id));
-      MNode& n = m.edit(op.id);
-      n.opens -= 1;
-      if (n.links == 0 && n.opens == 0) m.remove(op.id);
+      model_release(m, op.id);
       return "";
-    }
     case OpKind::kFallocate:
       *rc = fs.fallocate(ino_of(op.id), static_cast<int>(op.flags), op.off, op.len);
       if (happened()) model_fallocate(m, op.id, static_cast<int>(op.flags), op.off, op.len);

@@ -212,6 +212,35 @@ struct Op {
 // healthy filesystem), chosen from `rng` and the state only.
 Op next_op(const Model& m, std::mt19937_64& rng);
 
+// The model side of operations, shared by the in-process runner (run_op) and the syscall
+// runner (tools/syscall_ops.h); each adds its states. Called when the operation happened (or
+// may have), before anything else changed the model.
+// A new file, directory or symlink `name` in `dir`, inode `ino`; "" or a mismatch of the mode
+// the filesystem reported.
+std::string model_create(Model& m, OpKind kind, Id dir, const std::string& name, Ino ino,
+                         uint32_t perm, const std::string& target, uint32_t mode);
+void model_rename(Model& m, const Op& op);  // kRename, kExchange
+void model_link(Model& m, const Op& op);
+void model_unlink(Model& m, const Op& op);  // kUnlink, kRmdir
+void model_release(Model& m, Id id);
+// A write's bytes, a state per `piece` bytes (pieces end at multiples of `piece`): how much a
+// crash may find written (the core commits 1 MiB pieces; the kernel sends 4 KiB pages).
+void model_write_pieces(Model& m, const Op& op, uint64_t piece);
+// The attribute and xattr changes: kTruncate, kChmod, kSetXattr, kRemoveXattr.
+void model_change(Model& m, const Op& op);
+// Splitmix64 (seeds for one purpose each), and a 4 KiB block stamped with an inode and a
+// block number: the shared-file check of the stress harnesses (a block of a shared file is
+// zero or stamped for itself, never torn, never another file's).
+uint64_t mix(uint64_t x);
+void stamp_block(uint8_t* b, Ino ino, uint64_t lblk, uint64_t tag);
+std::string check_stamped_block(const uint8_t* b, Ino ino, uint64_t lblk);  // "" or what is wrong
+// The invariants of a tree whatever its history: every inode's link count equals its names
+// (a directory's: 2 + its subdirectories), and every regular file under directory `stamped`
+// (0: none) has a size of whole blocks, each zero or stamped for itself. "" or the first
+// violation.
+std::string check_invariants(const Observed& o, Ino stamped);
+
+
 // Runs `op` on the filesystem (in-process) and on the model. The model changes when the call
 // succeeded, or when `cut` (may be null) was cut while it ran: then the operation may or may
 // not have happened, and its states become possible. "" or a mismatch of what the operation

@@ -37,63 +37,10 @@ using crash::OpKind;
 
 constexpr uint64_t kB = kBlockSize;
 
-uint64_t mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 std::string errno_name(int rc) {
   return rc == 0 ? "0" : std::string(strerrorname_np(rc) ? strerrorname_np(rc) : "?");
 }
 
-// A sharer's data block: 8 bytes of inode, 8 of block number, then bytes drawn from a tag,
-// the last 8 a checksum of the rest. Zeroes (a hole) or such a block for this inode and
-// offset are the only contents a shared file's block may have.
-void stamp(uint8_t* b, Ino ino, uint64_t lblk, uint64_t tag) {
-  std::memcpy(b, &ino, 8);
-  std::memcpy(b + 8, &lblk, 8);
-  uint64_t x = mix(tag);
-  for (size_t i = 16; i < kB - 8; i += 8) {
-    x = mix(x);
-    std::memcpy(b + i, &x, 8);
-  }
-  uint64_t sum = 0;
-  for (size_t i = 0; i < kB - 8; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, b + i, 8);
-    sum = mix(sum ^ w);
-  }
-  std::memcpy(b + kB - 8, &sum, 8);
-}
-
-// "" if block `lblk` of inode `ino` reads as `b` legitimately.
-std::string check_stamp(const uint8_t* b, Ino ino, uint64_t lblk) {
-  bool zero = true;
-  for (size_t i = 0; i < kB && zero; ++i) zero = b[i] == 0;
-  if (zero) return "";
-  uint64_t got_ino, got_lblk, sum = 0, want;
-  std::memcpy(&got_ino, b, 8);
-  std::memcpy(&got_lblk, b + 8, 8);
-  for (size_t i = 0; i < kB - 8; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, b + i, 8);
-    sum = mix(sum ^ w);
-  }
-  std::memcpy(&want, b + kB - 8, 8);
-  if (sum != want) {
-    return "block " + std::to_string(lblk) + " of inode " + std::to_string(ino) +
-           " is torn or foreign (checksum mismatch; it claims inode " + std::to_string(got_ino) +
-           " block " + std::to_string(got_lblk) + ")";
-  }
-  if (got_ino != ino || got_lblk != lblk) {
-    return "block " + std::to_string(lblk) + " of inode " + std::to_string(ino) +
-           " holds the data of inode " + std::to_string(got_ino) + " block " +
-           std::to_string(got_lblk);
-  }
-  return "";
-}
 
 // The device stack of one power-on: controller, driver, optional cache, and the CutDevice
 // the filesystem sees.
@@ -110,7 +57,7 @@ struct Machine {
 
   std::string power_on(const Options& o) {
     nvme::EmulatedConfig cfg;
-    cfg.seed = mix(o.seed ^ ++power_ons);
+    cfg.seed = crash::mix(o.seed ^ ++power_ons);
     cfg.inline_io = (o.seed & 1) != 0;  // as the daemon runs it, or on the worker threads
     cfg.worker_threads = 1 + static_cast<unsigned>((o.seed >> 1) & 1);
     stack = cache::test::Stack::make(0, store, cfg);
@@ -238,7 +185,6 @@ class Run {
   // The tree's invariants and each worker's subtree against its model (`hi`: the states up
   // to the last reached are allowed, from its lower bound; exact when lo == hi).
   std::string check_all(const char* when, bool after_crash);
-  std::string check_invariants(const Observed& o);
 
   const Options& o_;
   Machine m_;
@@ -329,7 +275,7 @@ bool expected(int rc, std::initializer_list<int> ok) {
 
 void Run::sharer_loop(int index, uint64_t seed) {
   Filesystem& fs = *m_.fs;
-  std::mt19937_64 rng(mix(seed));
+  std::mt19937_64 rng(crash::mix(seed));
   auto below = [&](uint64_t n) { return n == 0 ? 0 : rng() % n; };
   // A directory of /shared ("" = /shared itself, or d0..d2) and a name in it.
   auto pick_dir = [&](Ino* dir) -> int {
@@ -412,7 +358,7 @@ void Run::sharer_loop(int index, uint64_t seed) {
         const uint64_t blk = below(48), nb = 1 + below(4);
         const uint64_t what = below(10);
         if (what < 4) {
-          for (uint64_t i = 0; i < nb; ++i) stamp(buf.data() + i * kB, ino, blk + i, rng());
+          for (uint64_t i = 0; i < nb; ++i) crash::stamp_block(buf.data() + i * kB, ino, blk + i, rng());
           size_t w = 0;
           rc = fs.write(ino, blk * kB, nb * kB, reinterpret_cast<const char*>(buf.data()), &w);
         } else if (what < 7) {
@@ -420,7 +366,7 @@ void Run::sharer_loop(int index, uint64_t seed) {
           rc = fs.read(ino, blk * kB, nb * kB, reinterpret_cast<char*>(buf.data()), &got);
           if (rc == 0 && !cut()) {
             for (uint64_t i = 0; i * kB < got; ++i) {
-              if (std::string e = check_stamp(buf.data() + i * kB, ino, blk + i); !e.empty()) {
+              if (std::string e = crash::check_stamped_block(buf.data() + i * kB, ino, blk + i); !e.empty()) {
                 fs.forget(ino, 1);
                 failure_.set("sharer " + std::to_string(index) + ": read of " + n + ": " + e);
                 return;
@@ -485,7 +431,7 @@ void Run::sharer_loop(int index, uint64_t seed) {
 
 void Run::observer_loop(uint64_t seed) {
   Filesystem& fs = *m_.fs;
-  std::mt19937_64 rng(mix(seed ^ 0x0b5));
+  std::mt19937_64 rng(crash::mix(seed ^ 0x0b5));
   while (!stop() && !cut() && !workers_.empty()) {
     other_ops_.fetch_add(1, std::memory_order_relaxed);
     // A walk down a worker's subtree, as `find` would do beside it. The directories found
@@ -550,7 +496,7 @@ void Run::phase(uint64_t ops, bool allow_cut) {
   const uint64_t c0 = m_.fs->stats().commits;
   std::vector<std::thread> others;
   for (int k = 0; k < o_.sharers; ++k)
-    others.emplace_back([this, k] { sharer_loop(k, mix(o_.seed * 31 + static_cast<uint64_t>(k))); });
+    others.emplace_back([this, k] { sharer_loop(k, crash::mix(o_.seed * 31 + static_cast<uint64_t>(k))); });
   if (o_.observer) others.emplace_back([this] { observer_loop(o_.seed); });
   std::vector<std::thread> ws;
   for (Worker& w : workers_) ws.emplace_back([this, &w, ops, allow_cut] { worker_loop(w, ops, allow_cut); });
@@ -581,52 +527,6 @@ std::string Run::release_all() {
   return "";
 }
 
-// Names per inode against link counts, and the shared files' blocks.
-std::string Run::check_invariants(const Observed& o) {
-  std::map<Ino, uint32_t> names, subdirs;
-  for (const auto& [ino, n] : o.nodes) {
-    for (const auto& [name, ent] : n.entries) {
-      names[ent.first] += 1;
-      if (ent.second == DT_DIR) subdirs[ino] += 1;
-    }
-  }
-  for (const auto& [ino, n] : o.nodes) {
-    const uint32_t want = S_ISDIR(n.mode) ? 2 + subdirs[ino] : names[ino];
-    if (n.nlink != want) {
-      return "inode " + std::to_string(ino) + " (" + (S_ISDIR(n.mode) ? "directory" : "file") +
-             ") has link count " + std::to_string(n.nlink) + " but " + std::to_string(want) +
-             (S_ISDIR(n.mode) ? " (2 + subdirectories)" : " names");
-    }
-  }
-  // The shared subtree's files: stamped blocks or zeroes only.
-  std::vector<Ino> todo{shared_};
-  std::set<Ino> seen;
-  while (!todo.empty()) {
-    const Ino d = todo.back();
-    todo.pop_back();
-    auto it = o.nodes.find(d);
-    if (it == o.nodes.end()) return "/shared (inode " + std::to_string(d) + ") was not read";
-    for (const auto& [name, ent] : it->second.entries) {
-      if (ent.second == DT_DIR) {
-        todo.push_back(ent.first);
-        continue;
-      }
-      if (!seen.insert(ent.first).second) continue;
-      const crash::ONode& f = o.nodes.at(ent.first);
-      if (f.size % kB) {
-        return "shared file inode " + std::to_string(ent.first) + " has size " +
-               std::to_string(f.size) + ", not a multiple of the block size";
-      }
-      for (uint64_t b = 0; b * kB < f.data.size(); ++b) {
-        if (std::string e = check_stamp(reinterpret_cast<const uint8_t*>(f.data.data()) + b * kB,
-                                        ent.first, b);
-            !e.empty())
-          return "/shared/.../" + name + ": " + e;
-      }
-    }
-  }
-  return "";
-}
 
 std::string Run::check_all(const char* when, bool after_crash) {
   Observed o;
@@ -645,7 +545,8 @@ std::string Run::check_all(const char* when, bool after_crash) {
       w.pending.clear();
     }
   }
-  if (std::string e = check_invariants(o); !e.empty()) return std::string(when) + ": " + e;
+  if (std::string e = crash::check_invariants(o, shared_); !e.empty())
+    return std::string(when) + ": " + e;
   return "";
 }
 
@@ -654,7 +555,7 @@ Report Run::go() {
     r_.failure = "setup: " + e;
     return r_;
   }
-  std::mt19937_64 draw(mix(o_.seed ^ 0xc07));
+  std::mt19937_64 draw(crash::mix(o_.seed ^ 0xc07));
   if (o_.cut && draw() % 8 != 0) {
     // Mutating device calls: about two per worker operation, timed commits aside.
     const uint64_t n = 1 + draw() % (o_.ops * static_cast<uint64_t>(o_.workers) * 2 + 1);

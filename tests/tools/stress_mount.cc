@@ -95,13 +95,6 @@ std::string env_or(const char* name, const char* fallback) {
   return v && *v ? v : fallback;
 }
 
-uint64_t mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // --- a child process and its two pipes ------------------------------------------------------
 
 struct Child {
@@ -151,46 +144,6 @@ Child fork_child(F f) {
   return c;
 }
 
-// --- a stamped block (as tests/fs/stress.cc) ------------------------------------------------
-
-void stamp(uint8_t* b, Ino ino, uint64_t lblk, uint64_t tag) {
-  std::memcpy(b, &ino, 8);
-  std::memcpy(b + 8, &lblk, 8);
-  uint64_t x = mix(tag), sum = 0;
-  for (size_t i = 16; i < kB - 8; i += 8) {
-    x = mix(x);
-    std::memcpy(b + i, &x, 8);
-  }
-  for (size_t i = 0; i < kB - 8; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, b + i, 8);
-    sum = mix(sum ^ w);
-  }
-  std::memcpy(b + kB - 8, &sum, 8);
-}
-
-std::string check_stamp(const uint8_t* b, Ino ino, uint64_t lblk) {
-  bool zero = true;
-  for (size_t i = 0; i < kB && zero; ++i) zero = b[i] == 0;
-  if (zero) return "";
-  uint64_t got_ino, got_lblk, sum = 0, want;
-  std::memcpy(&got_ino, b, 8);
-  std::memcpy(&got_lblk, b + 8, 8);
-  for (size_t i = 0; i < kB - 8; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, b + i, 8);
-    sum = mix(sum ^ w);
-  }
-  std::memcpy(&want, b + kB - 8, 8);
-  if (sum != want)
-    return "block " + std::to_string(lblk) + " of inode " + std::to_string(ino) + " is torn or foreign";
-  if (got_ino != ino || got_lblk != lblk) {
-    return "block " + std::to_string(lblk) + " of inode " + std::to_string(ino) +
-           " holds inode " + std::to_string(got_ino) + " block " + std::to_string(got_lblk);
-  }
-  return "";
-}
-
 // --- the processes ----------------------------------------------------------------------------
 
 // A worker: its subtree's workload, "done" (or "fail ..."), then on "verify" the subtree
@@ -199,7 +152,7 @@ int worker_main(const std::string& base, Ino root, uint64_t seed, uint64_t ops, 
   crash::Model m(root);
   m.keep_history(false);  // no crash here: only the last state is ever checked
   warpfs::fs::mounted::SyscallRunner runner(base, &m);
-  std::mt19937_64 rng(mix(seed));
+  std::mt19937_64 rng(crash::mix(seed));
   for (uint64_t i = 0; i < ops; ++i) {
     const crash::Op op = crash::next_op(m, rng);
     int rc = 0;
@@ -235,7 +188,7 @@ bool raced(int e) {
 // goes away), then "ok N" once told to stop.
 int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed, uint64_t ops,
                 int up, int down) {
-  std::mt19937_64 rng(mix(seed));
+  std::mt19937_64 rng(crash::mix(seed));
   auto below = [&](uint64_t n) { return n == 0 ? 0 : rng() % n; };
   auto name = [&] {
     std::string d = below(3) == 0 ? "" : "/d" + std::to_string(below(3));
@@ -291,7 +244,7 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
       std::string op;
       if (what < 3) {  // a stamped block: pwrite, or O_DIRECT
         op = "write";
-        stamp(buf, ino, blk, rng());
+        crash::stamp_block(buf, ino, blk, rng());
         int wfd = fd;
         if (what == 2) {
           op = "O_DIRECT write";
@@ -306,7 +259,7 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
           if (m == MAP_FAILED) {
             rc = errno;
           } else {
-            stamp(buf, ino, blk, rng());
+            crash::stamp_block(buf, ino, blk, rng());
             // A concurrent truncate may take the page away (SIGBUS, caught): a legitimate race.
             if (warpfs::fs::mounted::guarded_memcpy(m, buf, kB) && msync(m, kB, MS_SYNC) != 0) rc = errno;
             munmap(m, kB);
@@ -321,7 +274,7 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
           rc = errno;
         } else {
           for (uint64_t i = 0; i * kB < static_cast<uint64_t>(got); ++i) {
-            if (std::string e = check_stamp(buf + i * kB, ino, first + i); !e.empty()) {
+            if (std::string e = crash::check_stamped_block(buf + i * kB, ino, first + i); !e.empty()) {
               if (rfd >= 0) close(rfd);
               close(fd);
               write_line(up, "fail sharer " + std::to_string(index) + ": O_DIRECT read of " + a + ": " + e);
@@ -394,41 +347,9 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
 std::string check_tree(const std::string& mnt) {
   crash::Observed o;
   if (std::string e = warpfs::fs::mounted::observe(mnt, &o); !e.empty()) return "reading the tree: " + e;
-  std::map<Ino, uint32_t> names, subdirs;
-  for (const auto& [ino, n] : o.nodes) {
-    for (const auto& [name, ent] : n.entries) {
-      names[ent.first] += 1;
-      if (ent.second == DT_DIR) subdirs[ino] += 1;
-    }
-  }
-  for (const auto& [ino, n] : o.nodes) {
-    const uint32_t want = S_ISDIR(n.mode) ? 2 + subdirs[ino] : names[ino];
-    if (n.nlink != want) {
-      return "inode " + std::to_string(ino) + " has link count " + std::to_string(n.nlink) +
-             ", expected " + std::to_string(want);
-    }
-  }
   struct stat st;
   if (lstat((mnt + "/shared").c_str(), &st) != 0) return "/shared: " + errno_name(errno);
-  std::vector<Ino> todo{st.st_ino};
-  while (!todo.empty()) {
-    const Ino d = todo.back();
-    todo.pop_back();
-    for (const auto& [name, ent] : o.nodes.at(d).entries) {
-      if (ent.second == DT_DIR) {
-        todo.push_back(ent.first);
-        continue;
-      }
-      const crash::ONode& f = o.nodes.at(ent.first);
-      for (uint64_t b = 0; b * kB < f.data.size(); ++b) {
-        if (b * kB + kB > f.data.size()) return "shared file " + name + ": size " + std::to_string(f.size);
-        if (std::string e = check_stamp(reinterpret_cast<const uint8_t*>(f.data.data()) + b * kB, ent.first, b);
-            !e.empty())
-          return "shared file " + name + ": " + e;
-      }
-    }
-  }
-  return "";
+  return crash::check_invariants(o, st.st_ino);
 }
 
 // Lines of the daemon's log that name a problem.

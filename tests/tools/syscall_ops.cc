@@ -212,32 +212,12 @@ int SyscallRunner::create(OpKind kind, const std::string& rel, uint32_t perm,
 }
 
 // The model side of a create, mkdir or symlink of `name` in `dir`: a new state.
-std::string SyscallRunner::add_created(OpKind kind, Id dir, const std::string& name, Ino ino, uint32_t perm,
-                             const std::string& target, uint32_t mode) {
-  MNode n;
-  n.ino = ino;
-  n.links = 1;
-  if (kind == OpKind::kMkdir) {
-    n.mode = S_IFDIR | perm;
-    n.links = 2;
-    m_.edit(dir).links += 1;
-  } else if (kind == OpKind::kSymlink) {
-    n.mode = S_IFLNK | 0777;
-    n.target = target;
-    n.size = target.size();
-  } else {
-    n.mode = S_IFREG | perm;
-  }
-  m_.edit(dir).entries[name] = m_.add(n);
-  m_.step();
-  if (mode != n.mode)
-    return "created with mode " + std::to_string(mode) + ", expected " + std::to_string(n.mode);
-  return "";
+std::string SyscallRunner::add_created(OpKind kind, Id dir, const std::string& name, Ino ino,
+                                       uint32_t perm, const std::string& target, uint32_t mode) {
+  return crash::model_create(m_, kind, dir, name, ino, perm, target, mode);
 }
 
-// Runs `op` on the mount and on the model (crash_harness.cc Session::run, through syscalls).
-// The model changes when the call succeeded, or when the daemon was killed meanwhile: then
-// the operation may or may not have happened. "" or a mismatch; the errno in *rc.
+// Runs `op` on the mount and on the model (crash_harness.cc run_op, through syscalls).
 std::string SyscallRunner::exec(const Op& op, int* rc) {
   Model& m = m_;
   *rc = 0;
@@ -282,14 +262,7 @@ std::string SyscallRunner::exec(const Op& op, int* rc) {
         *rc = write(fd, op, data);
         if (temp) close(fd);
       }
-      if (!happened()) return "";
-      for (uint64_t d = 0; d < op.len;) {  // a state at each block boundary (file comment)
-        const uint64_t pos = op.off + d;
-        const uint64_t piece = std::min(op.len - d, kB - pos % kB);
-        crash::model_write(m.edit(op.id), pos, data.substr(d, piece));
-        m.step();
-        d += piece;
-      }
+      if (happened()) crash::model_write_pieces(m, op, kB);  // a state at each page boundary
       return "";
     }
     case OpKind::kTruncate:
@@ -311,87 +284,27 @@ std::string SyscallRunner::exec(const Op& op, int* rc) {
         sys(fremovexattr(fd, op.name.c_str()));
       }
       if (temp) close(fd);
-      if (!happened()) return "";
-      MNode& n = m.edit(op.id);
-      if (op.kind == OpKind::kTruncate) {
-        crash::model_truncate(n, op.off);
-      } else if (op.kind == OpKind::kChmod) {
-        n.mode = (n.mode & S_IFMT) | op.perm;
-      } else if (op.kind == OpKind::kSetXattr) {
-        n.xattrs[op.name] = op.value;
-      } else {
-        n.xattrs.erase(op.name);
-      }
-      m.step();
+      if (happened()) crash::model_change(m, op);
       return "";
     }
     case OpKind::kRename:
-    case OpKind::kExchange: {
-      Id sd, td, src, dst = 0;
-      m.resolve(dirname_of(op.path), &sd);
-      m.resolve(dirname_of(op.path2), &td);
-      const std::string sn = basename_of(op.path), tn = basename_of(op.path2);
-      m.resolve(op.path, &src);
-      const bool has_dst = m.resolve(op.path2, &dst);
+    case OpKind::kExchange:
       sys(renameat2(AT_FDCWD, path(op.path).c_str(), AT_FDCWD, path(op.path2).c_str(),
                     op.kind == OpKind::kExchange ? RENAME_EXCHANGE : op.flags));
-      if (!happened()) return "";
-      if (has_dst && dst == src) {  // the same inode under both names: nothing happens
-        m.step();
-        return "";
-      }
-      const bool sdir = S_ISDIR(m.node(src)->mode);
-      const bool ddir = has_dst && S_ISDIR(m.node(dst)->mode);
-      if (op.kind == OpKind::kExchange) {
-        m.edit(sd).entries[sn] = dst;
-        m.edit(td).entries[tn] = src;
-        if (sd != td && sdir) m.edit(td).links += 1, m.edit(sd).links -= 1;
-        if (sd != td && ddir) m.edit(sd).links += 1, m.edit(td).links -= 1;
-        m.step();
-        return "";
-      }
-      m.edit(sd).entries.erase(sn);
-      m.edit(td).entries[tn] = src;
-      if (sdir && sd != td) m.edit(sd).links -= 1, m.edit(td).links += 1;
-      if (has_dst) {
-        MNode& v = m.edit(dst);
-        v.links = ddir ? 0 : v.links - 1;
-        if (ddir) m.edit(td).links -= 1;
-        if (v.links == 0 && v.opens == 0) m.remove(dst);
-      }
-      m.step();
+      if (happened()) crash::model_rename(m, op);
       return "";
-    }
     case OpKind::kLink: {
-      Id td;
-      m.resolve(dirname_of(op.path2), &td);
       std::string src;
       if (!path_of(op.id, &src)) return "no name for #" + std::to_string(op.id);
       sys(linkat(AT_FDCWD, path(src).c_str(), AT_FDCWD, path(op.path2).c_str(), 0));
-      if (!happened()) return "";
-      m.edit(op.id).links += 1;
-      m.edit(td).entries[basename_of(op.path2)] = op.id;
-      m.step();
+      if (happened()) crash::model_link(m, op);
       return "";
     }
     case OpKind::kUnlink:
     case OpKind::kRmdir: {
-      Id d, id;
-      m.resolve(dirname_of(op.path), &d);
-      m.resolve(op.path, &id);
       const std::string p = path(op.path);
       sys(op.kind == OpKind::kUnlink ? unlink(p.c_str()) : rmdir(p.c_str()));
-      if (!happened()) return "";
-      m.edit(d).entries.erase(basename_of(op.path));
-      if (op.kind == OpKind::kRmdir) {
-        m.edit(d).links -= 1;
-        m.remove(id);
-      } else {
-        MNode& n = m.edit(id);
-        n.links -= 1;
-        if (n.links == 0 && n.opens == 0) m.remove(id);
-      }
-      m.step();
+      if (happened()) crash::model_unlink(m, op);
       return "";
     }
     case OpKind::kFsync:
@@ -436,9 +349,7 @@ std::string SyscallRunner::exec(const Op& op, int* rc) {
         close(v.back());
         v.pop_back();
       }
-      MNode& n = m.edit(op.id);
-      n.opens -= 1;
-      if (n.links == 0 && n.opens == 0) m.remove(op.id);
+      crash::model_release(m, op.id);
       return "";
     }
     case OpKind::kFallocate: {
