@@ -19,7 +19,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -577,10 +576,78 @@ std::string stats_json(const Daemon& d) {
   return j.str();
 }
 
+// Where a file root writes may be written: "" or why not. Its directory must not be
+// writable by others unless sticky (anyone could swap the file), and what is there now must
+// be a regular file of ours: not a symlink (root would write wherever it points), not a
+// device or fifo, not another user's file.
+std::string unsafe_target(int dirfd, const std::string& dir, const std::string& base) {
+  struct stat ds;
+  if (fstat(dirfd, &ds) != 0) return dir + ": " + std::strerror(errno);
+  if ((ds.st_mode & S_IWOTH) && !(ds.st_mode & S_ISVTX))
+    return dir + " is writable by every user and not sticky";
+  struct stat ts;
+  if (fstatat(dirfd, base.c_str(), &ts, AT_SYMLINK_NOFOLLOW) != 0) {
+    return errno == ENOENT ? "" : dir + "/" + base + ": " + std::strerror(errno);
+  }
+  if (S_ISLNK(ts.st_mode)) return dir + "/" + base + " is a symlink";
+  if (!S_ISREG(ts.st_mode)) return dir + "/" + base + " is not a regular file";
+  if (ts.st_uid != geteuid()) return dir + "/" + base + " belongs to another user";
+  return "";
+}
+
+// Writes `text` to `path` the way a program running as root must: never through a symlink,
+// into a new file (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600) under a temporary name in the same
+// directory, then renamed over the target. "" or why not (nothing written).
+std::string write_private_file(const std::string& path, const std::string& text) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (base.empty()) return path + ": not a file name";
+  const int dirfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dirfd < 0) return dir + ": " + std::strerror(errno);
+  std::string why = unsafe_target(dirfd, dir, base);
+  if (why.empty()) {
+    const std::string tmp = "." + base + "." + std::to_string(getpid()) + ".tmp";
+    const int fd = openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      why = dir + "/" + tmp + ": " + std::strerror(errno);
+    } else {
+      size_t off = 0;
+      while (off < text.size()) {
+        const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+        if (n <= 0) break;
+        off += static_cast<size_t>(n);
+      }
+      if (off != text.size() || ::close(fd) != 0) {
+        why = dir + "/" + tmp + ": write failed";
+        unlinkat(dirfd, tmp.c_str(), 0);
+      } else if (renameat(dirfd, tmp.c_str(), dirfd, base.c_str()) != 0) {
+        why = path + ": " + std::strerror(errno);
+        unlinkat(dirfd, tmp.c_str(), 0);
+      }
+    }
+  }
+  ::close(dirfd);
+  return why;
+}
+
+// The stats file's place, checked at mount: "" or why it is refused.
+std::string check_stats_path(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const int dirfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dirfd < 0) return dir + ": " + std::strerror(errno);
+  std::string why = unsafe_target(dirfd, dir, slash == std::string::npos ? path : path.substr(slash + 1));
+  ::close(dirfd);
+  return why;
+}
+
+void log_line(const std::string& s);
+
 void write_stats(const Daemon& d) {
   if (d.stats_path.empty()) return;
-  std::ofstream f(d.stats_path, std::ios::trunc);
-  f << stats_json(d) << "\n";
+  if (std::string why = write_private_file(d.stats_path, stats_json(d) + "\n"); !why.empty())
+    log_line("stats not written: " + why + " (refused)");
 }
 
 // SIGUSR1 asks for a stats dump. A handler may not write files: it pokes an eventfd that a
@@ -732,6 +799,13 @@ int main(int argc, char** argv) {
 
   Daemon d;
   d.stats_path = o.stats ? o.stats : "";
+  if (!d.stats_path.empty()) {
+    if (std::string why = check_stats_path(d.stats_path); !why.empty()) {
+      std::fprintf(stderr, "warpfs: stats=%s: %s: refused\n", d.stats_path.c_str(), why.c_str());
+      report_ready(1);
+      return 1;
+    }
+  }
   warpfs::fs::StackOptions so;
   so.io_queues = static_cast<uint16_t>(o.queues);
   so.emulated.latency_ns = o.latency_us * 1000;

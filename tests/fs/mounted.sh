@@ -201,6 +201,33 @@ case $scenario in
     chmod 600 "$img"
     fsck_clean >/dev/null
     ;;
+  stats)  # the daemon writes its stats file as root: never through a user's symlink
+    format 64M
+    echo secret >"$work/victim"
+    chmod 600 "$work/victim"
+    mkdir -m 1777 "$work/pub"      # like /var/tmp
+    mkdir -m 0777 "$work/open"     # writable by all, not sticky
+    mkdir -m 0700 "$work/priv"
+    # A symlink a user planted where the stats go: the mount is refused, nothing written.
+    su nobody -s /bin/sh -c "ln -s $work/victim $work/pub/stats.json" || fail "nobody's symlink"
+    out=$("$WARPFS" "emu:$img" "$mnt" -o stats="$work/pub/stats.json" 2>&1) && fail "mounted with a symlinked stats file"
+    grep -q "symlink" <<<"$out" || fail "the refusal does not name the symlink: $out"
+    out=$("$WARPFS" "emu:$img" "$mnt" -o stats="$work/open/stats.json" 2>&1) && fail "mounted with stats in a non-sticky world-writable directory"
+    # Planted after the mount: the dump at unmount refuses it.
+    rm -f "$work/pub/stats.json"
+    mount_fs -o stats="$work/pub/stats.json"
+    su nobody -s /bin/sh -c "ln -s $work/victim $work/pub/stats.json" || fail "nobody's second symlink"
+    unmount_fs
+    [[ $(cat "$work/victim") == secret ]] || fail "the daemon wrote through the symlink"
+    grep -q "stats not written" "$work/daemon.log" || fail "the daemon did not say it refused"
+    # Where it may: a new file of root's, 0600, with the counters.
+    mount_fs -o stats="$work/priv/stats.json"
+    unmount_fs
+    [[ $(stat -c %a "$work/priv/stats.json") == 600 ]] || fail "stats file mode $(stat -c %a "$work/priv/stats.json")"
+    python3 -c 'import json, sys; json.load(open(sys.argv[1]))["fs"]["commits"]' "$work/priv/stats.json" \
+      || fail "the stats file is not the JSON it should be"
+    fsck_clean >/dev/null
+    ;;
   mounthelper)  # mount -t fuse.warpfs and an fstab line go through mount.fuse3 to warpfs
     format 128M
     # mount(8) runs helpers with a fixed PATH: warpfs must be installed (cmake --install puts
