@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what warpfs needs, builds it three ways and passes every test:
-#   build/       optimised, all tests, including real FUSE mounts (ctest label mounted)
-#   build-asan/  ASan + UBSan, all tests
+#   build/       Release (what users build), all tests, including real FUSE mounts (ctest
+#                label mounted), the concurrent stress harnesses and the VFIO guests
+#   build-asan/  ASan + UBSan, all tests; the mounted stress runs against the ASan daemon
 #   build-tsan/  TSan, the concurrent layers (ctest labels nvme, cache, blockdev) and the
 #                filesystem core (fs_tests; not the tools that only check the host's tmpfs)
 # Prints a final "N passed, N failed" line; exits non-zero on any failure.
@@ -38,7 +39,7 @@ run_suite() {
   failed=$((failed + fails))
 }
 
-run_suite "release" "$repo/build" "-DCMAKE_BUILD_TYPE=RelWithDebInfo -DWARPFS_BUILD_BENCH=ON" ""
+run_suite "release" "$repo/build" "-DCMAKE_BUILD_TYPE=Release -DWARPFS_BUILD_BENCH=ON" ""
 run_suite "asan+ubsan" "$repo/build-asan" \
   "-DCMAKE_BUILD_TYPE=Debug -DWARPFS_SANITIZE=address -DWARPFS_BUILD_BENCH=OFF" ""
 run_suite "tsan" "$repo/build-tsan" \

@@ -34,11 +34,7 @@ int bigdir_count() {
 
 // Entry i's name: its number, then padding of 0..63 bytes that depends on it.
 std::string big_name(int i) {
-  // Appended piece by piece: GCC 12's -Wrestrict misfires on "e" + std::string at -O3
-  // (a Release build with -Werror stopped here).
-  std::string n = "e";
-  n += std::to_string(i);
-  n += '_';
+  std::string n = "e" + std::to_string(i) + "_";
   n.append(static_cast<size_t>((i * 2654435761u) >> 26), static_cast<char>('a' + i % 26));
   return n;
 }
