@@ -1,6 +1,10 @@
 // warpfs-crash: power-cut crash harness for the filesystem core (tests/fs/crash_harness.h).
 //
-//   warpfs-crash [--cuts N] [--seed S] [--ops N] [--verbose]
+//   warpfs-crash [--cuts N] [--seed S] [--ops N] [--threads T] [--verbose]
+//
+// With --threads T (> 1), each cut runs T workload threads at once on the one filesystem,
+// each with a subtree and a model of its own (tests/fs/stress.h with no sharers): the
+// oracle then allows any interleaving of the threads' operations, each thread's in order.
 //
 // Runs N cuts; cut i uses seed S + i, so `--seed S+i --cuts 1` (with the same --ops)
 // replays cut i exactly: the same operations, the same cut point, the same power-cut draws.
@@ -15,35 +19,68 @@
 #include <string>
 
 #include "fs/crash_harness.h"
+#include "fs/stress.h"
 
 namespace {
 
 int usage() {
-  std::fprintf(stderr, "usage: warpfs-crash [--cuts N] [--seed S] [--ops N] [--verbose]\n");
+  std::fprintf(stderr,
+               "usage: warpfs-crash [--cuts N] [--seed S] [--ops N] [--threads T] [--verbose]\n");
   return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t cuts = 100, seed = 1, ops = 150;
+  uint64_t cuts = 100, seed = 1, ops = 150, threads = 1;
   bool verbose = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--verbose" || a == "-v") {
       verbose = true;
-    } else if ((a == "--cuts" || a == "--seed" || a == "--ops") && i + 1 < argc) {
+    } else if ((a == "--cuts" || a == "--seed" || a == "--ops" || a == "--threads") && i + 1 < argc) {
       uint64_t v;
       if (!warpfs::fs::crash::parse_number(argv[++i], &v)) return usage();
-      (a == "--cuts" ? cuts : a == "--seed" ? seed : ops) = v;
+      (a == "--cuts" ? cuts : a == "--seed" ? seed : a == "--ops" ? ops : threads) = v;
     } else {
       return usage();
     }
   }
-  if (ops == 0 || ops > 100000) return usage();
+  if (ops == 0 || ops > 100000 || threads == 0 || threads > 64) return usage();
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t passed = 0, failed = 0, in_workload = 0, recovery_cuts = 0;
-  for (uint64_t i = 0; i < cuts; ++i) {
+  for (uint64_t i = 0; i < cuts && threads > 1; ++i) {
+    warpfs::fs::stress::Options o;
+    o.seed = seed + i;
+    o.workers = static_cast<int>(threads);
+    o.sharers = 0;
+    o.observer = false;
+    o.ops = ops;
+    o.cut = true;
+    o.mib = 64 * threads;
+    o.verbose = verbose;
+    const warpfs::fs::stress::Report r = warpfs::fs::stress::run(o);
+    in_workload += r.cut_call != 0;
+    if (r.passed) {
+      ++passed;
+      if (verbose) {
+        std::printf("ok seed=%llu threads=%llu ops=%llu cut=%llu states durable/reached/matched %zu/%zu/%zu\n",
+                    static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(threads),
+                    static_cast<unsigned long long>(r.ops), static_cast<unsigned long long>(r.cut_call),
+                    r.durable_states, r.reached_states, r.matched_states);
+      }
+      continue;
+    }
+    ++failed;
+    std::printf("FAIL seed=%llu (rerun: warpfs-crash --seed %llu --cuts 1 --ops %llu --threads %llu "
+                "--verbose, several times: the threads' interleaving varies): %s\n",
+                static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(o.seed),
+                static_cast<unsigned long long>(ops), static_cast<unsigned long long>(threads),
+                warpfs::fs::crash::one_line(r.failure, verbose ? 0 : 600).c_str());
+    for (const std::string& t : r.trace) std::printf("  %s\n", t.c_str());
+    std::fflush(stdout);
+  }
+  for (uint64_t i = 0; i < cuts && threads == 1; ++i) {
     warpfs::fs::crash::CutOptions o;
     o.seed = seed + i;
     o.ops = static_cast<int>(ops);

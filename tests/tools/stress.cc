@@ -1,6 +1,6 @@
 // warpfs-stress: the concurrent stress harness on the filesystem core (tests/fs/stress.h).
 //
-//   warpfs-stress [--runs N | --seconds T] [--seed S] [--workers N] [--sharers N] [--ops N]
+//   warpfs-stress [--runs N | --seconds T | --soak] [--seed S] [--workers N] [--sharers N] [--ops N]
 //                 [--cut] [--cache-mb N] [--verbose]
 //
 // Run i uses seed S + i. --seconds runs seeds one after another until T seconds have passed
@@ -18,7 +18,7 @@ namespace {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: warpfs-stress [--runs N | --seconds T] [--seed S] [--workers N] "
+               "usage: warpfs-stress [--runs N | --seconds T | --soak] [--seed S] [--workers N] "
                "[--sharers N] [--ops N] [--cut] [--cache-mb N] [--verbose]\n");
   return 2;
 }
@@ -30,7 +30,10 @@ int main(int argc, char** argv) {
   bool cut = false, verbose = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--verbose" || a == "-v") {
+    if (a == "--soak") {  // for hours: seeds one after another, a line each, until interrupted
+      seconds = 365ull * 24 * 3600;
+      verbose = true;
+    } else if (a == "--verbose" || a == "-v") {
       verbose = true;
     } else if (a == "--cut") {
       cut = true;

@@ -1,6 +1,6 @@
 // warpfs-stress-mount: many processes at once on a real warpfs mount.
 //
-//   warpfs-stress-mount [--runs N | --seconds T] [--seed S] [--procs M] [--sharers K]
+//   warpfs-stress-mount [--runs N | --seconds T | --soak] [--seed S] [--procs M] [--sharers K]
 //                       [--ops N] [--sharer-ops N] [--size SIZE] [--options O] [--keep DIR]
 //                       [--verbose]
 //
@@ -522,7 +522,7 @@ RunReport Run::go() {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: warpfs-stress-mount [--runs N | --seconds T] [--seed S] [--procs M] "
+               "usage: warpfs-stress-mount [--runs N | --seconds T | --soak] [--seed S] [--procs M] "
                "[--sharers K] [--ops N] [--sharer-ops N] [--size SIZE] [--options O] [--keep DIR] "
                "[--verbose]\n");
   return 2;
@@ -535,7 +535,10 @@ int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--verbose" || a == "-v") {
+    if (a == "--soak") {  // for hours: seeds one after another, a line each, until interrupted
+      seconds = 365ull * 24 * 3600;
+      o.verbose = true;
+    } else if (a == "--verbose" || a == "-v") {
       o.verbose = true;
     } else if (a == "--keep" && i + 1 < argc) {
       o.keep = argv[++i];
