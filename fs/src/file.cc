@@ -69,7 +69,7 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
     size_t done = 0;
     int rc = write_locked(*n, pos, chunk, buf + *written, &done);
     *written += done;
-    if (rc == ENOSPC && free_held_blocks()) {
+    for (int i = 0; rc == ENOSPC && i < kEnospcRetries && free_held_blocks(); ++i) {
       // Blocks freed by the running transaction are free now: the rest of the piece again.
       done = 0;
       rc = write_locked(*n, off + *written, chunk - (off + *written - pos), buf + *written, &done);
@@ -256,8 +256,9 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
   // Allocate unwritten extents over the holes (mode 0, KEEP_SIZE, ZERO_RANGE).
   const uint64_t first = off / kBlockSize, last = (end - 1) / kBlockSize;
   int rc = 0;
-  bool retried = false;  // one commit for space per call, as retry_enospc
+  int retries = 0;  // commits for space since the last piece that allocated (retry_enospc)
   for (uint64_t b = first; b <= last;) {
+    const uint64_t from = b;
     {
       Journal::Txn t(*journal_);
       for (int k = 0; k < 8 && b <= last; ++k) {
@@ -285,8 +286,9 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
     }
     // Out of the transaction: blocks freed before (an unlink, this call's own punch) may only
     // be held; free them and go on from where the allocation stopped.
-    if (rc == ENOSPC && !retried && free_held_blocks()) {
-      retried = true;
+    if (b != from) retries = 0;
+    if (rc == ENOSPC && retries < kEnospcRetries && free_held_blocks()) {
+      ++retries;
       rc = 0;
       continue;
     }

@@ -298,13 +298,20 @@ class FsImpl final : public Filesystem {
   std::mutex reclaim_mu_;
   std::condition_variable reclaim_cv_;
   int reclaiming_ = 0;  // reclaim_mu_: forget() and release() calls under way
-  // Runs f, and once more after free_held_blocks() when it failed with ENOSPC. Every
-  // allocating operation goes through this (or retries its pieces the same way: write,
-  // fallocate), so space freed by unlink, truncate or punch is there for the next one.
+  // Runs f, and again after free_held_blocks() while it fails with ENOSPC and blocks were
+  // held, up to kEnospcRetries times. Every allocating operation goes through this (or
+  // retries its pieces the same way: write, fallocate), so space freed by unlink, truncate or
+  // punch is there for the next one. More than one retry: between this thread's commit and
+  // its retry another thread may take the space just freed and free its own into the next
+  // transaction (two threads taking turns with most of the disk); each retry needs such a
+  // whole cycle elsewhere to fail again, and the bound keeps a thread from committing
+  // forever against a disk that is really full (ext4_should_retry_alloc bounds its retries
+  // the same way).
+  static constexpr int kEnospcRetries = 8;
   template <typename F>
   int retry_enospc(F f) {
     int rc = f();
-    if (rc == ENOSPC && free_held_blocks()) rc = f();
+    for (int i = 0; rc == ENOSPC && i < kEnospcRetries && free_held_blocks(); ++i) rc = f();
     return rc;
   }
   std::atomic<uint64_t> held_blocks_{0};

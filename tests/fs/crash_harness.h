@@ -223,8 +223,9 @@ void model_rename(Model& m, const Op& op);  // kRename, kExchange
 void model_link(Model& m, const Op& op);
 void model_unlink(Model& m, const Op& op);  // kUnlink, kRmdir
 void model_release(Model& m, Id id);
-// A write's bytes, a state per `piece` bytes (pieces end at multiples of `piece`): how much a
-// crash may find written (the core commits 1 MiB pieces; the kernel sends 4 KiB pages).
+// A write's bytes, a state per `piece` bytes (pieces end at multiples of `piece` from the
+// start of the block the write begins in): how much a crash may find written (the core
+// commits 1 MiB pieces so counted; the kernel sends 4 KiB pages).
 void model_write_pieces(Model& m, const Op& op, uint64_t piece);
 // The attribute and xattr changes: kTruncate, kChmod, kSetXattr, kRemoveXattr.
 void model_change(Model& m, const Op& op);
