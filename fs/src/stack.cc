@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdio>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -97,6 +98,19 @@ std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const 
   vfio.max_vectors = static_cast<uint16_t>(o.io_queues + 1);  // admin + one per I/O queue
   s->transport_ = nvme::open_transport(spec, o.emulated, vfio, o.create_bytes, error);
   if (!s->transport_) return nullptr;
+  if (spec.kind == nvme::DeviceSpec::Kind::kEmulated && o.log) {
+    // The image holds every file's data whatever the files' own modes: one that others may
+    // read or write gives them all of it (a block device is 0660 root:disk for this reason).
+    struct stat st {};
+    if (::stat(spec.path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      o.log("warning: " + spec.path + " has mode " + mode + ": users other than its owner can " +
+            ((st.st_mode & 044) ? ((st.st_mode & 022) ? "read and change" : "read")
+                                : "change") +
+            " every file's data in it; chmod 600 " + spec.path);
+    }
+  }
   nvme::ControllerOptions co;
   co.io_queues = o.io_queues;
   s->ctrl_ = nvme::Controller::open(*s->transport_, co, error);

@@ -7,9 +7,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dirent.h>
+#include <sys/sysmacros.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 namespace warpfs::nvme {
 namespace {
@@ -107,6 +113,51 @@ class FileStore final : public BackingStore {
 const char* const BackingStore::kImageBusy =
     "in use by another process (a mounted warpfs, mkfs.warpfs or fsck.warpfs)";
 
+std::string BackingStore::image_holders(int fd) {
+  // The kernel reports no owner for an open-file-description lock (F_OFD_GETLK and
+  // /proc/locks give pid -1), but /proc/PID/fdinfo/FD lists the locks on that descriptor's
+  // file as "lock: ... OFDLCK ADVISORY WRITE -1 MAJ:MIN:INO ...": the descriptors whose file
+  // carries one are the holder's (and its children's, which share the description).
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return "";
+  char key[64];
+  std::snprintf(key, sizeof key, " %02x:%02x:%llu ", major(st.st_dev), minor(st.st_dev),
+                static_cast<unsigned long long>(st.st_ino));
+  std::string out;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return "";
+  const std::string self = std::to_string(getpid());
+  while (dirent* p = readdir(proc)) {
+    const std::string pid = p->d_name;
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid == self)
+      continue;
+    const std::string fdinfo = "/proc/" + pid + "/fdinfo";
+    DIR* fds = opendir(fdinfo.c_str());
+    if (fds == nullptr) continue;  // gone, or not ours to look at
+    bool holds = false;
+    while (dirent* f = readdir(fds)) {
+      if (f->d_name[0] == '.') continue;
+      std::ifstream in(fdinfo + "/" + f->d_name);
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.rfind("lock:", 0) == 0 && line.find("OFDLCK") != std::string::npos &&
+            (line + " ").find(key) != std::string::npos) {
+          holds = true;
+        }
+      }
+      if (holds) break;
+    }
+    closedir(fds);
+    if (!holds) continue;
+    std::string comm;
+    std::ifstream c("/proc/" + pid + "/comm");
+    std::getline(c, comm);
+    out += (out.empty() ? "" : ", ") + ("pid " + pid) + (comm.empty() ? "" : " (" + comm + ")");
+  }
+  closedir(proc);
+  return out;
+}
+
 bool BackingStore::lock_image(int fd) {
   struct flock fl {};
   fl.l_type = F_WRLCK;
@@ -130,7 +181,8 @@ std::shared_ptr<BackingStore> BackingStore::open_file(const std::string& path,
   // descriptor open for writing can take: a user who may merely read the image cannot block
   // its owner (a flock, which any reader could take, did).
   if (!lock_image(fd)) {
-    *error = path + ": " + kImageBusy;
+    const std::string who = image_holders(fd);
+    *error = path + ": " + kImageBusy + (who.empty() ? "" : ": held by " + who);
     close(fd);
     return nullptr;
   }

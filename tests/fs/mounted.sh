@@ -193,12 +193,55 @@ case $scenario in
     su nobody -s /bin/sh -c "exec flock -x -n $img sh -c 'echo held >$work/held; exec sleep 60'" &
     locker=$!
     [[ $(cat "$work/held") == held ]] || fail "nobody could not take a flock to test with"
-    fsck_clean >/dev/null
+    # ... and the image's mode is named: others can read every file's data in it.
+    out=$(fsck_clean) || exit 1
+    grep -q "has mode 0644" <<<"$out" || fail "fsck does not warn of a 0644 image: $out"
     mount_fs
     echo ok >"$mnt/after" || fail "write beside nobody's lock"
     unmount_fs
+    grep -q "has mode 0644" "$work/daemon.log" || fail "the daemon does not warn of a 0644 image"
     kill "$locker" 2>/dev/null
     chmod 600 "$img"
+    # A writer's lock does block, and the refusal (after the bounded wait) names its holder.
+    rm -f "$work/held"
+    mkfifo -m 600 "$work/held"
+    python3 -c 'import fcntl, os, struct, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.fcntl(fd, 37, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0))  # F_OFD_SETLK
+open(sys.argv[2], "w").write("held\n")
+time.sleep(60)' "$img" "$work/held" &
+    locker=$!
+    [[ $(cat "$work/held") == held ]] || fail "could not take an OFD lock to test with"
+    out=$("$FSCK" -f -n "emu:$img" 2>&1) && fail "fsck beside a writer's lock was not refused"
+    grep -q "held by pid $locker (python3)" <<<"$out" || fail "the refusal does not name the holder: $out"
+    kill "$locker" 2>/dev/null
+    wait "$locker" 2>/dev/null
+    out=$(fsck_clean) || exit 1
+    grep -q "has mode" <<<"$out" && fail "fsck warns of a 0600 image: $out"
+    ;;
+  privileged)  # nosuid,nodev unless asked: a setuid-root program or a device node gives nothing
+    # libfuse mounts nosuid,nodev by default; `-o suid,dev` opts out (README, Security). The
+    # same files with the opt-out show that the checks can tell.
+    format 64M
+    for opts in default suid,dev; do
+      if [[ $opts == default ]]; then mount_fs; else mount_fs -o "$opts"; fi
+      flags=$(awk -v m="$mnt" '$2 == m { print $4 }' /proc/mounts)
+      cp "$(command -v id)" "$mnt/rootid" && chown root:root "$mnt/rootid" && chmod 4755 "$mnt/rootid" \
+        || fail "a setuid copy of id"
+      mknod -m 666 "$mnt/null" c 1 3 || fail "mknod"
+      euid=$(su nobody -s /bin/sh -c "$mnt/rootid -u") || fail "nobody could not run $mnt/rootid"
+      if su nobody -s /bin/sh -c "echo x >$mnt/null" 2>/dev/null; then dev=opens; else dev=refused; fi
+      if [[ $opts == default ]]; then
+        [[ ,$flags, == *,nosuid,* && ,$flags, == *,nodev,* ]] || fail "mounted with $flags, not nosuid,nodev"
+        [[ $euid != 0 ]] || fail "a setuid-root program on the mount ran as root"
+        [[ $dev == refused ]] || fail "a device node on the mount opened"
+      else
+        [[ $euid == 0 ]] || fail "-o suid: the setuid bit was ignored (euid $euid)"
+        [[ $dev == opens ]] || fail "-o dev: the device node was refused"
+      fi
+      rm -f "$mnt/rootid" "$mnt/null"
+      unmount_fs
+    done
     fsck_clean >/dev/null
     ;;
   stats)  # the daemon writes its stats file as root: never through a user's symlink

@@ -38,13 +38,17 @@ class BackingStore {
   // An image file. With create_bytes > 0 a missing file is created with that size (mode
   // 0600, never through a symlink); an existing file keeps its size. The file is locked for
   // the store's life (lock_image). `error` receives a message naming the path on failure;
-  // "PATH: " + kImageBusy when another process holds the lock.
+  // "PATH: " + kImageBusy when another process holds the lock, then ": held by pid N (COMM)"
+  // where /proc shows who (image_holders).
   static std::shared_ptr<BackingStore> open_file(const std::string& path, uint64_t create_bytes,
                                                  std::string* error);
   static const char* const kImageBusy;
   // The image lock: an open-file-description write lock on the whole file (F_OFD_SETLK), which
   // needs a descriptor open for writing and goes with its last close. False if held.
   static bool lock_image(int fd);
+  // "pid N (COMM)[, ...]": the processes holding an image lock on fd's file, found through
+  // /proc/*/fdinfo (root sees every process; others their own); "" if none is found.
+  static std::string image_holders(int fd);
   // Zero-filled memory; survives the controller as long as someone holds the pointer, which
   // is how tests power a new controller up on the same "media" after a cut.
   static std::shared_ptr<BackingStore> ram(uint64_t bytes);
