@@ -332,11 +332,19 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
               fuse_file_info* fi) {
   size_t written = 0;
-  if (int rc = fs_of(req).write(ino, static_cast<uint64_t>(off), size, buf, &written); rc) {
+  bool dropped_privs = false;
+  const int rc = fs_of(req).write(ino, static_cast<uint64_t>(off), size, buf, &written, &dropped_privs);
+  Daemon* d = daemon_of(req);
+  if (dropped_privs) {
+    // The kernel clears set-user-ID itself before a buffered write, but not before an
+    // O_DIRECT one (FUSE_HANDLE_KILLPRIV leaves it to us): its cached mode still has the
+    // bits, and an exec would honour them. Attributes only (offset -1): no inode lock taken.
+    fuse_lowlevel_notify_inval_inode(d->se, ino, -1, 0);
+  }
+  if (rc) {
     fuse_reply_err(req, rc);
     return;
   }
-  Daemon* d = daemon_of(req);
   if (fi->direct_io && written > 0 && d->page_cache.wrote_direct(ino)) {
     // Cached opens read this range from the page cache: drop it there. Safe inside the
     // write: the kernel invalidates pages and attributes without the inode lock.

@@ -53,8 +53,10 @@ int FsImpl::read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) {
   return 0;
 }
 
-int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written) {
+int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written,
+                  bool* dropped_privs) {
   *written = 0;
+  if (dropped_privs) *dropped_privs = false;
   if (int rc = check_writable(); rc) return rc;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
@@ -62,6 +64,15 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
   if (S_ISDIR(n->disk.mode)) return EISDIR;
   if (int rc = load_map(*n); rc) return rc;
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return EFBIG;
+  const uint32_t privs = n->disk.mode & (S_ISUID | S_ISGID);  // write_locked clears them
+  struct Report {
+    const Node& n;
+    uint32_t privs;
+    bool* out;
+    ~Report() {
+      if (out) *out = (privs & ~n.disk.mode) != 0;
+    }
+  } report{*n, privs, dropped_privs};
   while (*written < len) {
     const uint64_t pos = off + *written;
     const size_t chunk = static_cast<size_t>(std::min<uint64_t>(

@@ -128,7 +128,8 @@ class FsImpl final : public Filesystem {
   int open(Ino ino, int flags) override;
   void release(Ino ino) override;
   int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) override;
-  int write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written) override;
+  int write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written,
+            bool* dropped_privs = nullptr) override;
   int fsync(Ino ino, bool datasync) override;
   int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) override;
   int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) override;

@@ -242,6 +242,34 @@ time.sleep(60)' "$img" "$work/held" &
       rm -f "$mnt/rootid" "$mnt/null"
       unmount_fs
     done
+    # A writer without CAP_FSETID clears set-user-ID and set-group-ID (group-executable) on
+    # every path that changes contents, as Linux's file_remove_privs() does: nobody changes
+    # root's 6777 files each way; the mode the kernel shows at once and the one on the image
+    # must both have lost the bits (an O_DIRECT write left the kernel's cached mode stale).
+    mount_fs
+    echo "source of the copy" >"$mnt/src"
+    paths="write direct alloc punch zero trunc copy"
+    for how in $paths; do
+      f=$mnt/$how
+      head -c 65536 /dev/urandom >"$f" && chmod 6777 "$f" && stat -c %a "$f" >/dev/null || fail "setup $how"
+      case $how in
+        write)  cmd="echo x >>$f" ;;
+        direct) cmd="dd if=/dev/zero of=$f bs=4096 count=1 oflag=direct conv=notrunc status=none" ;;
+        alloc)  cmd="fallocate -l 131072 $f" ;;
+        punch)  cmd="fallocate -p -o 0 -l 4096 $f" ;;
+        zero)   cmd="fallocate -z -o 4096 -l 4096 $f" ;;
+        trunc)  cmd="truncate -s 100 $f" ;;
+        copy)   cmd="python3 -c 'import os; s = os.open(\"$mnt/src\", os.O_RDONLY); d = os.open(\"$f\", os.O_WRONLY); os.copy_file_range(s, d, 4, 0, 0)'" ;;
+      esac
+      su nobody -s /bin/sh -c "$cmd" || fail "nobody's $how"
+      [[ $(stat -c %a "$f") == 777 ]] || fail "$how by nobody left mode $(stat -c %a "$f") (the kernel's view)"
+    done
+    unmount_fs
+    mount_fs
+    for how in $paths; do
+      [[ $(stat -c %a "$mnt/$how") == 777 ]] || fail "$how by nobody left mode $(stat -c %a "$mnt/$how") on the image"
+    done
+    unmount_fs
     fsck_clean >/dev/null
     ;;
   stats)  # the daemon writes its stats file as root: never through a user's symlink

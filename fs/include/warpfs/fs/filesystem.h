@@ -124,7 +124,11 @@ class Filesystem {
   virtual int open(Ino ino, int flags) = 0;
   virtual void release(Ino ino) = 0;
   virtual int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) = 0;
-  virtual int write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written) = 0;
+  // A write clears set-user-ID (and set-group-ID on a group-executable file), as the kernel's
+  // filesystems do for a writer without CAP_FSETID; *dropped_privs (when given) says whether
+  // this one did, so that a FUSE daemon can tell the kernel, whose cached mode is stale then.
+  virtual int write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written,
+                    bool* dropped_privs = nullptr) = 0;
   virtual int fsync(Ino ino, bool datasync) = 0;
   virtual int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) = 0;
   virtual int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) = 0;
