@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
   }
   fs::StackOptions so;
   so.log = [](const std::string& s) { std::fprintf(stderr, "fsck.warpfs: %s\n", s.c_str()); };
+  // Without -y nothing is written: the image is opened read-only under a read lock, so
+  // checks may run side by side (never beside a mount, mkfs or repair, which write-lock it).
+  so.emulated.read_only = !yes;
   auto stack = fs::DeviceStack::open(device, so, &err);
   if (!stack) {
     std::fprintf(stderr, "fsck.warpfs: %s\n", err.c_str());

@@ -41,13 +41,14 @@ bool same_file(const std::string& a, const std::string& b) {
 
 // Waits (bounded) until nobody holds the image's lock. Returns at once when the image is
 // missing or cannot be opened: open_file then says why.
-void wait_for_release(const std::string& path, unsigned seconds,
+void wait_for_release(const std::string& path, unsigned seconds, bool read_only,
                       const std::function<void(const std::string&)>& log) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   if (fd < 0) return;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
   bool said = false;
-  while (!nvme::BackingStore::lock_image(fd) && std::chrono::steady_clock::now() < until) {
+  while (!nvme::BackingStore::lock_image(fd, !read_only) &&
+         std::chrono::steady_clock::now() < until) {
     if (!said && log) {
       log(path + " is held by a process that has no mount of it (a warpfs daemon finishing "
                  "its unmount?): waiting up to " + std::to_string(seconds) + " s");
@@ -92,7 +93,7 @@ std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const 
       *error = spec.path + ": mounted on " + where + " (unmount it first)";
       return nullptr;
     }
-    if (o.wait_for_release_s > 0) wait_for_release(spec.path, o.wait_for_release_s, o.log);
+    if (o.wait_for_release_s > 0) wait_for_release(spec.path, o.wait_for_release_s, o.emulated.read_only, o.log);
   }
   nvme::VfioOptions vfio = o.vfio;
   vfio.max_vectors = static_cast<uint16_t>(o.io_queues + 1);  // admin + one per I/O queue

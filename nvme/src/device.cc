@@ -59,7 +59,7 @@ std::unique_ptr<Transport> open_transport(const DeviceSpec& spec, const Emulated
   if (spec.kind == DeviceSpec::Kind::kVfio) {
     return VfioTransport::open(spec.bdf, vfio, error);
   }
-  auto store = BackingStore::open_file(spec.path, create_bytes, error);
+  auto store = BackingStore::open_file(spec.path, create_bytes, error, config.read_only);
   if (store == nullptr) return nullptr;
   return EmulatedTransport::create(config, store, error);
 }

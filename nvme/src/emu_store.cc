@@ -158,18 +158,21 @@ std::string BackingStore::image_holders(int fd) {
   return out;
 }
 
-bool BackingStore::lock_image(int fd) {
+bool BackingStore::lock_image(int fd, bool write) {
   struct flock fl {};
-  fl.l_type = F_WRLCK;
+  fl.l_type = write ? F_WRLCK : F_RDLCK;
   fl.l_whence = SEEK_SET;  // the whole file
   return fcntl(fd, F_OFD_SETLK, &fl) == 0;
 }
 
 std::shared_ptr<BackingStore> BackingStore::open_file(const std::string& path,
-                                                      uint64_t create_bytes, std::string* error) {
+                                                      uint64_t create_bytes, std::string* error,
+                                                      bool read_only) {
+  if (read_only) create_bytes = 0;
   // A new image is the owner's only (0600: it holds every file's data, whatever the files'
   // own modes), and is never created through a symlink (root runs mkfs in shared directories).
-  int flags = O_RDWR | O_CLOEXEC | (create_bytes > 0 ? O_CREAT | O_NOFOLLOW : 0);
+  int flags = (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC |
+              (create_bytes > 0 ? O_CREAT | O_NOFOLLOW : 0);
   int fd = open(path.c_str(), flags, 0600);
   if (fd < 0) {
     *error = path + ": " + std::strerror(errno) +
@@ -180,7 +183,7 @@ std::shared_ptr<BackingStore> BackingStore::open_file(const std::string& path,
   // the same image would corrupt it. An open-file-description write lock, which only a
   // descriptor open for writing can take: a user who may merely read the image cannot block
   // its owner (a flock, which any reader could take, did).
-  if (!lock_image(fd)) {
+  if (!lock_image(fd, !read_only)) {
     const std::string who = image_holders(fd);
     *error = path + ": " + kImageBusy + (who.empty() ? "" : ": held by " + who);
     close(fd);

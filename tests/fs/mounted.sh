@@ -216,8 +216,25 @@ time.sleep(60)' "$img" "$work/held" &
     grep -q "held by pid $locker (python3)" <<<"$out" || fail "the refusal does not name the holder: $out"
     kill "$locker" 2>/dev/null
     wait "$locker" 2>/dev/null
+    # A check without -y writes nothing and takes a read lock: beside another reader's read
+    # lock, two at once both run (a write lock would have waited, then been refused).
+    rm -f "$work/held"
+    mkfifo -m 600 "$work/held"
+    python3 -c 'import fcntl, os, struct, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.fcntl(fd, 37, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 0, 0, 0))  # F_OFD_SETLK
+open(sys.argv[2], "w").write("held\n")
+time.sleep(60)' "$img" "$work/held" &
+    locker=$!
+    [[ $(cat "$work/held") == held ]] || fail "could not take a read lock to test with"
+    "$FSCK" -f -n "emu:$img" >"$work/fsck1.log" 2>&1 &
+    other=$!
     out=$(fsck_clean) || exit 1
     grep -q "has mode" <<<"$out" && fail "fsck warns of a 0600 image: $out"
+    wait "$other" || { cat "$work/fsck1.log" >&2; fail "a second fsck -n beside a reader failed"; }
+    grep -q "waiting" "$work/fsck1.log" && fail "fsck -n waited for a reader: $(cat "$work/fsck1.log")"
+    kill "$locker" 2>/dev/null
+    wait "$locker" 2>/dev/null
     ;;
   privileged)  # nosuid,nodev unless asked: a setuid-root program or a device node gives nothing
     # libfuse mounts nosuid,nodev by default; `-o suid,dev` opts out (README, Security). The

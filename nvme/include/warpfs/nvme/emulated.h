@@ -40,12 +40,15 @@ class BackingStore {
   // the store's life (lock_image). `error` receives a message naming the path on failure;
   // "PATH: " + kImageBusy when another process holds the lock, then ": held by pid N (COMM)"
   // where /proc shows who (image_holders).
+  // read_only: opened for reading under a read lock (fsck.warpfs without -y): several such
+  // users may share the image, none beside a writer; writes then fail.
   static std::shared_ptr<BackingStore> open_file(const std::string& path, uint64_t create_bytes,
-                                                 std::string* error);
+                                                 std::string* error, bool read_only = false);
   static const char* const kImageBusy;
   // The image lock: an open-file-description write lock on the whole file (F_OFD_SETLK), which
-  // needs a descriptor open for writing and goes with its last close. False if held.
-  static bool lock_image(int fd);
+  // needs a descriptor open for writing and goes with its last close; a read lock (write =
+  // false) for a reader, which needs one open for reading. False if a conflicting one is held.
+  static bool lock_image(int fd, bool write = true);
   // "pid N (COMM)[, ...]": the processes holding an image lock on fd's file, found through
   // /proc/*/fdinfo (root sees every process; others their own); "" if none is found.
   static std::string image_holders(int fd);
@@ -79,6 +82,7 @@ struct EmulatedConfig {
   // timed completions (latency_ns) and what a busy ringer left. Saves two thread hand-offs
   // per command where cores are few. Same queues, commands and completions either way.
   bool inline_io = false;
+  bool read_only = false;  // the image file: BackingStore::open_file's read_only
   uint64_t seed = 1;               // latency jitter, shuffling, power-cut persistence
   std::string serial = "WARPFS-EMU-0001";
 };
