@@ -436,6 +436,7 @@ TEST_F(IoTest, BufferedReaderInAnotherProcessSeesEachDirectWriteOnceItReturns) {
   Aio aio;
   ASSERT_TRUE(aio.ok()) << "io_setup: " << std::strerror(errno);
   int stale_reads = 0, stale_maps = 0;
+  std::string stale_after;  // which writes: " async@17 sync@40"
   for (int i = 0; i < 300; ++i) {
     const unsigned char block = static_cast<unsigned char>((i * 7) % kBlocks);
     const unsigned char byte = static_cast<unsigned char>('b' + i % 20);
@@ -449,13 +450,16 @@ TEST_F(IoTest, BufferedReaderInAnotherProcessSeesEachDirectWriteOnceItReturns) {
     ASSERT_EQ(::read(tell[0], &a, 1), 1);
     stale_reads += a == 'r';
     stale_maps += a == 'm';
+    if (a != 'y') stale_after += std::string(i % 2 ? " async" : " sync") + "@" + std::to_string(i);
   }
   ::close(ask[1]);
   int st = 0;
   ::waitpid(child, &st, 0);
   ::close(tell[0]);
-  EXPECT_EQ(stale_reads, 0) << "reads that returned the old contents after a direct write returned";
-  EXPECT_EQ(stale_maps, 0) << "mappings that kept the old contents after a direct write returned";
+  EXPECT_EQ(stale_reads, 0) << "reads that returned the old contents after a direct write returned:"
+                            << stale_after;
+  EXPECT_EQ(stale_maps, 0) << "mappings that kept the old contents after a direct write returned:"
+                           << stale_after;
 }
 
 TEST_F(IoTest, LargeSequentialRoundTripWithOddSizedChunks) {
