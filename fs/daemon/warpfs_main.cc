@@ -902,11 +902,11 @@ int main(int argc, char** argv) {
           fuse_loop_config* lc = fuse_loop_cfg_create();
           // libfuse's defaults (as passthrough_ll): 10 threads at most, idle ones kept.
           fuse_loop_cfg_set_clone_fd(lc, cl.clone_fd);
-          // fuse_parse_cmdline leaves max_threads at UINT_MAX unless -o max_threads= was
-          // given; passed on as it is, libfuse logs "Ignoring invalid max threads value" at
-          // every mount.
+          // fuse_parse_cmdline leaves max_threads and max_idle_threads at UINT_MAX unless
+          // -o max_threads= / max_idle_threads= was given; passed on as they are, libfuse
+          // logs "Ignoring invalid max threads value" at every mount.
           if (cl.max_threads <= 100000) fuse_loop_cfg_set_max_threads(lc, cl.max_threads);
-          fuse_loop_cfg_set_idle_threads(lc, cl.max_idle_threads);
+          if (cl.max_idle_threads <= 100000) fuse_loop_cfg_set_idle_threads(lc, cl.max_idle_threads);
           rc = fuse_session_loop_mt(se, lc);
           fuse_loop_cfg_destroy(lc);
         }

@@ -258,6 +258,10 @@ time.sleep(60)' "$img" "$work/held" &
       fi
       rm -f "$mnt/rootid" "$mnt/null"
       unmount_fs
+      # A normal mount prints nothing (libfuse warned of its thread limits at every one).
+      if [[ $opts == default && -s $work/daemon.log ]]; then
+        fail "a normal mount printed: $(cat "$work/daemon.log")"
+      fi
     done
     # A writer without CAP_FSETID clears set-user-ID and set-group-ID (group-executable) on
     # every path that changes contents, as Linux's file_remove_privs() does: nobody changes
