@@ -25,15 +25,19 @@ void usage(FILE* f) {
                "  -y      repair what is found (answer yes to every question)\n"
                "  -n      check only, write nothing (the default)\n"
                "  -f      check even a filesystem that was cleanly unmounted\n"
-               "  -v      verbose: also say what each pass found\n");
+               "  -v      verbose: also say what each pass found\n"
+               "  -V      print the version (also --version)\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   bool yes = false, no = false, force = false, verbose = false;
+  static const option longs[] = {{"help", no_argument, nullptr, 'h'},
+                                 {"version", no_argument, nullptr, 'V'},
+                                 {nullptr, 0, nullptr, 0}};
   int c;
-  while ((c = getopt(argc, argv, "ynfvph")) != -1) {
+  while ((c = getopt_long(argc, argv, "ynfvphV", longs, nullptr)) != -1) {
     switch (c) {
       case 'y':
       case 'p':
@@ -50,6 +54,9 @@ int main(int argc, char** argv) {
         break;
       case 'h':
         usage(stdout);
+        return fs::kFsckClean;
+      case 'V':
+        std::printf("fsck.warpfs %s\n", WARPFS_VERSION);
         return fs::kFsckClean;
       default:
         usage(stderr);

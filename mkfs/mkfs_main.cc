@@ -25,7 +25,8 @@ void usage(FILE* f) {
                "  -N, --inodes N      number of inodes (default: one per 16 KiB)\n"
                "  -L, --label LABEL   volume label (up to 63 bytes)\n"
                "  -J, --journal-size SIZE  journal size (default: 1/64 of the device, 1-128 MiB)\n"
-               "  -q, --quiet         print nothing but errors\n");
+               "  -q, --quiet         print nothing but errors\n"
+               "  -V, --version       print the version\n");
 }
 
 // "64M" -> 67108864. False on junk.
@@ -70,12 +71,13 @@ int main(int argc, char** argv) {
                                  {"journal-size", required_argument, nullptr, 'J'},
                                  {"quiet", no_argument, nullptr, 'q'},
                                  {"help", no_argument, nullptr, 'h'},
+                                 {"version", no_argument, nullptr, 'V'},
                                  {nullptr, 0, nullptr, 0}};
   uint64_t size = 0, journal = 0;
   bool force = false, quiet = false;
   fs::MkfsOptions mo;
   int c;
-  while ((c = getopt_long(argc, argv, "s:fN:L:J:qh", longs, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "s:fN:L:J:qhV", longs, nullptr)) != -1) {
     switch (c) {
       case 's':
         if (!parse_size(optarg, &size) || size == 0) {
@@ -106,6 +108,7 @@ int main(int argc, char** argv) {
         break;
       case 'q': quiet = true; break;
       case 'h': usage(stdout); return 0;
+      case 'V': std::printf("mkfs.warpfs %s\n", WARPFS_VERSION); return 0;
       default: usage(stderr); return 2;
     }
   }

@@ -58,6 +58,7 @@ struct Options {
   int nodiscard = 0;
   int help = 0;
   int list_devices = 0;
+  int version = 0;
 };
 
 #define WARPFS_OPT(t, p) {t, offsetof(Options, p), 1}
@@ -70,6 +71,7 @@ const fuse_opt kOpts[] = {
     WARPFS_OPT("meta_cache_mb=%u", meta_cache_mb),
     WARPFS_OPT("-h", help),                  WARPFS_OPT("--help", help),
     WARPFS_OPT("--list-devices", list_devices),
+    WARPFS_OPT("-V", version),               WARPFS_OPT("--version", version),
     FUSE_OPT_END};
 
 int opt_proc(void* data, const char* arg, int key, fuse_args*) {
@@ -700,8 +702,9 @@ void usage(const char* prog) {
       "  nodiscard       do not trim freed blocks\n"
       "  ro              read-only\n"
       "  and the FUSE options (-f foreground, -d debug, -s single-threaded, allow_other, ...)\n"
-      "%s --list-devices: the NVMe controllers (as warpfs-pci list)\n",
-      prog, prog);
+      "%s --list-devices: the NVMe controllers (as warpfs-pci list)\n"
+      "%s --version (-V): the version\n",
+      prog, prog, prog);
 }
 
 // --list-devices: the table of `warpfs-pci list`.
@@ -730,6 +733,12 @@ int main(int argc, char** argv) {
   if (fuse_opt_parse(&args, &o, kOpts, opt_proc) != 0) return 1;
   if (o.help) {
     usage(argv[0]);
+    fuse_opt_free_args(&args);
+    return 0;
+  }
+  if (o.version) {
+    std::printf("warpfs %s (libfuse %s)\n", WARPFS_VERSION, fuse_pkgversion());
+    free(o.device);
     fuse_opt_free_args(&args);
     return 0;
   }

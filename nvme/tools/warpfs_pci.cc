@@ -18,7 +18,8 @@ void usage(FILE* f) {
                "       warpfs-pci bind BDF vfio-pci|nvme  move a controller to that driver\n"
                "       warpfs-pci unbind BDF              detach a controller from its driver\n"
                "BDF is a PCI address, DDDD:BB:DD.F (0000:01:00.0). bind and unbind need root and\n"
-               "refuse while the controller is in use (mounted, swap, open, or held by VFIO).\n");
+               "refuse while the controller is in use (mounted, swap, open, or held by VFIO).\n"
+               "       warpfs-pci --version (-V)          the version\n");
 }
 
 int fail(const std::string& message) {
@@ -44,6 +45,9 @@ int main(int argc, char** argv) {
       *root = argv[++i];
     } else if (a == "-h" || a == "--help") {
       usage(stdout);
+      return 0;
+    } else if (a == "-V" || a == "--version") {
+      std::printf("warpfs-pci %s\n", WARPFS_VERSION);
       return 0;
     } else if (a == "--json") {
       json = true;
