@@ -4,11 +4,13 @@
 //
 // Exit codes are e2fsck's: 0 clean, 1 errors corrected, 4 errors left uncorrected,
 // 8 operational error (no device, not a warpfs, I/O error), 16 usage error.
+#include <fcntl.h>
 #include <getopt.h>
 #include <unistd.h>
 
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "warpfs/fs/fsck.h"
@@ -20,12 +22,16 @@ namespace {
 
 void usage(FILE* f) {
   std::fprintf(f,
-               "usage: fsck.warpfs [-y | -n] [-f] [-v] DEVICE\n"
+               "usage: fsck.warpfs [-y | -p | -a | -n] [-f] [-v] [-C FD] DEVICE\n"
                "  DEVICE  emu:PATH or PATH (an image file), or vfio:DDDD:BB:DD.F\n"
                "  -y      repair what is found (answer yes to every question)\n"
+               "  -p, -a  repair without questions, as fsck(8) and systemd-fsck ask (as -y:\n"
+               "          warpfs asks nothing)\n"
                "  -n      check only, write nothing (the default)\n"
                "  -f      check even a filesystem that was cleanly unmounted\n"
                "  -v      verbose: also say what each pass found\n"
+               "  -C FD   progress: lines \"PASS DONE TOTAL DEVICE\" to descriptor FD (e2fsck's\n"
+               "          format, for fsck(8) and systemd-fsck); 0: a progress line on a terminal\n"
                "  -V      print the version (also --version)\n");
 }
 
@@ -37,12 +43,25 @@ int main(int argc, char** argv) {
                                  {"version", no_argument, nullptr, 'V'},
                                  {nullptr, 0, nullptr, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "ynfvphV", longs, nullptr)) != -1) {
+  int progress_fd = -1;  // -C FD
+  while ((c = getopt_long(argc, argv, "ynfvpaC:hV", longs, nullptr)) != -1) {
     switch (c) {
       case 'y':
       case 'p':
+      case 'a':
         yes = true;
         break;
+      case 'C': {
+        char* end = nullptr;
+        const long fd = std::strtol(optarg, &end, 10);
+        if (end == optarg || *end != '\0' || fd < 0 || fd > 1 << 20 ||
+            (fd > 0 && fcntl(static_cast<int>(fd), F_GETFD) < 0)) {
+          std::fprintf(stderr, "fsck.warpfs: -C %s: not an open file descriptor\n", optarg);
+          return fs::kFsckUsage;
+        }
+        progress_fd = static_cast<int>(fd);
+        break;
+      }
       case 'n':
         no = true;
         break;
@@ -95,7 +114,12 @@ int main(int argc, char** argv) {
   o.skip_if_clean = !force;
   o.verbose = verbose;
   const bool tty = isatty(STDOUT_FILENO);
-  if (tty) {
+  if (progress_fd > 0) {
+    // e2fsck's -C FD protocol: "pass current max device", one line per step.
+    o.progress = [progress_fd, device](uint64_t done, uint64_t total) {
+      dprintf(progress_fd, "1 %" PRIu64 " %" PRIu64 " %s\n", done, total, device.c_str());
+    };
+  } else if (tty) {
     o.progress = [](uint64_t done, uint64_t total) {
       if (total < 16) return;
       std::printf("\r  inodes: group %" PRIu64 "/%" PRIu64, done, total);

@@ -354,6 +354,12 @@ time.sleep(60)' "$img" "$work/held" &
     # An option only libfuse can refuse (it used to exit 0: 1 is also SIGHUP's number).
     out=$("$WARPFS" -f "emu:$img" "$mnt" -o no_such_fuse_option 2>&1) && fail "exit 0 after an unknown FUSE option"
     grep -q "no_such_fuse_option" <<<"$out" || fail "no message naming the unknown option: $out"
+    # fsck as fsck(8) and systemd-fsck call it: -a (preen) and -C FD (e2fsck's progress lines).
+    "$FSCK" -a "emu:$img" >/dev/null || fail "fsck -a of a clean image"
+    "$FSCK" -f -n -C 3 "emu:$img" >/dev/null 3>"$work/progress" || fail "fsck -C 3"
+    grep -Eq "^1 [0-9]+ [0-9]+ emu:$img\$" "$work/progress" || fail "no progress lines: $(cat "$work/progress")"
+    out=$("$FSCK" -n -C 9 "emu:$img" 2>&1) && fail "fsck -C of a closed descriptor was accepted"
+    grep -q "not an open file descriptor" <<<"$out" || fail "unclear message for -C 9: $out"
     # A damaged primary superblock: the backup mounts (and says so).
     printf 'garbage' | dd of="$img" bs=1 seek=200 conv=notrunc status=none
     mount_fs
