@@ -55,6 +55,22 @@ except OSError:
     sys.exit(0)
 sys.exit(1)' "$img"
 }
+# hold_ofd_lock write|read: a background process (pid in $locker) takes an open-file-description
+# lock of that kind on the image (on a descriptor open for writing or for reading, as warpfs
+# and fsck.warpfs do) and holds it for 60 s; returns once the lock is held.
+hold_ofd_lock() {
+  rm -f "$work/held"
+  mkfifo -m 600 "$work/held"
+  python3 -c 'import fcntl, os, struct, sys, time
+write = sys.argv[3] == "write"
+fd = os.open(sys.argv[1], os.O_RDWR if write else os.O_RDONLY)
+kind = fcntl.F_WRLCK if write else fcntl.F_RDLCK
+fcntl.fcntl(fd, 37, struct.pack("hhqqi", kind, 0, 0, 0, 0))  # F_OFD_SETLK
+open(sys.argv[2], "w").write("held\n")
+time.sleep(60)' "$img" "$work/held" "$1" &
+  locker=$!
+  [[ $(cat "$work/held") == held ]] || fail "could not take a $1 OFD lock to test with"
+}
 # umount(8) returns before the daemon has written everything and let go of the image: wait
 # for the lock (mkfs and fsck wait themselves; this is for the tests' own checks).
 wait_released() {
@@ -203,30 +219,14 @@ case $scenario in
     kill "$locker" 2>/dev/null
     chmod 600 "$img"
     # A writer's lock does block, and the refusal (after the bounded wait) names its holder.
-    rm -f "$work/held"
-    mkfifo -m 600 "$work/held"
-    python3 -c 'import fcntl, os, struct, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR)
-fcntl.fcntl(fd, 37, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0))  # F_OFD_SETLK
-open(sys.argv[2], "w").write("held\n")
-time.sleep(60)' "$img" "$work/held" &
-    locker=$!
-    [[ $(cat "$work/held") == held ]] || fail "could not take an OFD lock to test with"
+    hold_ofd_lock write
     out=$("$FSCK" -f -n "emu:$img" 2>&1) && fail "fsck beside a writer's lock was not refused"
     grep -q "held by pid $locker (python3)" <<<"$out" || fail "the refusal does not name the holder: $out"
     kill "$locker" 2>/dev/null
     wait "$locker" 2>/dev/null
     # A check without -y writes nothing and takes a read lock: beside another reader's read
     # lock, two at once both run (a write lock would have waited, then been refused).
-    rm -f "$work/held"
-    mkfifo -m 600 "$work/held"
-    python3 -c 'import fcntl, os, struct, sys, time
-fd = os.open(sys.argv[1], os.O_RDONLY)
-fcntl.fcntl(fd, 37, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 0, 0, 0))  # F_OFD_SETLK
-open(sys.argv[2], "w").write("held\n")
-time.sleep(60)' "$img" "$work/held" &
-    locker=$!
-    [[ $(cat "$work/held") == held ]] || fail "could not take a read lock to test with"
+    hold_ofd_lock read
     "$FSCK" -f -n "emu:$img" >"$work/fsck1.log" 2>&1 &
     other=$!
     out=$(fsck_clean) || exit 1
