@@ -65,20 +65,13 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
   if (int rc = load_map(*n); rc) return rc;
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return EFBIG;
   const uint32_t privs = n->disk.mode & (S_ISUID | S_ISGID);  // write_locked clears them
-  struct Report {
-    const Node& n;
-    uint32_t privs;
-    bool* out;
-    ~Report() {
-      if (out) *out = (privs & ~n.disk.mode) != 0;
-    }
-  } report{*n, privs, dropped_privs};
-  while (*written < len) {
+  int rc = 0;
+  while (*written < len && rc == 0) {
     const uint64_t pos = off + *written;
     const size_t chunk = static_cast<size_t>(std::min<uint64_t>(
         len - *written, uint64_t{kBlocksPerTxn} * kBlockSize - pos % kBlockSize));
     size_t done = 0;
-    int rc = write_locked(*n, pos, chunk, buf + *written, &done);
+    rc = write_locked(*n, pos, chunk, buf + *written, &done);
     *written += done;
     for (int i = 0; rc == ENOSPC && i < kEnospcRetries && free_held_blocks(); ++i) {
       // Blocks freed by the running transaction are free now: the rest of the piece again.
@@ -86,9 +79,9 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
       rc = write_locked(*n, off + *written, chunk - (off + *written - pos), buf + *written, &done);
       *written += done;
     }
-    if (rc) return *written > 0 ? 0 : rc;
   }
-  return 0;
+  if (dropped_privs) *dropped_privs = (privs & ~n->disk.mode) != 0;
+  return *written > 0 ? 0 : rc;  // a short write reports what it wrote
 }
 
 // One transaction's worth of a write. REQUIRES: rw exclusive, mapping loaded.
