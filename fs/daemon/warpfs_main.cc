@@ -90,8 +90,9 @@ int opt_proc(void* data, const char* arg, int key, fuse_args*) {
 // paths send: 3.5x on 4 KiB O_DIRECT writes; the filesystem drops that attribute itself).
 // Other opens keep the page cache between opens (keep_cache), so a direct write must not
 // leave stale pages there: while the inode has cached opens, the written range is
-// invalidated at once; otherwise the next cached open starts without the old pages. (Linux
-// 6.7 and later also invalidate after an FOPEN_DIRECT_IO write; 6.1, Debian 12's, does not.)
+// invalidated at once; otherwise the next cached open starts without the old pages. (Recent
+// kernels also invalidate after a synchronous FOPEN_DIRECT_IO write, never after an
+// asynchronous one; 6.1, Debian 12's, after neither.)
 class PageCacheTracker {
  public:
   // A cached open: whether it may keep the inode's page cache.
@@ -276,18 +277,27 @@ void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* n
   reply_entry_or_err(req, fs_of(req).link(ino, newparent, newname, &a), a);
 }
 
+// What an open's file handle (fi->fh) says about it. libfuse hands fh back with every
+// request on the open (write, release, ...) but not the direct_io flag the open was answered
+// with, and the flags it passes are the file's at that moment (fcntl may have changed
+// O_DIRECT since), so the mode the kernel was given is kept here.
+constexpr uint64_t kFhCached = 0;  // page cache (counted in PageCacheTracker)
+constexpr uint64_t kFhDirect = 1;  // FOPEN_DIRECT_IO: no page cache
+
 // O_DIRECT: FOPEN_DIRECT_IO. Otherwise the page cache, kept between opens unless a direct
 // write went around it (PageCacheTracker).
 void set_cache_mode(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (fi->flags & O_DIRECT) {
     fi->direct_io = 1;
+    fi->fh = kFhDirect;
     return;
   }
+  fi->fh = kFhCached;
   fi->keep_cache = daemon_of(req)->page_cache.open_cached(ino) ? 1 : 0;
 }
 
 void release_cache_mode(fuse_req_t req, fuse_ino_t ino, const fuse_file_info* fi) {
-  if (!fi->direct_io) daemon_of(req)->page_cache.release_cached(ino);
+  if (fi->fh == kFhCached) daemon_of(req)->page_cache.release_cached(ino);
 }
 
 void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -347,9 +357,14 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     fuse_reply_err(req, rc);
     return;
   }
-  if (fi->direct_io && written > 0 && d->page_cache.wrote_direct(ino)) {
-    // Cached opens read this range from the page cache: drop it there. Safe inside the
-    // write: the kernel invalidates pages and attributes without the inode lock.
+  if (fi->fh == kFhDirect && written > 0 && d->page_cache.wrote_direct(ino)) {
+    // Cached opens read this range from the page cache: drop it there, before the reply, so
+    // that a read which starts once the write has returned cannot find a page filled before
+    // the new bytes were in place (a buffered reader refills pages while the write is under
+    // way). The kernel's own invalidation after an FOPEN_DIRECT_IO write runs only for a
+    // synchronous one: an asynchronous (io_submit) write is queued and answered later.
+    // Safe inside the write: the kernel invalidates pages and attributes without the inode
+    // lock.
     fuse_lowlevel_notify_inval_inode(d->se, ino, off, static_cast<off_t>(written));
   }
   fuse_reply_write(req, written);
