@@ -4,8 +4,11 @@
 #include <getopt.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cinttypes>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -25,6 +28,9 @@ void usage(FILE* f) {
                "  -N, --inodes N      number of inodes (default: one per 16 KiB)\n"
                "  -L, --label LABEL   volume label (up to 63 bytes)\n"
                "  -J, --journal-size SIZE  journal size (default: 1/64 of the device, 1-128 MiB)\n"
+               "  -m, --reserved PERCENT   data blocks kept for root (0-50, default 5)\n"
+               "      --resuid UID    a user who may use the kept blocks too\n"
+               "      --resgid GID    a group whose members may use them too\n"
                "  -q, --quiet         print nothing but errors\n"
                "  -V, --version       print the version\n");
 }
@@ -69,6 +75,9 @@ int main(int argc, char** argv) {
                                  {"inodes", required_argument, nullptr, 'N'},
                                  {"label", required_argument, nullptr, 'L'},
                                  {"journal-size", required_argument, nullptr, 'J'},
+                                 {"reserved", required_argument, nullptr, 'm'},
+                                 {"resuid", required_argument, nullptr, 'U'},
+                                 {"resgid", required_argument, nullptr, 'G'},
                                  {"quiet", no_argument, nullptr, 'q'},
                                  {"help", no_argument, nullptr, 'h'},
                                  {"version", no_argument, nullptr, 'V'},
@@ -76,8 +85,9 @@ int main(int argc, char** argv) {
   uint64_t size = 0, journal = 0;
   bool force = false, quiet = false;
   fs::MkfsOptions mo;
+  mo.reserved_percent = 5;  // as mke2fs
   int c;
-  while ((c = getopt_long(argc, argv, "s:fN:L:J:qhV", longs, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "s:fN:L:J:m:qhV", longs, nullptr)) != -1) {
     switch (c) {
       case 's':
         if (!parse_size(optarg, &size) || size == 0) {
@@ -106,6 +116,28 @@ int main(int argc, char** argv) {
         }
         mo.journal_blocks = static_cast<uint32_t>(std::min<uint64_t>(journal / fs::kBlockSize, 1u << 20));
         break;
+      case 'm': {
+        char* end = nullptr;
+        errno = 0;
+        mo.reserved_percent = std::strtod(optarg, &end);
+        if (end == optarg || *end != '\0' || errno != 0 || !(mo.reserved_percent >= 0 && mo.reserved_percent <= 50)) {
+          std::fprintf(stderr, "mkfs.warpfs: bad reserved percentage '%s' (0 to 50)\n", optarg);
+          return 2;
+        }
+        break;
+      }
+      case 'U':
+      case 'G': {
+        char* end = nullptr;
+        errno = 0;
+        const unsigned long v = std::strtoul(optarg, &end, 10);
+        if (end == optarg || *end != '\0' || errno != 0 || *optarg == '-' || v >= UINT32_MAX) {
+          std::fprintf(stderr, "mkfs.warpfs: bad %s '%s' (a number)\n", c == 'U' ? "uid" : "gid", optarg);
+          return 2;
+        }
+        (c == 'U' ? mo.reserved_uid : mo.reserved_gid) = static_cast<uint32_t>(v);
+        break;
+      }
       case 'q': quiet = true; break;
       case 'h': usage(stdout); return 0;
       case 'V': std::printf("mkfs.warpfs %s\n", WARPFS_VERSION); return 0;
@@ -164,6 +196,8 @@ int main(int argc, char** argv) {
     std::printf("  journal %u blocks (%s), metadata %" PRIu64 " blocks, label '%s'\n",
                 g.journal_blocks, human(uint64_t{g.journal_blocks} * fs::kBlockSize).c_str(),
                 g.metadata_blocks, mo.label.c_str());
+    std::printf("  %" PRIu64 " blocks (%g %%) kept for root\n", fs::reserved_blocks_for(g, mo.reserved_percent),
+                mo.reserved_percent);
   }
   const bool show_progress = !quiet && g.group_count >= 16 && isatty(STDOUT_FILENO);
   const bool log_progress = !quiet && g.group_count >= 16 && !show_progress;

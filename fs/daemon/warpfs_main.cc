@@ -345,6 +345,9 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
               fuse_file_info* fi) {
   size_t written = 0;
   bool dropped_privs = false;
+  // The blocks kept for root are not every caller's. A write-back of a shared mapping's pages
+  // (fi->writepage) comes from whoever flushes them, often the kernel's flusher as root.
+  const warpfs::fs::CallerScope as(caller(req));
   const int rc = fs_of(req).write(ino, static_cast<uint64_t>(off), size, buf, &written, &dropped_privs);
   Daemon* d = daemon_of(req);
   if (dropped_privs) {
@@ -491,6 +494,7 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
     fuse_reply_err(req, EINVAL);
     return;
   }
+  const warpfs::fs::CallerScope as(caller(req));  // the root reserve is not every caller's
   fuse_reply_err(req, fs_of(req).fallocate(ino, mode, static_cast<uint64_t>(off), static_cast<uint64_t>(len)));
 }
 

@@ -148,6 +148,7 @@ int FsImpl::load_groups() {
     data_blocks_total_ += group_size(g) - meta_bits();
   }
   meta_reserve_ = std::clamp<uint64_t>(data_blocks_total_ / 1024, 64, 8192);
+  root_reserve_ = std::min(sb_.reserved_blocks, data_blocks_total_);
   return 0;
 }
 
@@ -166,7 +167,37 @@ uint64_t FsImpl::available_blocks() const {
   return free > held ? free - held : 0;
 }
 
+namespace {
+thread_local const Caller* t_caller = nullptr;  // CallerScope: this thread's alone
+}  // namespace
+
+CallerScope::CallerScope(const Caller& c) : outer_(t_caller), caller_(c) { t_caller = &caller_; }
+CallerScope::~CallerScope() { t_caller = outer_; }
+const Caller* CallerScope::current() { return t_caller; }
+
+bool FsImpl::may_use_root_reserve() const {
+  const Caller* c = CallerScope::current();
+  return c == nullptr || c->uid == 0 || (sb_.reserved_uid != 0 && c->uid == sb_.reserved_uid) ||
+         (sb_.reserved_gid != 0 && c->gid == sb_.reserved_gid);
+}
+
 int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got, bool meta) {
+  if (!meta && root_reserve_ > 0 && !may_use_root_reserve()) {
+    // File data of a caller without the right to the root reserve stops short of it. Of two
+    // such allocations at once, the later to announce itself counts the earlier's blocks,
+    // whether or not they are taken yet: together they stay above the line (a racing one may
+    // see ENOSPC a little early; retry_enospc tries again after a commit).
+    const uint64_t floor = meta_reserve_ + root_reserve_;
+    const uint64_t others = unreserved_in_flight_.fetch_add(want);
+    const uint64_t avail = available_blocks();
+    int rc = ENOSPC;
+    if (avail > floor + others) {
+      rc = alloc_blocks_from(goal, static_cast<uint32_t>(std::min<uint64_t>(want, avail - floor - others)),
+                             first, got);
+    }
+    unreserved_in_flight_.fetch_sub(want);
+    return rc;
+  }
   if (!meta) {
     // File data stops short of the metadata reserve (racing allocators may dip into it a
     // little; that is what it is for).
@@ -174,6 +205,10 @@ int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t
     if (avail <= meta_reserve_) return ENOSPC;
     want = static_cast<uint32_t>(std::min<uint64_t>(want, avail - meta_reserve_));
   }
+  return alloc_blocks_from(goal, want, first, got);
+}
+
+int FsImpl::alloc_blocks_from(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got) {
   const uint64_t first_group = group_start(0);
   uint32_t g0 = group_of_block(goal);
   uint32_t start_bit = goal >= first_group ? static_cast<uint32_t>((goal - first_group) % kBlocksPerGroup) : 0;

@@ -171,6 +171,9 @@ std::string superblock_problem(const Superblock& sb, uint64_t dev_blocks) {
   }
   if (sb.root_inode != kRootInode) return "root inode " + num(sb.root_inode) + ", not 1";
   if (sb.state != kStateClean && sb.state != kStateDirty) return "unknown state " + num(sb.state);
+  if (sb.reserved_blocks > sb.block_count / 2) {  // FORMAT.md "Reserved blocks": mkfs keeps at most 50 %
+    return num(sb.reserved_blocks) + " reserved blocks, more than half of " + num(sb.block_count);
+  }
   // FORMAT.md "Layout": the groups follow the descriptor table and end at the backup.
   const uint64_t first = sb.gdt_start + div_up(sb.group_count, kGroupDescsPerBlock);
   if (sb.block_count < first + 2) return "the block count leaves no room for the groups";

@@ -333,6 +333,14 @@ class FsImpl final : public Filesystem {
   uint32_t itb_ = 0;  // inode table blocks per group
   uint64_t data_blocks_total_ = 0;
   uint64_t meta_reserve_ = 0;  // blocks only metadata may take (alloc_blocks)
+  // Blocks file data of callers without the right to them leaves free (FORMAT.md "Reserved
+  // blocks"; set at mount, read-only after).
+  uint64_t root_reserve_ = 0;
+  // Blocks such allocations are taking right now (atomic, sequentially consistent): each
+  // counts the others' in its check, so that together they never go below the line.
+  std::atomic<uint64_t> unreserved_in_flight_{0};
+  bool may_use_root_reserve() const;
+  int alloc_blocks_from(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got);
 
   // Level 1 (filesystem.h): every change of a name (create, link, unlink, rename) and the
   // freeing of an inode (reclaim, the orphan list), so that they may lock several nodes.

@@ -30,6 +30,7 @@ std::string check_superblock(const Superblock& sb, uint64_t dev_blocks) {
       sb.inode_count != uint64_t{sb.group_count} * sb.inodes_per_group || sb.root_inode != kRootInode) {
     return "inconsistent geometry";
   }
+  if (sb.reserved_blocks > sb.block_count / 2) return "more than half of the blocks reserved";
   // FORMAT.md "Layout": the groups end at the backup superblock, and the last one holds at
   // least its bitmaps and inode table (as fsck.warpfs requires).
   const uint64_t span = sb.block_count - 1 - (sb.gdt_start + gdt_blocks);
@@ -283,11 +284,13 @@ int FsImpl::statfs(struct statvfs* out) {
   out->f_bsize = kBlockSize;
   out->f_frsize = kBlockSize;
   out->f_blocks = data_blocks_total_;
-  // Held blocks (freed, commit pending) count as free; the metadata reserve is not
-  // available to file data, as ext4's reserved blocks are not.
+  // Held blocks (freed, commit pending) count as free; neither the metadata reserve nor
+  // the blocks kept for root are available to file data, as ext4's reserved blocks are not
+  // (for every caller: f_bavail is what an ordinary user may still write).
   out->f_bfree = fb;
   const uint64_t avail = available_blocks();
-  out->f_bavail = avail > meta_reserve_ ? avail - meta_reserve_ : 0;
+  const uint64_t kept = meta_reserve_ + root_reserve_;
+  out->f_bavail = avail > kept ? avail - kept : 0;
   out->f_files = sb_.inode_count;
   out->f_ffree = fi;
   out->f_favail = fi;

@@ -182,6 +182,29 @@ case $scenario in
     done
     unmount_fs
     fsck_clean
+    # Blocks kept for root (mkfs -m): several of nobody's writers at once stop short of them,
+    # df shows nothing available, and root still writes.
+    format 64M --force -m 20
+    mount_fs
+    mkdir -m 1777 "$mnt/tmp"
+    pids=()
+    for i in 1 2 3; do
+      su nobody -s /bin/sh -c "exec dd if=/dev/zero of=$mnt/tmp/fill$i bs=64K status=none" 2>"$work/dd$i.err" &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    for i in 1 2 3; do
+      grep -q "No space left" "$work/dd$i.err" || fail "nobody's dd $i: $(cat "$work/dd$i.err")"
+    done
+    [[ $(stat -f -c %a "$mnt") -eq 0 ]] || fail "df shows $(stat -f -c %a "$mnt") blocks available after nobody filled it"
+    kept=$(( $(stat -f -c %b "$mnt") / 5 ))
+    [[ $(stat -f -c %f "$mnt") -ge $kept ]] || fail "nobody took blocks kept for root: $(stat -f -c %f "$mnt") free, $kept kept"
+    su nobody -s /bin/sh -c "head -c 65536 /dev/zero >$mnt/tmp/more" 2>/dev/null && fail "nobody wrote into the blocks kept for root"
+    mib=$(( kept * 4 / 1024 / 2 ))
+    dd if=/dev/zero of="$mnt/root" bs=1M count=$mib status=none || fail "root could not write $mib MiB into its reserve"
+    [[ $(stat -c %s "$mnt/root") -eq $(( mib << 20 )) ]] || fail "root's file has $(stat -c %s "$mnt/root") bytes"
+    unmount_fs
+    fsck_clean
     ;;
   release)  # unmount, then at once fsck, mkfs or a new mount: they wait for the daemon to let go
     format 512M

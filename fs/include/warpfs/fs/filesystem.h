@@ -67,6 +67,26 @@ struct Caller {
   uint32_t uid = 0, gid = 0;
 };
 
+// Whom the calling thread's file-data allocations are for, as a kernel filesystem reads the
+// current task's credentials: an allocation for a caller other than root, the superblock's
+// reserved_uid or a member of reserved_gid stops short of the blocks kept for root (FORMAT.md
+// "Reserved blocks"). The daemon names each writing request's caller for the length of the
+// call; a thread that names none (the tools, the in-process tests) allocates as root.
+// Thread-local: each thread's scope is its own, so no two workers share one.
+class CallerScope {
+ public:
+  explicit CallerScope(const Caller& c);
+  ~CallerScope();
+  CallerScope(const CallerScope&) = delete;
+  CallerScope& operator=(const CallerScope&) = delete;
+  // The calling thread's caller, or nullptr (root) outside any scope.
+  static const Caller* current();
+
+ private:
+  const Caller* outer_;
+  Caller caller_;
+};
+
 // One readdir entry: name, inode, type (DT_*), and the offset to resume after it.
 struct DirEntry {
   std::string name;

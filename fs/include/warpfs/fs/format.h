@@ -49,7 +49,10 @@ struct Superblock {
   uint64_t write_time;
   uint64_t mount_count;
   uint64_t journal_seq;
-  uint8_t reserved[3864];
+  uint64_t reserved_blocks;  // kept for root and reserved_uid/gid (FORMAT.md "Reserved blocks")
+  uint32_t reserved_uid;
+  uint32_t reserved_gid;
+  uint8_t reserved[3848];
   uint64_t checksum;
 };
 static_assert(sizeof(Superblock) == kBlockSize);
@@ -58,6 +61,7 @@ static_assert(offsetof(Superblock, state) == 88);
 static_assert(offsetof(Superblock, checksum_seed) == 96);
 static_assert(offsetof(Superblock, label) == 120);
 static_assert(offsetof(Superblock, journal_seq) == 216);
+static_assert(offsetof(Superblock, reserved_blocks) == 224);
 static_assert(offsetof(Superblock, checksum) == 4088);
 
 // FORMAT.md "Group descriptor".

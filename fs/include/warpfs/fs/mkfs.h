@@ -16,6 +16,8 @@ struct MkfsOptions {
   uint32_t journal_blocks = 0;  // 0: 1/64 of the device, between 256 and 32768
   std::string label;
   uint32_t root_uid = 0, root_gid = 0;
+  double reserved_percent = 0;  // of the data blocks, kept for root (FORMAT.md "Reserved blocks")
+  uint32_t reserved_uid = 0, reserved_gid = 0;
   uint64_t seed = 0;            // 0: random checksum seed and uuid
 };
 
@@ -32,6 +34,9 @@ struct Geometry {
 
 // Computes the layout for `device_blocks` blocks. False with a message if too small.
 bool plan_geometry(uint64_t device_blocks, const MkfsOptions& o, Geometry* g, std::string* error);
+
+// The blocks kept for root: `percent` (0 to 50) of the data blocks of `g`.
+uint64_t reserved_blocks_for(const Geometry& g, double percent);
 
 // What a device holds before formatting, for the overwrite guard.
 enum class Existing { kNothing, kWarpfs, kOtherFilesystem, kData };
