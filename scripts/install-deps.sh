@@ -10,6 +10,7 @@ pkgs=(
   libpci-dev                                   # naming NVMe controllers for VFIO
   libxxhash-dev                                # metadata checksums
   libtbb-dev                                   # concurrent containers, benchmark baselines
+  nlohmann-json3-dev                           # every JSON the programs write
   fio                                          # file benchmarks
   qemu-system-x86 busybox-static cpio kmod     # tests/vfio: the VFIO transport in a QEMU guest
   xz-utils zstd

@@ -22,12 +22,13 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <thread>
 #include <chrono>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "warpfs/blockdev/devices.h"
 #include "warpfs/fs/filesystem.h"
@@ -563,46 +564,65 @@ fuse_lowlevel_ops make_ops() {
 
 // ---- stats dump -----------------------------------------------------------------------------
 
+// The stats file's schema is in warpfs(8), STATS FILE: one object, a member per layer.
 std::string stats_json(const Daemon& d) {
-  std::ostringstream j;
+  using json = nlohmann::ordered_json;
   const warpfs::fs::FsStats s = d.fs->stats();
-  j << "{\"fs\":{\"commits\":" << s.commits << ",\"journal_blocks\":" << s.journal_blocks_written
-    << ",\"checkpoint_blocks\":" << s.checkpoint_blocks << ",\"meta_reads\":" << s.meta_reads
-    << ",\"meta_cached\":" << s.meta_cached << ",\"checksum_errors\":" << s.checksum_errors
-    << ",\"trims\":" << s.trims << ",\"trimmed_blocks\":" << s.trimmed_blocks
-    << ",\"replayed_transactions\":" << s.replayed_transactions
-    << ",\"orphans_freed_at_mount\":" << s.orphans_freed_at_mount << ",\"nodes\":" << s.nodes
-    << ",\"meta_buffers\":" << s.meta_buffers << ",\"meta_evicted\":" << s.meta_evicted << "}";
+  json j;
+  j["fs"] = {{"commits", s.commits},
+             {"journal_blocks", s.journal_blocks_written},
+             {"checkpoint_blocks", s.checkpoint_blocks},
+             {"meta_reads", s.meta_reads},
+             {"meta_cached", s.meta_cached},
+             {"checksum_errors", s.checksum_errors},
+             {"trims", s.trims},
+             {"trimmed_blocks", s.trimmed_blocks},
+             {"replayed_transactions", s.replayed_transactions},
+             {"orphans_freed_at_mount", s.orphans_freed_at_mount},
+             {"nodes", s.nodes},
+             {"meta_buffers", s.meta_buffers},
+             {"meta_evicted", s.meta_evicted}};
   if (d.cached) {
     const warpfs::cache::CacheStats c = d.cached->cache().stats();
-    j << ",\"cache\":{\"hits\":" << c.hits << ",\"misses\":" << c.misses << ",\"evictions\":" << c.evictions
-      << ",\"writebacks\":" << c.writebacks << ",\"coalesced_lanes\":" << c.coalesced_lanes
-      << ",\"readahead_lines\":" << c.readahead_lines << ",\"readahead_hits\":" << c.readahead_hits
-      << ",\"bypassed_bytes\":" << c.bypassed_bytes << ",\"set_full\":" << c.set_full << "}";
+    j["cache"] = {{"hits", c.hits},
+                  {"misses", c.misses},
+                  {"evictions", c.evictions},
+                  {"writebacks", c.writebacks},
+                  {"coalesced_lanes", c.coalesced_lanes},
+                  {"readahead_lines", c.readahead_lines},
+                  {"readahead_hits", c.readahead_hits},
+                  {"bypassed_bytes", c.bypassed_bytes},
+                  {"set_full", c.set_full}};
   }
   const warpfs::nvme::Controller& ctrl = d.stack->controller();
   const warpfs::nvme::NamespaceInfo* ns = ctrl.find_namespace(d.stack->nsid());
-  j << ",\"device\":{\"transport\":\"" << d.stack->controller().transport().name()
-    << "\",\"nsid\":" << d.stack->nsid() << ",\"lba_bytes\":" << (ns ? ns->lba_bytes : 0)
-    << ",\"io_queues\":" << ctrl.io_queues_granted()
-    << ",\"max_transfer\":" << ctrl.max_transfer_bytes();
   const warpfs::nvme::EngineCounters ec = d.stack->engine().counters();
-  j << ",\"timeouts\":" << ec.timeouts << ",\"fatal_status\":" << ec.fatal_status
-    << ",\"resets\":" << ec.resets << ",\"failed_resets\":" << ec.failed_resets
-    << ",\"dead\":" << (ec.dead ? "true" : "false");
+  json dev = {{"transport", d.stack->controller().transport().name()},
+              {"nsid", d.stack->nsid()},
+              {"lba_bytes", ns ? ns->lba_bytes : 0},
+              {"io_queues", ctrl.io_queues_granted()},
+              {"max_transfer", ctrl.max_transfer_bytes()},
+              {"timeouts", ec.timeouts},
+              {"fatal_status", ec.fatal_status},
+              {"resets", ec.resets},
+              {"failed_resets", ec.failed_resets},
+              {"dead", ec.dead}};
   if (auto* v = dynamic_cast<warpfs::nvme::VfioTransport*>(&d.stack->controller().transport())) {
     const warpfs::nvme::VfioCounters c = v->counters();
-    j << ",\"iommu_group\":" << v->iommu_group() << ",\"interrupts\":" << c.interrupts
-      << ",\"dma_bytes\":" << c.dma_bytes << ",\"dma_mappings\":" << c.dma_mappings
-      << ",\"hugepage_bytes\":" << c.hugepage_bytes;
+    dev["iommu_group"] = v->iommu_group();
+    dev["interrupts"] = c.interrupts;
+    dev["dma_bytes"] = c.dma_bytes;
+    dev["dma_mappings"] = c.dma_mappings;
+    dev["hugepage_bytes"] = c.hugepage_bytes;
   }
-  j << "}";
+  j["device"] = std::move(dev);
   warpfs::nvme::QueueMapper& m = d.stack->engine().mapper();
   using warpfs::nvme::Priority;
-  j << ",\"queues\":{\"metadata_queues\":" << m.queues(Priority::kMetadata)
-    << ",\"bulk_queues\":" << m.queues(Priority::kBulk) << ",\"remaps\":" << m.remaps() << "}";
-  j << "}";
-  return j.str();
+  j["queues"] = {{"metadata_queues", m.queues(Priority::kMetadata)},
+                 {"bulk_queues", m.queues(Priority::kBulk)},
+                 {"remaps", m.remaps()}};
+  // Names from the device come as they are; bytes that are not UTF-8 become U+FFFD.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 // Where a file root writes may be written: "" or why not. Its directory must not be

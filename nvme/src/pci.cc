@@ -29,6 +29,8 @@ extern "C" {
 #include <set>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 extern char** environ;
 
 namespace warpfs::nvme::pci {
@@ -475,23 +477,6 @@ std::string settled_driver(const std::string& dir) {
   return drv;
 }
 
-void json_string(std::string* out, const std::string& s) {
-  *out += '"';
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      *out += '\\';
-      *out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      *out += buf;
-    } else {
-      *out += c;
-    }
-  }
-  *out += '"';
-}
-
 }  // namespace
 
 bool list_nvme(const Roots& roots, std::vector<NvmeFunction>* out, std::string* error) {
@@ -621,29 +606,20 @@ std::string format_table(const std::vector<NvmeFunction>& functions) {
 }
 
 std::string format_json(const NvmeFunction& f) {
-  char ids[64];
-  std::snprintf(ids, sizeof ids, "\"vendor_id\":\"%04x\",\"device_id\":\"%04x\"", f.vendor_id,
-                f.device_id);
-  std::string out = "{\"bdf\":";
-  json_string(&out, f.bdf);
-  out += std::string(",") + ids + ",\"vendor\":";
-  json_string(&out, f.vendor);
-  out += ",\"device\":";
-  json_string(&out, f.device);
-  out += ",\"driver\":";
-  if (f.driver.empty()) {
-    out += "null";
-  } else {
-    json_string(&out, f.driver);
-  }
-  out += ",\"iommu_group\":" +
-         (f.iommu_group < 0 ? std::string("null") : std::to_string(f.iommu_group));
-  out += ",\"block_devices\":[";
-  for (size_t i = 0; i < f.block_devices.size(); ++i) {
-    if (i) out += ",";
-    json_string(&out, f.block_devices[i]);
-  }
-  return out + "]}";
+  using json = nlohmann::ordered_json;
+  char vendor_id[8], device_id[8];
+  std::snprintf(vendor_id, sizeof vendor_id, "%04x", f.vendor_id);
+  std::snprintf(device_id, sizeof device_id, "%04x", f.device_id);
+  json j = {{"bdf", f.bdf},
+            {"vendor_id", vendor_id},
+            {"device_id", device_id},
+            {"vendor", f.vendor},
+            {"device", f.device},
+            {"driver", f.driver.empty() ? json(nullptr) : json(f.driver)},
+            {"iommu_group", f.iommu_group < 0 ? json(nullptr) : json(f.iommu_group)},
+            {"block_devices", f.block_devices}};
+  // pci.ids names are not always UTF-8: such bytes become U+FFFD.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 }  // namespace warpfs::nvme::pci

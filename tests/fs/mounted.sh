@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Integration scenarios on a real FUSE mount of warpfs, driven from separate processes.
 #   usage: mounted.sh SCENARIO        (tests/CMakeLists.txt registers one ctest per scenario)
-# The programs come from the environment: WARPFS, MKFS, FSCK, POSIX_TESTS, POSIX_PERSIST, FSX.
+# The programs come from the environment: WARPFS, MKFS, FSCK, POSIX_TESTS, POSIX_PERSIST, FSX;
+# MAN_WARPFS is warpfs(8), whose STATS FILE section the stats scenario checks the file against.
 # Every scenario formats its own image in its own directory, and ends with fsck.warpfs -f of
 # the unmounted image, which must find nothing.
 set -uo pipefail
@@ -341,6 +342,26 @@ case $scenario in
     [[ $(stat -c %a "$work/priv/stats.json") == 600 ]] || fail "stats file mode $(stat -c %a "$work/priv/stats.json")"
     python3 -c 'import json, sys; json.load(open(sys.argv[1]))["fs"]["commits"]' "$work/priv/stats.json" \
       || fail "the stats file is not the JSON it should be"
+    # Its keys are the ones warpfs(8) documents (VFIO-only keys aside), no more, no fewer.
+    python3 - "$work/priv/stats.json" "$MAN_WARPFS" <<'PY' || fail "the stats file and warpfs(8) STATS FILE differ"
+import json, re, sys
+def paths(o, pre=""):
+    for k, v in o.items():
+        p = pre + k
+        if isinstance(v, dict):
+            yield from paths(v, p + ".")
+        else:
+            yield p
+got = set(paths(json.load(open(sys.argv[1]))))
+man = open(sys.argv[2]).read()
+section = man.split(".SH STATS FILE", 1)[1].split(".SH ", 1)[0]
+doc = set(re.findall(r"^\.BR? ([a-z_]+\.[a-z_.]+)", section, re.M))
+vfio_only = {"device." + k for k in ("iommu_group", "interrupts", "dma_bytes", "dma_mappings", "hugepage_bytes")}
+if got != doc - vfio_only:
+    print("in the file, not documented:", sorted(got - doc), file=sys.stderr)
+    print("documented, not in the file:", sorted(doc - vfio_only - got), file=sys.stderr)
+    sys.exit(1)
+PY
     fsck_clean >/dev/null
     ;;
   mounthelper)  # mount -t fuse.warpfs and an fstab line go through mount.fuse3 to warpfs
