@@ -44,6 +44,8 @@ using warpfs::fs::Attr;
 using warpfs::fs::Filesystem;
 using warpfs::fs::Ino;
 
+constexpr unsigned kCommitUnset = ~0u;  // commit= not given: the filesystem's default
+
 struct Options {
   char* device = nullptr;
   unsigned cache_mb = 64;
@@ -51,7 +53,7 @@ struct Options {
   unsigned latency_us = 0;
   unsigned workers = 1;
   unsigned inline_io = 1;
-  unsigned commit_s = 5;
+  unsigned commit_s = kCommitUnset;
   unsigned meta_cache_mb = 32;
   unsigned io_timeout_s = 30;
   char* stats = nullptr;
@@ -581,7 +583,8 @@ std::string stats_json(const Daemon& d) {
              {"orphans_freed_at_mount", s.orphans_freed_at_mount},
              {"nodes", s.nodes},
              {"meta_buffers", s.meta_buffers},
-             {"meta_evicted", s.meta_evicted}};
+             {"meta_evicted", s.meta_evicted},
+             {"commit_interval_ms", s.commit_interval_ms}};
   if (d.cached) {
     const warpfs::cache::CacheStats c = d.cached->cache().stats();
     j["cache"] = {{"hits", c.hits},
@@ -732,7 +735,8 @@ void usage(const char* prog) {
       "  workers=N       emulated device: controller worker threads (default 1)\n"
       "  inline_io=0|1   emulated device: run commands in the thread that rings the doorbell\n"
       "                  (1, default) or only on the worker threads (0)\n"
-      "  commit=N        commit the journal at least every N seconds (default 5)\n"
+      "  commit=N        commit the journal at least every N seconds (default: the\n"
+      "                  filesystem's, set by tune.warpfs --commit, else 5)\n"
       "  meta_cache_mb=N cap of the metadata cache in MiB (default 32; 0: no cap); blocks of\n"
       "                  inodes the kernel has forgotten are dropped whatever the size\n"
       "  io_timeout=N    reset the controller when a busy queue completes nothing for N\n"
@@ -792,8 +796,9 @@ int main(int argc, char** argv) {
     usage(argv[0]);
     return 1;
   }
-  if (o.queues == 0 || o.queues > 64 || o.workers == 0 || o.workers > 64 || o.commit_s == 0) {
-    std::fprintf(stderr, "warpfs: queues and workers must be 1..64, commit at least 1\n");
+  if (o.queues == 0 || o.queues > 64 || o.workers == 0 || o.workers > 64 || o.commit_s == 0 ||
+      (o.commit_s > 86400 && o.commit_s != kCommitUnset)) {
+    std::fprintf(stderr, "warpfs: queues and workers must be 1..64, commit 1..86400 seconds\n");
     return 1;
   }
   // Permissions are checked by the kernel; the daemon names itself in /proc/mounts, an
@@ -898,7 +903,7 @@ int main(int argc, char** argv) {
   warpfs::fs::MountOptions mo;
   mo.read_only = o.ro;
   mo.discard = !o.nodiscard;
-  mo.commit_interval_ms = o.commit_s * 1000;
+  mo.commit_interval_ms = o.commit_s == kCommitUnset ? 0 : o.commit_s * 1000;  // 0: the superblock's
   mo.meta_cache_mb = o.meta_cache_mb;
   mo.log = log_line;
   d.fs = Filesystem::mount(*dev, mo, &err);

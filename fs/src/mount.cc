@@ -9,10 +9,8 @@
 
 namespace warpfs::fs {
 
-namespace {
-
 // "" or why `sb` cannot describe a filesystem on a device of `dev_blocks` blocks.
-std::string check_superblock(const Superblock& sb, uint64_t dev_blocks) {
+std::string validate_superblock(const Superblock& sb, uint64_t dev_blocks) {
   if (sb.magic != kMagic) return "no warpfs magic";
   if (sb.checksum != superblock_checksum(sb)) return "superblock checksum mismatch";
   if (sb.version != kVersion) return "unsupported version " + std::to_string(sb.version);
@@ -44,6 +42,17 @@ std::string check_superblock(const Superblock& sb, uint64_t dev_blocks) {
   return "";
 }
 
+uint64_t data_blocks(const Superblock& sb) {
+  // FORMAT.md "Layout": the groups run from after the descriptor table to the backup; each
+  // starts with its two bitmaps and its inode table.
+  const uint64_t first = sb.gdt_start + (uint64_t{sb.group_count} + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock;
+  const uint64_t meta = uint64_t{sb.group_count} * (2 + sb.inodes_per_group / kInodesPerBlock);
+  const uint64_t span = sb.block_count - 1 - first;
+  return span > meta ? span - meta : 0;
+}
+
+namespace {
+
 bool read_sb(blockdev::BlockDevice& dev, uint64_t block, Superblock* sb) {
   return dev.read(block, 1, sb).is_ok();
 }
@@ -63,7 +72,7 @@ std::unique_ptr<Filesystem> Filesystem::mount(blockdev::BlockDevice& dev, const 
     *error = "cannot read the superblock (I/O error)";
     return nullptr;
   }
-  std::string why = check_superblock(*sb, dev_blocks);
+  std::string why = validate_superblock(*sb, dev_blocks);
   if (!why.empty()) {
     // The backup sits in the last block of the filesystem: at the device's end, or up to a
     // group earlier when mkfs left a partial group out.
@@ -75,7 +84,7 @@ std::unique_ptr<Filesystem> Filesystem::mount(blockdev::BlockDevice& dev, const 
       if (!dev.read(end - n, static_cast<uint32_t>(n), chunk.data()).is_ok()) break;
       for (uint64_t i = n; i-- > 0;) {
         std::memcpy(backup.get(), chunk.data() + i * kBlockSize, kBlockSize);
-        if (backup->magic == kMagic && check_superblock(*backup, dev_blocks).empty() &&
+        if (backup->magic == kMagic && validate_superblock(*backup, dev_blocks).empty() &&
             backup->block_count == end - n + i + 1) {
           found = true;
           break;
@@ -103,10 +112,13 @@ std::unique_ptr<Filesystem> Filesystem::mount(blockdev::BlockDevice& dev, const 
         std::to_string(rr.blocks) + " blocks");
     // Block 0 may have been among them.
     Superblock again;
-    if (read_sb(dev, 0, &again) && check_superblock(again, dev_blocks).empty()) *sb = again;
+    if (read_sb(dev, 0, &again) && validate_superblock(again, dev_blocks).empty()) *sb = again;
   }
   MountOptions mo = o;
   mo.log = log;
+  if (mo.commit_interval_ms == 0) {  // the filesystem's own default (tune.warpfs --commit), else 5 s
+    mo.commit_interval_ms = sb->commit_interval_s != 0 ? std::min(sb->commit_interval_s, 86400u) * 1000 : 5000;
+  }
   auto fs = std::make_unique<FsImpl>(dev, *sb, mo);
   if (fs->start(rr.next_pos, rr.next_seq, rr.transactions, error) != 0) {
     // A mount that failed writes nothing: its destructor must not commit or mark the
@@ -326,6 +338,7 @@ FsStats FsImpl::stats() const {
   s.replayed_transactions = replayed_;
   s.meta_buffers = journal_->cached_buffers();
   s.meta_evicted = journal_->evicted.load();
+  s.commit_interval_ms = opts_.commit_interval_ms;
   {
     std::lock_guard<std::mutex> g(table_mu_);
     s.nodes = nodes_.size();

@@ -120,13 +120,15 @@ struct Rig {
   }
 
   uint32_t meta_cache_mb = MountOptions{}.meta_cache_mb;  // for the next mount()
+  // Tests commit explicitly (fsync, unmount); 0: the superblock's default, for the next mount().
+  uint32_t commit_interval_ms = 60000;
 
   bool mount(bool read_only = false) {
     cut = std::make_unique<CutDevice>(*dev);
     MountOptions o;
     o.read_only = read_only;
     o.meta_cache_mb = meta_cache_mb;
-    o.commit_interval_ms = 60000;  // tests commit explicitly (fsync, unmount)
+    o.commit_interval_ms = commit_interval_ms;
     o.log = [this](const std::string& s) { log += s + "\n"; };
     std::string err;
     fs = Filesystem::mount(*cut, o, &err);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Integration scenarios on a real FUSE mount of warpfs, driven from separate processes.
 #   usage: mounted.sh SCENARIO        (tests/CMakeLists.txt registers one ctest per scenario)
-# The programs come from the environment: WARPFS, MKFS, FSCK, POSIX_TESTS, POSIX_PERSIST, FSX;
+# The programs come from the environment: WARPFS, MKFS, FSCK, TUNE, POSIX_TESTS, POSIX_PERSIST, FSX;
 # MAN_WARPFS is warpfs(8), whose STATS FILE section the stats scenario checks the file against.
 # Every scenario formats its own image in its own directory, and ends with fsck.warpfs -f of
 # the unmounted image, which must find nothing.
@@ -393,6 +393,17 @@ PY
     grep -qi "not a warpfs" <<<"$out" || fail "unclear message for random data: $out"
     rm -f "$img"
     format 64M
+    # tune.warpfs: shows and changes an unmounted filesystem; refuses a mounted one and bad values.
+    "$TUNE" -L "scratch" -c 3 -m 10 "emu:$img" || fail "tune.warpfs"
+    out=$("$TUNE" "emu:$img") || fail "tune.warpfs (list)"
+    grep -q "^label: *scratch$" <<<"$out" || fail "tune.warpfs did not set the label: $out"
+    grep -q "^commit interval: *3 s$" <<<"$out" || fail "tune.warpfs did not set the commit interval: $out"
+    "$TUNE" -m 51 "emu:$img" 2>/dev/null; [[ $? -eq 2 ]] || fail "tune.warpfs -m 51 is not a usage error"
+    mount_fs
+    out=$("$TUNE" -L other "emu:$img" 2>&1) && fail "tune.warpfs changed a mounted image"
+    grep -q "mounted" <<<"$out" || fail "tune.warpfs on a mounted image: unclear message: $out"
+    unmount_fs
+    [[ $("$TUNE" "emu:$img" | grep "^label:") == "label:                 scratch" ]] || fail "the label changed under a mount"
     out=$("$WARPFS" -f "emu:$img" "$mnt" -o queues=0 2>&1) && fail "accepted queues=0"
     mountpoint -q "$mnt" && fail "mounted despite a bad option"
     # An option only libfuse can refuse (it used to exit 0: 1 is also SIGHUP's number).

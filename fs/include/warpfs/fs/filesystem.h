@@ -49,8 +49,9 @@ struct SetAttr {
 
 struct MountOptions {
   bool read_only = false;
-  // Commit the running transaction at least this often (ext4's commit=5).
-  uint32_t commit_interval_ms = 5000;
+  // Commit the running transaction at least this often (ext4's commit=5); 0: the
+  // superblock's commit_interval_s (tune.warpfs --commit), or 5 s where that is 0.
+  uint32_t commit_interval_ms = 0;
   // Issue Dataset Management (trim) for blocks once their freeing commits.
   bool discard = true;
   // The metadata cache's cap in MiB (inode tables, directory, extent-tree and xattr blocks;
@@ -102,6 +103,7 @@ struct FsStats {
   uint64_t orphans_freed_at_mount = 0, replayed_transactions = 0;
   uint64_t nodes = 0;                       // inodes in the node table (the kernel's)
   uint64_t meta_buffers = 0, meta_evicted = 0;  // the metadata cache: now, dropped so far
+  uint32_t commit_interval_ms = 0;  // in force: the mount's, else the superblock's, else 5 s
 };
 
 class Filesystem {

@@ -52,7 +52,9 @@ struct Superblock {
   uint64_t reserved_blocks;  // kept for root and reserved_uid/gid (FORMAT.md "Reserved blocks")
   uint32_t reserved_uid;
   uint32_t reserved_gid;
-  uint8_t reserved[3848];
+  uint32_t commit_interval_s;  // default journal commit interval; 0: 5 s (tune.warpfs --commit)
+  uint32_t pad0;
+  uint8_t reserved[3840];
   uint64_t checksum;
 };
 static_assert(sizeof(Superblock) == kBlockSize);
@@ -62,6 +64,7 @@ static_assert(offsetof(Superblock, checksum_seed) == 96);
 static_assert(offsetof(Superblock, label) == 120);
 static_assert(offsetof(Superblock, journal_seq) == 216);
 static_assert(offsetof(Superblock, reserved_blocks) == 224);
+static_assert(offsetof(Superblock, commit_interval_s) == 240);
 static_assert(offsetof(Superblock, checksum) == 4088);
 
 // FORMAT.md "Group descriptor".
@@ -276,6 +279,11 @@ uint64_t checksum(const void* data, size_t len, uint64_t seed);
 // `field_offset`) taken as zero.
 uint64_t block_checksum(const void* block, size_t field_offset, uint64_t seed);
 uint64_t superblock_checksum(const Superblock& sb);
+// "" or why `sb` cannot describe a warpfs on a device of `dev_blocks` blocks (what mount and
+// tune.warpfs accept; fsck.warpfs says more).
+std::string validate_superblock(const Superblock& sb, uint64_t dev_blocks);
+// The blocks of the groups' data areas: what file data and metadata blocks are taken from.
+uint64_t data_blocks(const Superblock& sb);
 uint64_t group_checksum(const GroupDesc& gd, uint64_t seed);
 uint64_t inode_checksum(const Inode& ino, uint64_t ino_number, uint64_t seed);
 // The directory hash of a name (FORMAT.md: top bit clear, 0, 1 and 2^63-1 reserved), in

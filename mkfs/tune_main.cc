@@ -1,0 +1,171 @@
+// tune.warpfs: shows or changes the adjustable fields of an unmounted warpfs (fs/tune.h):
+// label, blocks kept for root and who may use them, default journal commit interval.
+// Exit codes: 0 done, 1 refused or failed (nothing changed), 2 usage.
+#include <getopt.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "warpfs/fs/stack.h"
+#include "warpfs/fs/tune.h"
+
+using namespace warpfs;
+
+namespace {
+
+void usage(FILE* f) {
+  std::fprintf(f,
+               "usage: tune.warpfs [options] DEVICE\n"
+               "  DEVICE              emu:PATH or PATH (an image file), or vfio:DDDD:BB:DD.F\n"
+               "  -l, --list          print the superblock's fields (also with no change asked)\n"
+               "  -L, --label LABEL   set the volume label (up to 63 bytes)\n"
+               "  -m, --reserved PERCENT   keep this share of the data blocks for root (0-50)\n"
+               "  -r, --reserved-blocks N  keep N blocks for root\n"
+               "  -u, --resuid UID    a user who may use the kept blocks too (0: root only)\n"
+               "  -g, --resgid GID    a group whose members may use them too (0: root only)\n"
+               "  -c, --commit SECONDS     default journal commit interval (0: 5 s)\n"
+               "  -V, --version       print the version\n");
+}
+
+bool parse_u64(const char* s, uint64_t max, uint64_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (end == s || *end != '\0' || errno != 0 || *s == '-' || v > max) return false;
+  *out = v;
+  return true;
+}
+
+void list(const fs::Superblock& sb) {
+  char uuid[40];
+  std::snprintf(uuid, sizeof uuid, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                sb.uuid[0], sb.uuid[1], sb.uuid[2], sb.uuid[3], sb.uuid[4], sb.uuid[5], sb.uuid[6],
+                sb.uuid[7], sb.uuid[8], sb.uuid[9], sb.uuid[10], sb.uuid[11], sb.uuid[12], sb.uuid[13],
+                sb.uuid[14], sb.uuid[15]);
+  std::printf("label:                 %s\n", std::string(sb.label, strnlen(sb.label, sizeof sb.label)).c_str());
+  std::printf("uuid:                  %s\n", uuid);
+  std::printf("state:                 %s\n", sb.state == fs::kStateClean ? "clean" : "not clean");
+  std::printf("block size:            %u\n", sb.block_size);
+  std::printf("blocks:                %" PRIu64 "\n", sb.block_count);
+  std::printf("data blocks:           %" PRIu64 "\n", fs::data_blocks(sb));
+  std::printf("free blocks:           %" PRIu64 "\n", sb.free_blocks);
+  std::printf("reserved blocks:       %" PRIu64 "\n", sb.reserved_blocks);
+  std::printf("reserved uid:          %u\n", sb.reserved_uid);
+  std::printf("reserved gid:          %u\n", sb.reserved_gid);
+  std::printf("inodes:                %" PRIu64 "\n", sb.inode_count);
+  std::printf("free inodes:           %" PRIu64 "\n", sb.free_inodes);
+  std::printf("block groups:          %u\n", sb.group_count);
+  std::printf("journal blocks:        %u\n", sb.journal_blocks);
+  std::printf("commit interval:       %u s%s\n", sb.commit_interval_s ? sb.commit_interval_s : 5,
+              sb.commit_interval_s ? "" : " (default)");
+  std::printf("mount count:           %" PRIu64 "\n", sb.mount_count);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  static const option longs[] = {{"list", no_argument, nullptr, 'l'},
+                                 {"label", required_argument, nullptr, 'L'},
+                                 {"reserved", required_argument, nullptr, 'm'},
+                                 {"reserved-blocks", required_argument, nullptr, 'r'},
+                                 {"resuid", required_argument, nullptr, 'u'},
+                                 {"resgid", required_argument, nullptr, 'g'},
+                                 {"commit", required_argument, nullptr, 'c'},
+                                 {"help", no_argument, nullptr, 'h'},
+                                 {"version", no_argument, nullptr, 'V'},
+                                 {nullptr, 0, nullptr, 0}};
+  fs::TuneRequest r;
+  bool show = false;
+  int c;
+  uint64_t v = 0;
+  while ((c = getopt_long(argc, argv, "lL:m:r:u:g:c:hV", longs, nullptr)) != -1) {
+    switch (c) {
+      case 'l': show = true; break;
+      case 'L':
+        if (std::strlen(optarg) > 63) {
+          std::fprintf(stderr, "tune.warpfs: the label is longer than 63 bytes\n");
+          return 2;
+        }
+        r.label = optarg;
+        break;
+      case 'm': {
+        char* end = nullptr;
+        errno = 0;
+        const double p = std::strtod(optarg, &end);
+        if (end == optarg || *end != '\0' || errno != 0 || !(p >= 0 && p <= 50)) {
+          std::fprintf(stderr, "tune.warpfs: bad reserved percentage '%s' (0 to 50)\n", optarg);
+          return 2;
+        }
+        r.reserved_percent = p;
+        break;
+      }
+      case 'r':
+        if (!parse_u64(optarg, UINT64_MAX, &v)) {
+          std::fprintf(stderr, "tune.warpfs: bad block count '%s'\n", optarg);
+          return 2;
+        }
+        r.reserved_blocks = v;
+        break;
+      case 'u':
+      case 'g':
+        if (!parse_u64(optarg, UINT32_MAX - 1, &v)) {
+          std::fprintf(stderr, "tune.warpfs: bad %s '%s' (a number)\n", c == 'u' ? "uid" : "gid", optarg);
+          return 2;
+        }
+        (c == 'u' ? r.reserved_uid : r.reserved_gid) = static_cast<uint32_t>(v);
+        break;
+      case 'c':
+        if (!parse_u64(optarg, 86400, &v)) {
+          std::fprintf(stderr, "tune.warpfs: bad commit interval '%s' (0 to 86400 seconds)\n", optarg);
+          return 2;
+        }
+        r.commit_interval_s = static_cast<uint32_t>(v);
+        break;
+      case 'h': usage(stdout); return 0;
+      case 'V': std::printf("tune.warpfs %s\n", WARPFS_VERSION); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (optind + 1 != argc) {
+    usage(stderr);
+    return 2;
+  }
+  if (r.reserved_percent && r.reserved_blocks) {
+    std::fprintf(stderr, "tune.warpfs: give -m or -r, not both\n");
+    return 2;
+  }
+  const std::string device = argv[optind];
+  const bool change = r.label || r.reserved_percent || r.reserved_blocks || r.reserved_uid ||
+                      r.reserved_gid || r.commit_interval_s;
+  fs::StackOptions so;
+  so.log = [](const std::string& s) { std::fprintf(stderr, "tune.warpfs: %s\n", s.c_str()); };
+  std::string err;
+  // Like mkfs: the image's write lock (refused beside a mount, waited for beside a daemon
+  // that is finishing its unmount).
+  auto stack = fs::DeviceStack::open(device, so, &err);
+  if (!stack) {
+    std::fprintf(stderr, "tune.warpfs: %s\n", err.c_str());
+    return 1;
+  }
+  fs::Superblock sb;
+  if (!change) {
+    if (std::string why = fs::read_tunable_superblock(stack->device(), &sb); !why.empty() &&
+        why.rfind("the filesystem was not cleanly", 0) != 0) {
+      std::fprintf(stderr, "tune.warpfs: %s: %s\n", device.c_str(), why.c_str());
+      return 1;
+    }
+    list(sb);
+    return 0;
+  }
+  if (std::string why = fs::tune(stack->device(), r, &sb); !why.empty()) {
+    std::fprintf(stderr, "tune.warpfs: %s: %s\n", device.c_str(), why.c_str());
+    return 1;
+  }
+  if (show) list(sb);
+  return 0;
+}

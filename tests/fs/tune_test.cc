@@ -1,0 +1,129 @@
+// tune.warpfs's library (fs/tune.h): the adjustable superblock fields change in the primary
+// and the backup, take effect at the next mount, leave fsck clean; dirty or damaged
+// filesystems and bad values are refused with nothing written.
+#include "warpfs/fs/tune.h"
+
+#include <sys/statvfs.h>
+
+#include <cstring>
+
+#include "fs/core_rig.h"
+
+namespace warpfs::fs::test {
+namespace {
+
+Superblock block_sb(Rig& r, uint64_t block) {
+  Superblock sb{};
+  EXPECT_TRUE(r.dev->read(block, 1, &sb).is_ok());
+  return sb;
+}
+
+// The raw bytes of the primary and the backup superblock, to show nothing was written.
+std::string both_raw(Rig& r) {
+  const Superblock sb = block_sb(r, 0);
+  std::string out(2 * kBlockSize, '\0');
+  EXPECT_TRUE(r.dev->read(0, 1, out.data()).is_ok());
+  EXPECT_TRUE(r.dev->read(sb.block_count - 1, 1, out.data() + kBlockSize).is_ok());
+  return out;
+}
+
+void unmount(Rig& r) {
+  ASSERT_EQ(r.fs->unmount(), 0) << r.log;
+  r.fs.reset();
+}
+
+TEST(Tune, FieldsChangeInBothCopiesAndTakeEffectAtTheNextMount) {
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  const Ino f = r->create(kRootInode, "kept");
+  ASSERT_EQ(r->write(f, 0, std::string(100000, 'k')), 0);
+  unmount(*r);
+  TuneRequest t;
+  t.label = "tuned volume";
+  t.reserved_percent = 20;
+  t.reserved_uid = 42;
+  t.reserved_gid = 43;
+  t.commit_interval_s = 2;
+  Superblock out;
+  ASSERT_EQ(tune(*r->dev, t, &out), "");
+  for (uint64_t b : {uint64_t{0}, out.block_count - 1}) {
+    const Superblock sb = block_sb(*r, b);
+    EXPECT_STREQ(sb.label, "tuned volume") << "block " << b;
+    EXPECT_EQ(sb.reserved_blocks, data_blocks(sb) / 5) << "block " << b;
+    EXPECT_EQ(sb.reserved_uid, 42u);
+    EXPECT_EQ(sb.reserved_gid, 43u);
+    EXPECT_EQ(sb.commit_interval_s, 2u);
+    EXPECT_EQ(sb.checksum, superblock_checksum(sb));
+  }
+  EXPECT_EQ(r->fsck_unmounted(), "");
+  r->commit_interval_ms = 0;  // the mount names no interval
+  ASSERT_TRUE(r->mount()) << r->log;
+  EXPECT_EQ(r->fs->stats().commit_interval_ms, 2000u) << "the superblock's default is in force";
+  struct statvfs st;
+  ASSERT_EQ(r->fs->statfs(&st), 0);
+  EXPECT_GE(st.f_bfree - st.f_bavail, out.reserved_blocks) << "df leaves the kept blocks out";
+  EXPECT_EQ(r->read(f, 0, 100000), std::string(100000, 'k'));
+  // Commit 0 brings back the 5 s default.
+  unmount(*r);
+  TuneRequest back;
+  back.commit_interval_s = 0;
+  back.reserved_blocks = 1000;
+  ASSERT_EQ(tune(*r->dev, back), "");
+  ASSERT_TRUE(r->mount()) << r->log;
+  EXPECT_EQ(r->fs->stats().commit_interval_ms, 5000u);
+  EXPECT_STREQ(block_sb(*r, 0).label, "tuned volume") << "fields not asked for stay";
+  EXPECT_EQ(block_sb(*r, 0).reserved_blocks, 1000u);
+  unmount(*r);
+  TuneRequest seven;
+  seven.commit_interval_s = 7;
+  ASSERT_EQ(tune(*r->dev, seven), "");
+  r->commit_interval_ms = 3000;  // the mount's own interval wins over the superblock's
+  ASSERT_TRUE(r->mount()) << r->log;
+  EXPECT_EQ(r->fs->stats().commit_interval_ms, 3000u);
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
+TEST(Tune, BadValuesAreRefusedAndNothingIsWritten) {
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  unmount(*r);
+  const std::string before = both_raw(*r);
+  TuneRequest long_label;
+  long_label.label = std::string(64, 'x');
+  EXPECT_NE(tune(*r->dev, long_label), "");
+  TuneRequest big_share;
+  big_share.reserved_percent = 60;
+  EXPECT_NE(tune(*r->dev, big_share), "");
+  TuneRequest big_count;
+  big_count.reserved_blocks = block_sb(*r, 0).block_count;
+  EXPECT_NE(tune(*r->dev, big_count), "");
+  TuneRequest long_commit;
+  long_commit.commit_interval_s = 86401;
+  EXPECT_NE(tune(*r->dev, long_commit), "");
+  EXPECT_EQ(both_raw(*r), before);
+}
+
+TEST(Tune, ADirtyOrDamagedFilesystemIsRefused) {
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  unmount(*r);
+  Superblock sb = block_sb(*r, 0);
+  sb.state = kStateDirty;  // what a crash leaves: the journal may hold an older superblock
+  sb.checksum = superblock_checksum(sb);
+  ASSERT_TRUE(r->dev->write(0, 1, &sb).is_ok());
+  const std::string before = both_raw(*r);
+  TuneRequest t;
+  t.label = "x";
+  const std::string why = tune(*r->dev, t);
+  EXPECT_NE(why.find("not cleanly unmounted"), std::string::npos) << why;
+  EXPECT_EQ(both_raw(*r), before);
+  sb.checksum ^= 1;  // damaged
+  ASSERT_TRUE(r->dev->write(0, 1, &sb).is_ok());
+  EXPECT_NE(tune(*r->dev, t).find("damaged"), std::string::npos);
+  std::string zero(kBlockSize, '\0');
+  ASSERT_TRUE(r->dev->write(0, 1, zero.data()).is_ok());
+  EXPECT_EQ(tune(*r->dev, t), "not a warpfs filesystem");
+}
+
+}  // namespace
+}  // namespace warpfs::fs::test
