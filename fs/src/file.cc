@@ -324,6 +324,21 @@ int FsImpl::lseek(Ino ino, uint64_t off, int whence, uint64_t* out) {
   return 0;
 }
 
+int FsImpl::inspect(Ino ino, InodeReport* out) {
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  std::shared_lock<std::shared_mutex> lk;
+  if (int rc = lock_mapped(*n, &lk); rc) return rc;
+  out->disk = n->disk;
+  out->extents.clear();
+  out->tree_blocks = n->index_blocks;
+  for (const ExtentLeaf& l : n->leaves) {
+    out->extents.insert(out->extents.end(), l.ext.begin(), l.ext.end());
+    if (l.block != 0) out->tree_blocks.push_back(l.block);
+  }
+  return 0;
+}
+
 int FsImpl::fsync(Ino ino, bool datasync) {
   (void)ino;
   (void)datasync;

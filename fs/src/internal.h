@@ -133,6 +133,7 @@ class FsImpl final : public Filesystem {
   int fsync(Ino ino, bool datasync) override;
   int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) override;
   int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) override;
+  int inspect(Ino ino, InodeReport* out) override;
   int opendir(Ino ino) override;
   int readdir(Ino ino, uint64_t offset, const std::function<bool(const DirEntry&)>& emit) override;
   int setxattr(Ino ino, std::string_view name, const void* value, size_t size, int flags) override;

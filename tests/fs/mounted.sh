@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Integration scenarios on a real FUSE mount of warpfs, driven from separate processes.
 #   usage: mounted.sh SCENARIO        (tests/CMakeLists.txt registers one ctest per scenario)
-# The programs come from the environment: WARPFS, MKFS, FSCK, TUNE, POSIX_TESTS, POSIX_PERSIST, FSX;
+# The programs come from the environment: WARPFS, MKFS, FSCK, TUNE, DUMP, POSIX_TESTS, POSIX_PERSIST, FSX;
 # MAN_WARPFS is warpfs(8), whose STATS FILE section the stats scenario checks the file against.
 # Every scenario formats its own image in its own directory, and ends with fsck.warpfs -f of
 # the unmounted image, which must find nothing.
@@ -384,6 +384,48 @@ PY
     wait_released
     "$FSCK" -n "emu:$img" | grep -q clean || fail "not clean after umount"
     fsck_clean
+    ;;
+  dump)  # dump.warpfs shows what the image holds: superblock, groups, an inode's extents, a directory
+    format 256M -L dumped
+    mount_fs
+    mkdir -p "$mnt/d/e"
+    head -c 300000 /dev/urandom >"$work/f.orig"
+    cp "$work/f.orig" "$mnt/d/e/f"
+    ln -s /d/e/f "$mnt/d/link"
+    out=$("$DUMP" "emu:$img" 2>&1) && fail "dump.warpfs beside a mount"
+    unmount_fs
+    js=$("$DUMP" --json "emu:$img") || fail "dump.warpfs --json"
+    python3 - "$js" <<'PY' || fail "dump.warpfs: superblock and groups"
+import json, sys
+j = json.loads(sys.argv[1])
+sb = j["superblock"]
+assert sb["label"] == "dumped" and sb["state"] == "clean" and sb["checksum_ok"], sb
+assert len(j["groups"]) == sb["group_count"] and all(g["checksum_ok"] for g in j["groups"]), j["groups"]
+assert sum(g["free_blocks"] for g in j["groups"]) == sb["free_blocks"], "group free counts"
+assert j["journal"]["header_ok"] and j["journal"]["pending_transactions"] == 0, j["journal"]
+PY
+    # The file's extents hold its bytes: read them straight from the image.
+    js=$("$DUMP" --json --path /d/e/f "emu:$img") || fail "dump.warpfs --path"
+    python3 - "$js" "$img" "$work/f.orig" <<'PY' || fail "dump.warpfs: the extents do not hold the file's data"
+import json, sys
+j = json.loads(sys.argv[1])
+assert j["type"] == "file" and j["size"] == 300000, j
+img = open(sys.argv[2], "rb")
+data = bytearray()
+for e in sorted(j["extents"], key=lambda e: e["logical"]):
+    assert len(data) == e["logical"] * 4096, "a hole in a file written in one go"
+    img.seek(e["physical"] * 4096)
+    data += img.read(e["blocks"] * 4096)
+assert bytes(data[:j["size"]]) == open(sys.argv[3], "rb").read(), "bytes differ"
+PY
+    "$DUMP" --path /d "emu:$img" | grep -q "name=link .*type=10" || fail "dump.warpfs: the directory's entries"
+    [[ $("$DUMP" --json --path /d/link "emu:$img" | python3 -c 'import json,sys; print(json.load(sys.stdin)["target"])') == /d/e/f ]] \
+      || fail "dump.warpfs: the symlink's target"
+    out=$("$DUMP" --inode 4000 "emu:$img" 2>&1) && fail "dump.warpfs of a free inode"
+    grep -q "not in use" <<<"$out" || fail "dump.warpfs of a free inode: $out"
+    out=$("$DUMP" --path /d/nothing "emu:$img" 2>&1) && fail "dump.warpfs of a missing path"
+    "$DUMP" --inode 0 "emu:$img" 2>/dev/null; [[ $? -eq 2 ]] || fail "dump.warpfs --inode 0 is not a usage error"
+    fsck_clean >/dev/null
     ;;
   errors)  # bad input gets a clear message and a non-zero exit, never a crash or a hang
     out=$("$WARPFS" -f "emu:$work/missing.img" "$mnt" 2>&1) && fail "mounted a missing image"

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "warpfs/blockdev/block_device.h"
+#include "warpfs/fs/format.h"
 
 namespace warpfs::fs {
 
@@ -106,6 +107,12 @@ struct FsStats {
   uint32_t commit_interval_ms = 0;  // in force: the mount's, else the superblock's, else 5 s
 };
 
+struct InodeReport {
+  Inode disk{};
+  std::vector<Extent> extents;
+  std::vector<uint64_t> tree_blocks;
+};
+
 class Filesystem {
  public:
   // Mounts the filesystem on `dev`: validates the superblock (falling back to the backup),
@@ -154,6 +161,10 @@ class Filesystem {
   virtual int fsync(Ino ino, bool datasync) = 0;
   virtual int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) = 0;
   virtual int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) = 0;
+  // An inode as stored (dump.warpfs): its record, its extents in logical order and the
+  // blocks of its extent tree (index and leaf blocks; none while the extents fit in the
+  // inode), as of the last change. Read-only.
+  virtual int inspect(Ino ino, InodeReport* out) = 0;
 
   // Directories. readdir returns entries from `offset` (0 = the start; "." and ".." first)
   // until `emit` returns false; offsets stay valid while entries come and go.
