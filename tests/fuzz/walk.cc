@@ -225,6 +225,15 @@ class Walker {
     op("lseek data", [&] { return f_.lseek(a.ino, 0, SEEK_DATA, &out); });
     op("lseek hole", [&] { return f_.lseek(a.ino, 0, SEEK_HOLE, &out); });
     op("lseek data mid", [&] { return f_.lseek(a.ino, a.size / 3, SEEK_DATA, &out); });
+    // What dump.warpfs shows of it: extents in order, none past the device.
+    fs::InodeReport r;
+    if (op("inspect", [&] { return f_.inspect(a.ino, &r); }) == 0) {
+      uint64_t prev_end = 0;
+      for (const fs::Extent& e : r.extents) {
+        require(e.logical >= prev_end, "inspect: extents out of order");
+        prev_end = uint64_t{e.logical} + e.blocks();
+      }
+    }
     f_.release(a.ino);
   }
 
