@@ -106,12 +106,16 @@ void Attr::to_stat(struct stat* st) const {
   st->st_size = static_cast<off_t>(size);
   st->st_blocks = static_cast<blkcnt_t>(blocks);
   st->st_blksize = kBlockSize;
-  st->st_atim.tv_sec = static_cast<time_t>(atime_ns / 1000000000);
-  st->st_atim.tv_nsec = static_cast<long>(atime_ns % 1000000000);
-  st->st_mtim.tv_sec = static_cast<time_t>(mtime_ns / 1000000000);
-  st->st_mtim.tv_nsec = static_cast<long>(mtime_ns % 1000000000);
-  st->st_ctim.tv_sec = static_cast<time_t>(ctime_ns / 1000000000);
-  st->st_ctim.tv_nsec = static_cast<long>(ctime_ns % 1000000000);
+  // Signed: dates before 1970 too (FORMAT.md "Inode").
+  auto put = [](uint64_t stored, timespec* ts) {
+    int64_t sec, nsec;
+    time_split(stored, &sec, &nsec);
+    ts->tv_sec = static_cast<time_t>(sec);
+    ts->tv_nsec = static_cast<long>(nsec);
+  };
+  put(atime_ns, &st->st_atim);
+  put(mtime_ns, &st->st_mtim);
+  put(ctime_ns, &st->st_ctim);
 }
 
 int FsImpl::new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out) {

@@ -200,6 +200,44 @@ TEST_F(AttrTest, UtimensatStoresExplicitTimesToTheNanosecond) {
   EXPECT_ERRNO(EINVAL, ::utimensat(dfd(), "f", bad, 0));
 }
 
+// Dates before 1970 (tar archives and restored backups carry them): negative seconds with
+// their nanoseconds, exactly, for files, directories and symlinks; stat of a fresh lookup too.
+TEST_F(AttrTest, TimesBefore1970AreStoredExactly) {
+  write_file(path("f"), "x");
+  xmkdir(path("d"));
+  xsymlink("f", path("l"));
+  const timespec cases[][2] = {
+      {{-1, 0}, {-1, 999'999'999}},                        // the second before the epoch
+      {{-315'619'200, 0}, {-315'619'200, 500'000'000}},    // 1960-01-01
+      {{-2'147'483'648, 0}, {-2'147'483'648, 1}},          // 1901-12-13, the 32-bit limit
+      {{-5'000'000'000, 123}, {-9'000'000'000, 999'999'999}},  // 1811, 1684
+  };
+  for (const auto& ts : cases) {
+    for (const char* name : {"f", "d", "l"}) {
+      ASSERT_OK(::utimensat(dfd(), name, ts, AT_SYMLINK_NOFOLLOW));
+      const struct stat st = xlstat(path(name));
+      EXPECT_EQ(st.st_atim.tv_sec, ts[0].tv_sec) << name;
+      EXPECT_EQ(st.st_atim.tv_nsec, ts[0].tv_nsec) << name;
+      EXPECT_EQ(st.st_mtim.tv_sec, ts[1].tv_sec) << name;
+      EXPECT_EQ(st.st_mtim.tv_nsec, ts[1].tv_nsec) << name;
+    }
+  }
+}
+
+// Beyond what warpfs holds (1677..2262, FORMAT.md "Inode") a time is the nearer end, as the
+// kernel clamps to a filesystem's range; other filesystems hold more, or clamp elsewhere.
+TEST_F(AttrTest, TimesBeyondTheRangeAreClampedOnWarpfs) {
+  if (!is_warpfs()) GTEST_SKIP() << "warpfs' own range";
+  write_file(path("f"), "x");
+  const timespec far[2] = {{INT64_MAX / 2, 5}, {-(INT64_MAX / 2), 5}};
+  ASSERT_OK(::utimensat(dfd(), "f", far, 0));
+  const struct stat st = xstat(path("f"));
+  EXPECT_EQ(st.st_atim.tv_sec, 9'223'372'036);  // 2262-04-11
+  EXPECT_EQ(st.st_atim.tv_nsec, 854'775'807);
+  EXPECT_EQ(st.st_mtim.tv_sec, -9'223'372'037);  // 1677-09-21
+  EXPECT_EQ(st.st_mtim.tv_nsec, 145'224'192);
+}
+
 TEST_F(AttrTest, UtimeOmitKeepsAndUtimeNowTakesTheCurrentTime) {
   write_file(path("f"), "x");
   const Times t0 = age({path("f")})[0];

@@ -247,6 +247,8 @@ std::vector<Node> build_spec() {
   file("times/t_2001", 2).mtime = {1'000'000'001, 987'654'321};
   file("times/t_2038", 3).mtime = {2'147'483'648, 1};
   file("times/t_2100", 4).mtime = {4'102'444'800, 999'999'999};
+  file("times/t_1960", 5).mtime = {-315'619'200, 500'000'000};
+  file("times/t_1901", 6).mtime = {-2'147'483'648, 1};
   dir("times/dir").mtime = {1'234'567'890, 123'456'789};
   symlink("times/sym", "t_2001").mtime = {1'500'000'000, 500'000'000};
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <climits>
 #include <cstdint>
 #include <string>
 
@@ -290,6 +291,24 @@ uint64_t inode_checksum(const Inode& ino, uint64_t ino_number, uint64_t seed);
 // [2, kMaxNameHash].
 inline constexpr uint64_t kMaxNameHash = (1ull << 63) - 2;
 uint64_t name_hash(const char* name, size_t len, uint64_t dir_seed);
+
+// FORMAT.md "Inode": a time as stored, signed nanoseconds since the epoch (two's complement
+// in the u64 field), from seconds and nanoseconds; outside 1677..2262 the nearer end.
+inline uint64_t time_ns_from(int64_t sec, int64_t nsec) {
+  __int128 ns = static_cast<__int128>(sec) * 1000000000 + nsec;  // no int64 sec overflows it
+  ns = ns > INT64_MAX ? INT64_MAX : ns < INT64_MIN ? INT64_MIN : ns;
+  return static_cast<uint64_t>(static_cast<int64_t>(ns));
+}
+// The seconds (floor) and nanoseconds (0..999999999) of a stored time.
+inline void time_split(uint64_t stored, int64_t* sec, int64_t* nsec) {
+  const int64_t ns = static_cast<int64_t>(stored);
+  *sec = ns / 1000000000;
+  *nsec = ns % 1000000000;
+  if (*nsec < 0) {
+    *nsec += 1000000000;
+    *sec -= 1;
+  }
+}
 
 // Group geometry helpers.
 inline uint64_t group_of_inode(uint64_t ino, uint32_t inodes_per_group) {
