@@ -520,6 +520,9 @@ void op_init(void*, fuse_conn_info* conn) {
   if (conn->capable & FUSE_CAP_SPLICE_READ) conn->want &= ~FUSE_CAP_SPLICE_READ;
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;  // the kernel must not reorder writes past fsync
   conn->max_write = 1 << 20;
+  // File handles (name_to_handle_at, NFS export): the kernel decodes one it no longer caches
+  // by looking up "." of its inode and ".." of a directory (Filesystem::lookup).
+  if (conn->capable & FUSE_CAP_EXPORT_SUPPORT) conn->want |= FUSE_CAP_EXPORT_SUPPORT;
 }
 
 void op_destroy(void*) {}

@@ -36,6 +36,20 @@ int FsImpl::check_writable() const {
 
 int FsImpl::lookup(Ino parent, std::string_view name, Attr* out) {
   if (name.size() > kMaxName) return ENAMETOOLONG;
+  if (name == ".") {
+    // A file handle's inode (any type): live and named, or the handle is stale.
+    NodeRef n;
+    if (int rc = get_node(parent, &n); rc) return rc == ENOENT || rc == EINVAL ? ESTALE : rc;
+    std::lock_guard<std::mutex> g(namespace_mu_);  // no unlink between the check and the reference
+    {
+      std::shared_lock<std::shared_mutex> lk(n->rw);
+      if (n->disk.links == 0 || n->disk.mode == 0) return ESTALE;
+    }
+    ref(*n, 1, 0);
+    std::lock_guard<std::mutex> ag(n->attr_mu);
+    fill_attr(n->pub, parent, out);
+    return 0;
+  }
   NodeRef dir;
   if (int rc = get_node(parent, &dir); rc) return rc;
   Ino ino;

@@ -129,6 +129,9 @@ class Filesystem {
 
   // Names. A successful lookup/mknod/mkdir/symlink/link/create counts one kernel reference
   // on the inode returned (FUSE's lookup count); forget() drops them.
+  // "." of any inode and ".." of a directory are what a file handle is decoded through (the
+  // kernel's export operations, FUSE_CAP_EXPORT_SUPPORT): "." of an inode not in use or with
+  // no name left is ESTALE, as ext4 answers a stale handle.
   virtual int lookup(Ino parent, std::string_view name, Attr* out) = 0;
   virtual void forget(Ino ino, uint64_t n) = 0;
   // The attributes of an inode, counting one kernel reference (readdirplus entries).
