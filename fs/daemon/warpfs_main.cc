@@ -9,6 +9,7 @@
 #include <fuse_lowlevel.h>
 
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
@@ -515,6 +516,66 @@ void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_i
   fuse_reply_lseek(req, static_cast<off_t>(out));
 }
 
+// chattr/lsattr: the kernel turns FS_IOC_GETFLAGS/SETFLAGS and FS_IOC_FSGETXATTR/FSSETXATTR
+// alike into its fileattr calls, which reach a FUSE daemon as one of these ioctls (an int of
+// FS_*_FL flags, or a struct fsxattr with FS_XFLAG_*); anything else is not for warpfs.
+void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*, unsigned flags,
+              const void* in_buf, size_t in_bufsz, size_t out_bufsz) {
+  if (flags & FUSE_IOCTL_COMPAT) {
+    fuse_reply_err(req, ENOSYS);
+    return;
+  }
+  uint32_t v = 0;
+  if (cmd == FS_IOC_GETFLAGS && out_bufsz >= sizeof(int)) {
+    if (int rc = fs_of(req).get_flags(ino, &v); rc) {
+      fuse_reply_err(req, rc);
+      return;
+    }
+    const int out = static_cast<int>(v);
+    fuse_reply_ioctl(req, 0, &out, sizeof out);
+    return;
+  }
+  if (cmd == FS_IOC_SETFLAGS && in_bufsz >= sizeof(int)) {
+    int in = 0;
+    std::memcpy(&in, in_buf, sizeof in);
+    const int rc = fs_of(req).set_flags(ino, static_cast<uint32_t>(in));
+    if (rc) {
+      fuse_reply_err(req, rc);
+      return;
+    }
+    fuse_reply_ioctl(req, 0, nullptr, 0);
+    return;
+  }
+  if (cmd == FS_IOC_FSGETXATTR && out_bufsz >= sizeof(fsxattr)) {
+    if (int rc = fs_of(req).get_flags(ino, &v); rc) {
+      fuse_reply_err(req, rc);
+      return;
+    }
+    fsxattr fa{};
+    fa.fsx_xflags = (v & FS_IMMUTABLE_FL ? FS_XFLAG_IMMUTABLE : 0u) | (v & FS_APPEND_FL ? FS_XFLAG_APPEND : 0u);
+    fuse_reply_ioctl(req, 0, &fa, sizeof fa);
+    return;
+  }
+  if (cmd == FS_IOC_FSSETXATTR && in_bufsz >= sizeof(fsxattr)) {
+    fsxattr fa;
+    std::memcpy(&fa, in_buf, sizeof fa);
+    if (fa.fsx_xflags & ~static_cast<uint32_t>(FS_XFLAG_IMMUTABLE | FS_XFLAG_APPEND) || fa.fsx_extsize ||
+        fa.fsx_projid || fa.fsx_cowextsize) {
+      fuse_reply_err(req, EOPNOTSUPP);
+      return;
+    }
+    v = (fa.fsx_xflags & FS_XFLAG_IMMUTABLE ? FS_IMMUTABLE_FL : 0u) | (fa.fsx_xflags & FS_XFLAG_APPEND ? FS_APPEND_FL : 0u);
+    const int rc = fs_of(req).set_flags(ino, v);
+    if (rc) {
+      fuse_reply_err(req, rc);
+      return;
+    }
+    fuse_reply_ioctl(req, 0, nullptr, 0);
+    return;
+  }
+  fuse_reply_err(req, ENOTTY);
+}
+
 void op_init(void*, fuse_conn_info* conn) {
   // Larger writes move more per request (FUSE's default is 128 KiB).
   if (conn->capable & FUSE_CAP_SPLICE_READ) conn->want &= ~FUSE_CAP_SPLICE_READ;
@@ -565,6 +626,7 @@ fuse_lowlevel_ops make_ops() {
   o.create = op_create;
   o.fallocate = op_fallocate;
   o.lseek = op_lseek;
+  o.ioctl = op_ioctl;
   return o;
 }
 

@@ -62,6 +62,8 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
   if (int rc = get_node(ino, &n); rc) return rc;
   std::unique_lock<std::shared_mutex> lk(n->rw);
   if (S_ISDIR(n->disk.mode)) return EISDIR;
+  // Immutable: no write. Append-only: only past the end (an O_APPEND open's writes).
+  if (immutable(n->disk) || (append_only(n->disk) && off < n->disk.size)) return EPERM;
   if (int rc = load_map(*n); rc) return rc;
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return EFBIG;
   const uint32_t privs = n->disk.mode & (S_ISUID | S_ISGID);  // write_locked clears them
@@ -227,6 +229,8 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
   std::unique_lock<std::shared_mutex> lk(n->rw);
   if (S_ISDIR(n->disk.mode)) return EISDIR;
   if (!S_ISREG(n->disk.mode)) return ENODEV;
+  // As vfs_fallocate(): nothing on an immutable file, only allocation on an append-only one.
+  if (immutable(n->disk) || (append_only(n->disk) && (mode & ~FALLOC_FL_KEEP_SIZE))) return EPERM;
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return EFBIG;
   if (int rc = load_map(*n); rc) return rc;
   const uint64_t end = off + len;

@@ -776,9 +776,9 @@ void Checker::check_inode(uint64_t ino, const Inode& d) {
     return;
   }
   const bool lnk = S_ISLNK(d.mode);
-  if (n.flags & ~3u) {
+  if (n.flags & ~Inode::kKnownFlags) {
     problem(where + ": unknown flags " + num(n.flags), "cleared");
-    n.flags &= 3u;
+    n.flags &= Inode::kKnownFlags;
     n.dirty = true;
   }
   if ((n.flags & Inode::kFlagInlineSymlink) && !lnk) {

@@ -43,6 +43,13 @@ struct Group {
 // A file with at most Inode::kInlineExtents extents keeps them in the inode (one leaf with
 // block 0); larger ones have leaf blocks under an index (in the inode at depth 1, in index
 // blocks at depth 2).
+// Inode flags immutable (chattr +i) and append-only (chattr +a), FORMAT.md "Inode": the VFS
+// checks them for kernel filesystems through S_IMMUTABLE/S_APPEND, which FUSE inodes never
+// carry, so the core refuses each change itself (EPERM), with the VFS's rules.
+inline bool immutable(const Inode& d) { return (d.flags & Inode::kFlagImmutable) != 0; }
+inline bool append_only(const Inode& d) { return (d.flags & Inode::kFlagAppend) != 0; }
+inline bool pinned(const Inode& d) { return immutable(d) || append_only(d); }
+
 struct ExtentLeaf {
   uint64_t block = 0;  // 0: inline in the inode
   std::vector<Extent> ext;
@@ -134,6 +141,8 @@ class FsImpl final : public Filesystem {
   int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) override;
   int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) override;
   int inspect(Ino ino, InodeReport* out) override;
+  int get_flags(Ino ino, uint32_t* fs_flags) override;
+  int set_flags(Ino ino, uint32_t fs_flags) override;
   int opendir(Ino ino) override;
   int readdir(Ino ino, uint64_t offset, const std::function<bool(const DirEntry&)>& emit) override;
   int setxattr(Ino ino, std::string_view name, const void* value, size_t size, int flags) override;

@@ -142,6 +142,13 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
   if (int rc = get_node(ino, &n); rc) return rc;
   std::unique_lock<std::shared_mutex> lk(n->rw);
   Inode& d = n->disk;
+  // As notify_change(): nothing on an immutable inode; on an append-only one no size, mode,
+  // owner or explicit time (setting the times to now is an append's own).
+  if (immutable(d)) return EPERM;
+  if (append_only(d) && (s.size || s.mode || s.uid || s.gid || (s.atime && !s.atime_now) ||
+                         (s.mtime && !s.mtime_now))) {
+    return EPERM;
+  }
   if (s.size) {
     if (S_ISDIR(d.mode)) return EISDIR;
     if (!S_ISREG(d.mode)) return EINVAL;
@@ -187,6 +194,7 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
   std::unique_lock<std::shared_mutex> dlk(dir->rw);
   if (!S_ISDIR(dir->disk.mode)) return ENOTDIR;
   if (dir->disk.links == 0) return ENOENT;  // removed while someone was inside
+  if (immutable(dir->disk)) return EPERM;   // an append-only directory takes new names
   if (S_ISDIR(mode) && dir->disk.links >= kMaxLinks) return EMLINK;
   if (int rc = load_map(*dir); rc) return rc;
   Ino existing;
@@ -305,6 +313,7 @@ int FsImpl::link_once(Ino ino, Ino new_parent, std::string_view new_name, Attr* 
   if (dir->disk.links == 0) return ENOENT;
   if (S_ISDIR(n->disk.mode)) return EPERM;
   if (n->disk.links == 0) return ENOENT;
+  if (immutable(dir->disk) || pinned(n->disk)) return EPERM;
   if (n->disk.links >= kMaxLinks) return EMLINK;
   if (int rc = load_map(*dir); rc) return rc;
   Ino existing;
@@ -347,6 +356,7 @@ int FsImpl::unlink_common(Ino parent, std::string_view name, bool rmdir) {
     const bool is_dir = S_ISDIR(n->disk.mode);
     if (rmdir && !is_dir) return ENOTDIR;
     if (!rmdir && is_dir) return EISDIR;
+    if (pinned(dir->disk) || pinned(n->disk)) return EPERM;  // as may_delete()
     if (is_dir) {
       if (int rc = load_map(*n); rc) return rc;
       bool empty;
@@ -439,6 +449,12 @@ int FsImpl::rename_once(Ino parent, std::string_view name, Ino new_parent,
     if (src_dir && sd != td && inside(new_parent, src_ino)) return EINVAL;
     if ((flags & RENAME_EXCHANGE) && dst_dir && sd != td && inside(parent, dst_ino)) return EINVAL;
     NodeLocks locks({sd.get(), td.get(), src.get(), dst.get()});
+    // As may_delete() for the names that go (and both, exchanged) and may_create() for the one
+    // that comes: pinned inodes stay where they are, pinned directories keep their names.
+    if (pinned(sd->disk) || pinned(src->disk) || immutable(td->disk) ||
+        (dst && (pinned(td->disk) || pinned(dst->disk)))) {
+      return EPERM;
+    }
     if (dst && !(flags & RENAME_EXCHANGE)) {
       if (src_dir && !dst_dir) return ENOTDIR;
       if (!src_dir && dst_dir) return EISDIR;
@@ -501,9 +517,42 @@ int FsImpl::rename_once(Ino parent, std::string_view name, Ino new_parent,
   return 0;
 }
 
+int FsImpl::get_flags(Ino ino, uint32_t* fs_flags) {
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  std::shared_lock<std::shared_mutex> lk(n->rw);
+  *fs_flags = (immutable(n->disk) ? FS_IMMUTABLE_FL : 0u) | (append_only(n->disk) ? FS_APPEND_FL : 0u);
+  return 0;
+}
+
+int FsImpl::set_flags(Ino ino, uint32_t fs_flags) {
+  if (int rc = check_writable(); rc) return rc;
+  if (fs_flags & ~static_cast<uint32_t>(FS_IMMUTABLE_FL | FS_APPEND_FL)) return EOPNOTSUPP;
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  std::unique_lock<std::shared_mutex> lk(n->rw);
+  Inode& d = n->disk;
+  const uint32_t flags = (d.flags & ~(Inode::kFlagImmutable | Inode::kFlagAppend)) |
+                         (fs_flags & FS_IMMUTABLE_FL ? Inode::kFlagImmutable : 0u) |
+                         (fs_flags & FS_APPEND_FL ? Inode::kFlagAppend : 0u);
+  if (flags == d.flags) return 0;
+  Journal::Txn t(*journal_);
+  d.flags = flags;
+  d.ctime_ns = now_ns();
+  return store(*n);
+}
+
 int FsImpl::open(Ino ino, int flags) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
+  {
+    // As may_open(): an immutable file opens for reading only; an append-only one for
+    // writing only with O_APPEND, and never truncated.
+    std::shared_lock<std::shared_mutex> lk(n->rw);
+    const bool writing = (flags & O_ACCMODE) != O_RDONLY;
+    if (immutable(n->disk) && (writing || (flags & O_TRUNC))) return EPERM;
+    if (append_only(n->disk) && ((writing && !(flags & O_APPEND)) || (flags & O_TRUNC))) return EPERM;
+  }
   if ((flags & O_TRUNC) && (flags & O_ACCMODE) != O_RDONLY) {
     // libfuse asks for atomic O_TRUNC: the truncate is ours, and like Linux it always
     // updates mtime and ctime, even of an empty file.

@@ -110,6 +110,7 @@ int FsImpl::setxattr_once(Ino ino, std::string_view name, const void* value, siz
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
   std::unique_lock<std::shared_mutex> lk(n->rw);
+  if (pinned(n->disk)) return EPERM;  // as notify_change(): attributes of a pinned inode stay
   MetaBuf* b;
   if (int rc = xattr_load(*n, &b); rc) return rc;
   std::vector<Xattr> v = b ? parse(b) : std::vector<Xattr>{};
@@ -178,6 +179,7 @@ int FsImpl::removexattr(Ino ino, std::string_view name) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
   std::unique_lock<std::shared_mutex> lk(n->rw);
+  if (pinned(n->disk)) return EPERM;
   Journal::Txn t(*journal_);
   if (int rc = remove_xattr_locked(*n, index, short_name); rc) return rc;
   n->disk.ctime_ns = now_ns();

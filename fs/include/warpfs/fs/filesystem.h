@@ -168,6 +168,11 @@ class Filesystem {
   // blocks of its extent tree (index and leaf blocks; none while the extents fit in the
   // inode), as of the last change. Read-only.
   virtual int inspect(Ino ino, InodeReport* out) = 0;
+  // Inode flags as FS_IOC_GETFLAGS/SETFLAGS carry them (linux/fs.h FS_*_FL): immutable and
+  // append-only (FORMAT.md "Inode"); set_flags refuses other bits with EOPNOTSUPP. Who may
+  // change them (CAP_LINUX_IMMUTABLE) is the kernel's check, before the call.
+  virtual int get_flags(Ino ino, uint32_t* fs_flags) = 0;
+  virtual int set_flags(Ino ino, uint32_t fs_flags) = 0;
 
   // Directories. readdir returns entries from `offset` (0 = the start; "." and ".." first)
   // until `emit` returns false; offsets stay valid while entries come and go.

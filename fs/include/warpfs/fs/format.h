@@ -127,6 +127,9 @@ struct Inode {
   static constexpr uint32_t kInlineExtents = 8;
   static constexpr uint32_t kInlineSymlinkMax = 127;
   static constexpr uint32_t kFlagInlineSymlink = 1;
+  static constexpr uint32_t kFlagImmutable = 4;  // chattr +i: no change at all
+  static constexpr uint32_t kFlagAppend = 8;     // chattr +a: data only appended, no other change
+  static constexpr uint32_t kKnownFlags = 1 | 2 | kFlagImmutable | kFlagAppend;
   bool is_free() const { return mode == 0; }
 };
 static_assert(sizeof(Inode) == kInodeSize);
