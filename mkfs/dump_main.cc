@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "args.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/format.h"
 #include "warpfs/fs/replay.h"
@@ -39,21 +40,11 @@ void usage(FILE* f) {
                "  -V, --version   print the version\n");
 }
 
-std::string label_of(const fs::Superblock& sb) { return std::string(sb.label, strnlen(sb.label, sizeof sb.label)); }
-
-std::string uuid_of(const fs::Superblock& sb) {
-  char u[40];
-  std::snprintf(u, sizeof u, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", sb.uuid[0],
-                sb.uuid[1], sb.uuid[2], sb.uuid[3], sb.uuid[4], sb.uuid[5], sb.uuid[6], sb.uuid[7], sb.uuid[8],
-                sb.uuid[9], sb.uuid[10], sb.uuid[11], sb.uuid[12], sb.uuid[13], sb.uuid[14], sb.uuid[15]);
-  return u;
-}
-
 json superblock_json(const fs::Superblock& sb) {
   return {{"magic_ok", sb.magic == fs::kMagic},
           {"version", sb.version},
-          {"label", label_of(sb)},
-          {"uuid", uuid_of(sb)},
+          {"label", tools::label_string(sb)},
+          {"uuid", tools::uuid_string(sb)},
           {"state", sb.state == fs::kStateClean ? "clean" : sb.state == fs::kStateDirty ? "dirty" : "unknown"},
           {"block_size", sb.block_size},
           {"block_count", sb.block_count},
@@ -218,10 +209,7 @@ int main(int argc, char** argv) {
   while ((c = getopt_long(argc, argv, "i:p:jhV", longs, nullptr)) != -1) {
     switch (c) {
       case 'i': {
-        char* end = nullptr;
-        errno = 0;
-        want_ino = std::strtoull(optarg, &end, 10);
-        if (end == optarg || *end != '\0' || errno != 0 || want_ino == 0 || *optarg == '-') {
+        if (!tools::parse_u64(optarg, UINT64_MAX, &want_ino) || want_ino == 0) {
           std::fprintf(stderr, "dump.warpfs: bad inode number '%s'\n", optarg);
           return 2;
         }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "args.h"
 #include "warpfs/fs/mkfs.h"
 #include "warpfs/fs/stack.h"
 
@@ -116,22 +117,16 @@ int main(int argc, char** argv) {
         }
         mo.journal_blocks = static_cast<uint32_t>(std::min<uint64_t>(journal / fs::kBlockSize, 1u << 20));
         break;
-      case 'm': {
-        char* end = nullptr;
-        errno = 0;
-        mo.reserved_percent = std::strtod(optarg, &end);
-        if (end == optarg || *end != '\0' || errno != 0 || !(mo.reserved_percent >= 0 && mo.reserved_percent <= 50)) {
+      case 'm':
+        if (!tools::parse_reserved_percent(optarg, &mo.reserved_percent)) {
           std::fprintf(stderr, "mkfs.warpfs: bad reserved percentage '%s' (0 to 50)\n", optarg);
           return 2;
         }
         break;
-      }
       case 'U':
       case 'G': {
-        char* end = nullptr;
-        errno = 0;
-        const unsigned long v = std::strtoul(optarg, &end, 10);
-        if (end == optarg || *end != '\0' || errno != 0 || *optarg == '-' || v >= UINT32_MAX) {
+        uint64_t v = 0;
+        if (!tools::parse_u64(optarg, UINT32_MAX - 1, &v)) {
           std::fprintf(stderr, "mkfs.warpfs: bad %s '%s' (a number)\n", c == 'U' ? "uid" : "gid", optarg);
           return 2;
         }

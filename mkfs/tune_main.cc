@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "args.h"
 #include "warpfs/fs/stack.h"
 #include "warpfs/fs/tune.h"
 
@@ -32,23 +33,9 @@ void usage(FILE* f) {
                "  -V, --version       print the version\n");
 }
 
-bool parse_u64(const char* s, uint64_t max, uint64_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long v = std::strtoull(s, &end, 10);
-  if (end == s || *end != '\0' || errno != 0 || *s == '-' || v > max) return false;
-  *out = v;
-  return true;
-}
-
 void list(const fs::Superblock& sb) {
-  char uuid[40];
-  std::snprintf(uuid, sizeof uuid, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-                sb.uuid[0], sb.uuid[1], sb.uuid[2], sb.uuid[3], sb.uuid[4], sb.uuid[5], sb.uuid[6],
-                sb.uuid[7], sb.uuid[8], sb.uuid[9], sb.uuid[10], sb.uuid[11], sb.uuid[12], sb.uuid[13],
-                sb.uuid[14], sb.uuid[15]);
-  std::printf("label:                 %s\n", std::string(sb.label, strnlen(sb.label, sizeof sb.label)).c_str());
-  std::printf("uuid:                  %s\n", uuid);
+  std::printf("label:                 %s\n", tools::label_string(sb).c_str());
+  std::printf("uuid:                  %s\n", tools::uuid_string(sb).c_str());
   std::printf("state:                 %s\n", sb.state == fs::kStateClean ? "clean" : "not clean");
   std::printf("block size:            %u\n", sb.block_size);
   std::printf("blocks:                %" PRIu64 "\n", sb.block_count);
@@ -94,10 +81,8 @@ int main(int argc, char** argv) {
         r.label = optarg;
         break;
       case 'm': {
-        char* end = nullptr;
-        errno = 0;
-        const double p = std::strtod(optarg, &end);
-        if (end == optarg || *end != '\0' || errno != 0 || !(p >= 0 && p <= 50)) {
+        double p = 0;
+        if (!tools::parse_reserved_percent(optarg, &p)) {
           std::fprintf(stderr, "tune.warpfs: bad reserved percentage '%s' (0 to 50)\n", optarg);
           return 2;
         }
@@ -105,7 +90,7 @@ int main(int argc, char** argv) {
         break;
       }
       case 'r':
-        if (!parse_u64(optarg, UINT64_MAX, &v)) {
+        if (!tools::parse_u64(optarg, UINT64_MAX, &v)) {
           std::fprintf(stderr, "tune.warpfs: bad block count '%s'\n", optarg);
           return 2;
         }
@@ -113,14 +98,14 @@ int main(int argc, char** argv) {
         break;
       case 'u':
       case 'g':
-        if (!parse_u64(optarg, UINT32_MAX - 1, &v)) {
+        if (!tools::parse_u64(optarg, UINT32_MAX - 1, &v)) {
           std::fprintf(stderr, "tune.warpfs: bad %s '%s' (a number)\n", c == 'u' ? "uid" : "gid", optarg);
           return 2;
         }
         (c == 'u' ? r.reserved_uid : r.reserved_gid) = static_cast<uint32_t>(v);
         break;
       case 'c':
-        if (!parse_u64(optarg, 86400, &v)) {
+        if (!tools::parse_u64(optarg, 86400, &v)) {
           std::fprintf(stderr, "tune.warpfs: bad commit interval '%s' (0 to 86400 seconds)\n", optarg);
           return 2;
         }
