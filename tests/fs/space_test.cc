@@ -127,5 +127,32 @@ TEST(Space, ThreadsTakingTurnsWithMostOfTheDiskNeverSeeEnospc) {
   EXPECT_EQ(r->check_and_remount(), "");
 }
 
+// A punch over a file fragmented into one-block extents frees more extents than one
+// transaction can hold the leaves of: it goes in pieces of a few extents each (as truncate
+// does), so the journal never overflows (which would leave the filesystem read-only).
+TEST(Space, PunchOfAFragmentedFileFitsTheJournal) {
+  MkfsOptions mo;
+  mo.journal_blocks = 64;  // a transaction of at most 61 blocks: about 61 extent leaves
+  auto r = Rig::make(256, mo);
+  ASSERT_TRUE(r);
+  const Ino f = r->create(kRootInode, "f");
+  constexpr uint64_t kBlocks = 34048;  // 17024 one-block extents: 67 leaves of 255
+  const std::string mib(1 << 20, 'd');
+  for (uint64_t off = 0; off < kBlocks * kBlockSize; off += mib.size()) ASSERT_EQ(r->write(f, off, mib), 0);
+  for (uint64_t b = 1; b < kBlocks; b += 2) {
+    ASSERT_EQ(r->fs->fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, b * kBlockSize, kBlockSize), 0);
+  }
+  fs::InodeReport rep;
+  ASSERT_EQ(r->fs->inspect(f, &rep), 0);
+  ASSERT_GT(rep.extents.size(), 61u * kExtentNodeCapacity / 2) << "not fragmented enough to test";
+  ASSERT_EQ(r->fs->fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, kBlocks * kBlockSize), 0)
+      << r->log;
+  ASSERT_EQ(r->fs->sync(), 0) << r->log;
+  EXPECT_FALSE(r->fs->read_only()) << r->log;
+  ASSERT_EQ(r->fs->inspect(f, &rep), 0);
+  EXPECT_TRUE(rep.extents.empty()) << rep.extents.size() << " extents left, the first at " << (rep.extents.empty() ? 0 : rep.extents[0].logical) << "+" << (rep.extents.empty() ? 0 : rep.extents[0].blocks());
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
 }  // namespace
 }  // namespace warpfs::fs::test
