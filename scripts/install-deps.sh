@@ -15,6 +15,7 @@ pkgs=(
   qemu-system-x86 busybox-static cpio kmod     # tests/vfio: the VFIO transport in a QEMU guest
   xz-utils zstd
   groff-base                                   # tests: the man pages render without warnings
+  acl                                          # tests: setfacl and getfacl on a mount
   clang libclang-rt-14-dev                     # tests/fuzz: libFuzzer, ASan and UBSan runtimes
   fuse2fs e2fsprogs gnuplot-nox python3        # bench/run fs: fuse2fs, PNG charts, reports
 )

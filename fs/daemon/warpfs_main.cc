@@ -184,13 +184,11 @@ void reply_attr_or_err(fuse_req_t req, int rc, const Attr& a) {
   fuse_reply_attr(req, &st, daemon_of(req)->timeout);
 }
 
+// The caller's ids and umask. The kernel leaves the umask to the daemon (FUSE_CAP_DONT_MASK):
+// the core applies it, unless the directory's default ACL takes its place.
 warpfs::fs::Caller caller(fuse_req_t req) {
   const fuse_ctx* c = fuse_req_ctx(req);
-  return warpfs::fs::Caller{c->uid, c->gid};
-}
-
-uint32_t masked(fuse_req_t req, mode_t mode) {
-  return static_cast<uint32_t>(mode & ~fuse_req_ctx(req)->umask);
+  return warpfs::fs::Caller{c->uid, c->gid, static_cast<uint32_t>(c->umask)};
 }
 
 // ---- the operations -----------------------------------------------------------------------
@@ -251,12 +249,12 @@ void op_readlink(fuse_req_t req, fuse_ino_t ino) {
 
 void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   Attr a;
-  reply_entry_or_err(req, fs_of(req).mknod(parent, name, masked(req, mode), static_cast<uint64_t>(rdev), caller(req), &a), a);
+  reply_entry_or_err(req, fs_of(req).mknod(parent, name, static_cast<uint32_t>(mode), static_cast<uint64_t>(rdev), caller(req), &a), a);
 }
 
 void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   Attr a;
-  reply_entry_or_err(req, fs_of(req).mkdir(parent, name, masked(req, mode), caller(req), &a), a);
+  reply_entry_or_err(req, fs_of(req).mkdir(parent, name, static_cast<uint32_t>(mode), caller(req), &a), a);
 }
 
 void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -320,7 +318,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
   Attr a;
   Filesystem& fs = fs_of(req);
-  int rc = fs.mknod(parent, name, S_IFREG | (masked(req, mode) & 07777), 0, caller(req), &a);
+  int rc = fs.mknod(parent, name, S_IFREG | (static_cast<uint32_t>(mode) & 07777), 0, caller(req), &a);
   if (rc == 0) rc = fs.open(a.ino, fi->flags);
   if (rc) {
     fuse_reply_err(req, rc);
@@ -584,6 +582,12 @@ void op_init(void*, fuse_conn_info* conn) {
   // File handles (name_to_handle_at, NFS export): the kernel decodes one it no longer caches
   // by looking up "." of its inode and ".." of a directory (Filesystem::lookup).
   if (conn->capable & FUSE_CAP_EXPORT_SUPPORT) conn->want |= FUSE_CAP_EXPORT_SUPPORT;
+  // POSIX ACLs: the kernel enforces and caches them and writes system.posix_acl_* (keeping the
+  // mode in step); the core stores them and hands default ACLs down (acl.cc), for which the
+  // umask must reach it unapplied. Both or neither.
+  if ((conn->capable & FUSE_CAP_POSIX_ACL) && (conn->capable & FUSE_CAP_DONT_MASK)) {
+    conn->want |= FUSE_CAP_POSIX_ACL | FUSE_CAP_DONT_MASK;
+  }
 }
 
 void op_destroy(void*) {}

@@ -50,6 +50,22 @@ inline bool immutable(const Inode& d) { return (d.flags & Inode::kFlagImmutable)
 inline bool append_only(const Inode& d) { return (d.flags & Inode::kFlagAppend) != 0; }
 inline bool pinned(const Inode& d) { return immutable(d) || append_only(d); }
 
+inline constexpr std::string_view kAclAccess = "system.posix_acl_access";
+inline constexpr std::string_view kAclDefault = "system.posix_acl_default";
+
+namespace acl {
+// A new inode's mode and access ACL from its directory's default ACL (the xattr value of
+// system.posix_acl_default): `mode` (the requested one, no umask) is masked by the ACL and
+// the ACL by it; `access` is the ACL to store, or empty where the mode says it all. False on
+// a value that is no ACL.
+bool inherit(const std::string& default_acl, uint32_t* mode, std::string* access);
+// The permission bits an access ACL gives the mode (user, mask or else group, other), and
+// whether the mode alone says the same (no named entries, no mask). False on no ACL.
+bool mode_of(const std::string& access_acl, uint32_t* perms, bool* equivalent);
+// chmod of an inode with an access ACL: its owner, mask (or group) and other entries follow.
+bool chmod(std::string* access_acl, uint32_t mode);
+}  // namespace acl
+
 struct ExtentLeaf {
   uint64_t block = 0;  // 0: inline in the inode
   std::vector<Extent> ext;
@@ -150,6 +166,10 @@ class FsImpl final : public Filesystem {
   int listxattr(Ino ino, std::string* names) override;
   int removexattr(Ino ino, std::string_view name) override;
   int remove_xattr_locked(Node& n, uint8_t index, std::string_view short_name);
+  // One attribute of a node whose rw this thread holds (or that nobody can reach yet); the
+  // setter inside a transaction. ENODATA, ENOSPC (the block is full).
+  int xattr_get_locked(Node& n, uint8_t index, std::string_view short_name, std::string* value);
+  int xattr_set_locked(Node& n, uint8_t index, std::string_view short_name, const std::string& value);
   int drop_capability_locked(Node& n);
   int statfs(struct statvfs* out) override;
   int sync() override;

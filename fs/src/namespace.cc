@@ -159,7 +159,14 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
   {
     Journal::Txn t(*journal_);
     const uint64_t now = now_ns();
-    if (s.mode) d.mode = (d.mode & S_IFMT) | (s.new_mode & 07777);
+    if (s.mode) {
+      d.mode = (d.mode & S_IFMT) | (s.new_mode & 07777);
+      // An access ACL follows the new mode (posix_acl_chmod; the kernel forgets its copy).
+      std::string a;
+      if (xattr_get_locked(*n, kXattrSystem, kAclAccess.substr(7), &a) == 0 && acl::chmod(&a, d.mode)) {
+        if (int rc = xattr_set_locked(*n, kXattrSystem, kAclAccess.substr(7), a); rc) return rc;
+      }
+    }
     if (s.uid || s.gid) {
       if (s.uid) d.uid = s.new_uid;
       if (s.gid) d.gid = s.new_gid;
@@ -207,6 +214,19 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
     owner.gid = dir->disk.gid;
     if (S_ISDIR(mode)) mode |= S_ISGID;
   }
+  // The permission bits: masked by the umask, or by the directory's default ACL, which the
+  // new inode inherits (acl.cc). Symlinks have neither.
+  std::string default_acl, access_acl;
+  if (!S_ISLNK(mode)) {
+    const int arc = xattr_get_locked(*dir, kXattrSystem, kAclDefault.substr(7), &default_acl);
+    if (arc != 0 && arc != ENODATA) return arc;
+    if (arc == ENODATA) {
+      mode &= ~(c.umask & 0777);
+    } else if (!acl::inherit(default_acl, &mode, &access_acl)) {
+      log("directory " + std::to_string(parent) + ": its default ACL is damaged (run fsck.warpfs)");
+      return EIO;
+    }
+  }
   Journal::Txn t(*journal_);
   NodeRef n;
   if (int rc = new_node(parent, mode, owner, &n); rc) return rc;
@@ -239,11 +259,19 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
       }
     }
   }
+  if (rc == 0 && !access_acl.empty()) rc = xattr_set_locked(*n, kXattrSystem, kAclAccess.substr(7), access_acl);
+  if (rc == 0 && S_ISDIR(mode) && !default_acl.empty()) {
+    rc = xattr_set_locked(*n, kXattrSystem, kAclDefault.substr(7), default_acl);
+  }
   if (rc == 0) rc = map_store(*n);
   if (rc == 0) rc = dir_add(*dir, name, n->ino, dtype(mode));
   if (rc != 0) {
     // Undo: give back the inode and anything it got (the transaction keeps it atomic).
     punch(*n, 0, uint64_t{1} << 32);
+    if (d.xattr_block) {  // an inherited ACL
+      journal_->forget_block(d.xattr_block);
+      free_blocks(d.xattr_block, 1);
+    }
     free_inode(*n);
     std::lock_guard<std::mutex> g(table_mu_);
     nodes_.erase(n->ino);

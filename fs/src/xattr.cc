@@ -19,11 +19,15 @@ struct Xattr {
 constexpr struct {
   const char* prefix;
   uint8_t index;
-} kPrefixes[] = {{"user.", kXattrUser}, {"trusted.", kXattrTrusted}, {"security.", kXattrSecurity}};
+} kPrefixes[] = {{"user.", kXattrUser},
+                 {"trusted.", kXattrTrusted},
+                 {"security.", kXattrSecurity},
+                 {"system.", kXattrSystem}};
 
-// Splits "user.foo" into (kXattrUser, "foo"). system.* (POSIX ACLs) is not supported: the
-// kernel would not enforce them through default_permissions.
+// Splits "user.foo" into (kXattrUser, "foo"). Of system.*, only the POSIX ACLs, which the
+// kernel writes and enforces (FUSE_CAP_POSIX_ACL; acl.cc).
 int split_name(std::string_view full, uint8_t* index, std::string_view* name) {
+  if (full.substr(0, 7) == "system." && full != kAclAccess && full != kAclDefault) return EOPNOTSUPP;
   for (const auto& p : kPrefixes) {
     const size_t len = std::strlen(p.prefix);
     if (full.substr(0, len) == p.prefix) {
@@ -118,23 +122,59 @@ int FsImpl::setxattr_once(Ino ino, std::string_view name, const void* value, siz
   if ((flags & XATTR_CREATE) && it != v.end()) return EEXIST;
   if ((flags & XATTR_REPLACE) && it == v.end()) return ENODATA;
   const std::string val(static_cast<const char*>(value), size);
-  if (it != v.end()) {
-    it->value = val;
-  } else {
-    v.push_back(Xattr{index, std::string(short_name), val});
-  }
-  if (!fits(v)) return ENOSPC;
   Journal::Txn t(*journal_);
-  if (!b) {
-    uint64_t blk;
-    if (int rc = alloc_meta_block(*n, &blk); rc) return rc;
-    b = journal_->create(blk, MetaKind::kHeader, ino);
-    n->disk.xattr_block = blk;
+  if (index == kXattrSystem && short_name == kAclAccess.substr(7)) {
+    // The kernel leaves the mode to us (FUSE_CAP_POSIX_ACL): its bits follow the ACL, and an
+    // ACL the mode says all of is not kept (as posix_acl_update_mode).
+    uint32_t perms;
+    bool equivalent;
+    if (!acl::mode_of(val, &perms, &equivalent)) return EINVAL;
+    n->disk.mode = (n->disk.mode & ~0777u) | perms;
+    if (equivalent) {
+      if (int rc = remove_xattr_locked(*n, index, short_name); rc && rc != ENODATA) return rc;
+    } else if (int rc = xattr_set_locked(*n, index, short_name, val); rc) {
+      return rc;
+    }
+  } else if (int rc = xattr_set_locked(*n, index, short_name, val); rc) {
+    return rc;
   }
-  serialize(b, ino, v);
-  journal_->dirty(b);
   n->disk.ctime_ns = now_ns();
   return store(*n);
+}
+
+int FsImpl::xattr_set_locked(Node& n, uint8_t index, std::string_view short_name, const std::string& value) {
+  MetaBuf* b;
+  if (int rc = xattr_load(n, &b); rc) return rc;
+  std::vector<Xattr> v = b ? parse(b) : std::vector<Xattr>{};
+  auto it = std::find_if(v.begin(), v.end(), [&](const Xattr& x) { return x.index == index && x.name == short_name; });
+  if (it != v.end()) {
+    it->value = value;
+  } else {
+    v.push_back(Xattr{index, std::string(short_name), value});
+  }
+  if (!fits(v)) return ENOSPC;
+  if (!b) {
+    uint64_t blk;
+    if (int rc = alloc_meta_block(n, &blk); rc) return rc;
+    b = journal_->create(blk, MetaKind::kHeader, n.ino);
+    n.disk.xattr_block = blk;
+  }
+  serialize(b, n.ino, v);
+  journal_->dirty(b);
+  return 0;
+}
+
+int FsImpl::xattr_get_locked(Node& n, uint8_t index, std::string_view short_name, std::string* value) {
+  MetaBuf* b;
+  if (int rc = xattr_load(n, &b); rc) return rc;
+  if (!b) return ENODATA;
+  for (const Xattr& x : parse(b)) {
+    if (x.index == index && x.name == short_name) {
+      *value = x.value;
+      return 0;
+    }
+  }
+  return ENODATA;
 }
 
 int FsImpl::getxattr(Ino ino, std::string_view name, std::string* value) {
@@ -144,16 +184,7 @@ int FsImpl::getxattr(Ino ino, std::string_view name, std::string* value) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
   std::shared_lock<std::shared_mutex> lk(n->rw);
-  MetaBuf* b;
-  if (int rc = xattr_load(*n, &b); rc) return rc;
-  if (!b) return ENODATA;
-  for (const Xattr& x : parse(b)) {
-    if (x.index == index && x.name == short_name) {
-      *value = x.value;
-      return 0;
-    }
-  }
-  return ENODATA;
+  return xattr_get_locked(*n, index, short_name, value);
 }
 
 int FsImpl::listxattr(Ino ino, std::string* names) {

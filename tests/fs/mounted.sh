@@ -385,6 +385,37 @@ PY
     "$FSCK" -n "emu:$img" | grep -q clean || fail "not clean after umount"
     fsck_clean
     ;;
+  acl)  # POSIX ACLs: setfacl/getfacl, enforced for another user, inherited, kept across a remount
+    format 256M
+    mount_fs
+    echo secret >"$mnt/f"
+    chmod 600 "$mnt/f"
+    su nobody -s /bin/sh -c "cat $mnt/f" >/dev/null 2>&1 && fail "nobody read a 0600 file"
+    setfacl -m u:nobody:r "$mnt/f" || fail "setfacl -m u:nobody:r"
+    [[ $(stat -c %A "$mnt/f") == -rw-r----- ]] || fail "the mode does not show the mask: $(stat -c %A "$mnt/f")"
+    [[ $(su nobody -s /bin/sh -c "cat $mnt/f") == secret ]] || fail "nobody cannot read through the ACL"
+    su nobody -s /bin/sh -c "echo x >>$mnt/f" 2>/dev/null && fail "nobody wrote with a read-only entry"
+    chmod 600 "$mnt/f"
+    getfacl -c "$mnt/f" 2>/dev/null | grep -qx "mask::---" || fail "chmod did not empty the mask: $(getfacl -c "$mnt/f")"
+    su nobody -s /bin/sh -c "cat $mnt/f" >/dev/null 2>&1 && fail "nobody read after chmod 600"
+    setfacl -b "$mnt/f" || fail "setfacl -b"
+    [[ $(getfacl -c "$mnt/f" 2>/dev/null | grep -c .) -eq 3 ]] || fail "setfacl -b left entries"
+    # A directory's default ACL: new files and directories inherit it; the umask does not apply.
+    mkdir "$mnt/d"
+    setfacl -d -m u:nobody:rwx "$mnt/d" || fail "setfacl -d"
+    (umask 077 && touch "$mnt/d/new" && mkdir "$mnt/d/sub") || fail "create in a directory with a default ACL"
+    getfacl -c "$mnt/d/new" 2>/dev/null | grep -q "^user:nobody:rwx" || fail "no inherited entry: $(getfacl -c "$mnt/d/new")"
+    [[ $(stat -c %a "$mnt/d/new") == 664 ]] || fail "inherited mode $(stat -c %a "$mnt/d/new"), not 664"
+    getfacl -c "$mnt/d/sub" 2>/dev/null | grep -q "^default:user:nobody:rwx" || fail "the subdirectory has no default ACL"
+    su nobody -s /bin/sh -c "echo from-nobody >$mnt/d/new" || fail "nobody cannot write through the inherited entry"
+    unmount_fs
+    fsck_clean >/dev/null
+    mount_fs
+    getfacl -c "$mnt/d/new" 2>/dev/null | grep -q "^user:nobody:rwx" || fail "the ACL did not survive a remount"
+    [[ $(cat "$mnt/d/new") == from-nobody ]] || fail "nobody's write is gone"
+    unmount_fs
+    fsck_clean >/dev/null
+    ;;
   dump)  # dump.warpfs shows what the image holds: superblock, groups, an inode's extents, a directory
     format 256M -L dumped
     mount_fs

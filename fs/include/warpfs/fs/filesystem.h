@@ -67,6 +67,9 @@ struct MountOptions {
 // default_permissions).
 struct Caller {
   uint32_t uid = 0, gid = 0;
+  // The creating process's umask: applied to a new inode's mode unless its directory has a
+  // default ACL, which masks it instead (POSIX.1e; acl.cc).
+  uint32_t umask = 0;
 };
 
 // Whom the calling thread's file-data allocations are for, as a kernel filesystem reads the
