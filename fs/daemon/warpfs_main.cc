@@ -10,17 +10,23 @@
 
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <syslog.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -59,6 +65,7 @@ struct Options {
   unsigned io_timeout_s = 30;
   char* stats = nullptr;
   int ro = 0;
+  int remount = 0;  // -o remount: mount(8) runs the helper again for mount -o remount
   int nodiscard = 0;
   int help = 0;
   int list_devices = 0;
@@ -66,11 +73,15 @@ struct Options {
 };
 
 #define WARPFS_OPT(t, p) {t, offsetof(Options, p), 1}
+// "ro" and "rw" are seen here and kept for libfuse's mount (FUSE_OPT_KEY_KEEP would hide them
+// from opt_proc altogether).
+enum { kKeyRo = 1, kKeyRw = 2 };
 const fuse_opt kOpts[] = {
     WARPFS_OPT("cache_mb=%u", cache_mb),     WARPFS_OPT("queues=%u", queues),
     WARPFS_OPT("latency_us=%u", latency_us), WARPFS_OPT("workers=%u", workers),
     WARPFS_OPT("commit=%u", commit_s),       WARPFS_OPT("stats=%s", stats),
-    WARPFS_OPT("nodiscard", nodiscard),      FUSE_OPT_KEY("ro", FUSE_OPT_KEY_KEEP),
+    WARPFS_OPT("nodiscard", nodiscard),      FUSE_OPT_KEY("ro", kKeyRo),
+    WARPFS_OPT("remount", remount),          FUSE_OPT_KEY("rw", kKeyRw),
     WARPFS_OPT("io_timeout=%u", io_timeout_s), WARPFS_OPT("inline_io=%u", inline_io),
     WARPFS_OPT("meta_cache_mb=%u", meta_cache_mb),
     WARPFS_OPT("-h", help),                  WARPFS_OPT("--help", help),
@@ -84,7 +95,8 @@ int opt_proc(void* data, const char* arg, int key, fuse_args*) {
     o->device = strdup(arg);
     return 0;  // consumed: the mountpoint is the next non-option, left to libfuse
   }
-  if (key == FUSE_OPT_KEY_KEEP && std::strcmp(arg, "ro") == 0) o->ro = 1;
+  if (key == kKeyRo) o->ro = 1;
+  if (key == kKeyRw) o->ro = 0;  // the last one wins
   return 1;
 }
 
@@ -792,6 +804,111 @@ void on_usr1(int) {
   }
 }
 
+// ---- remount ----------------------------------------------------------------------------
+// `mount -o remount,ro|rw MOUNTPOINT` reaches the kernel, which makes the superblock read-only
+// or writable (refusing read-only while files are open for writing), and through mount(8)
+// runs the mount helper again: `warpfs -o remount` does the remount and starts no daemon.
+// The running daemon follows the kernel's flag: it watches its mount table (poll() on
+// /proc/self/mountinfo wakes on every change; no polling when idle) and commits, cleans and
+// refuses changes, or marks the image dirty again, with Filesystem::set_read_only.
+
+// Undoes mountinfo's octal escapes (\040 for a space).
+std::string mountinfo_unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 3 < s.size() + 0 && std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 3), nullptr, 8));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// Whether the superblock mounted at `mountpoint` is read-only (mountinfo's super options);
+// false with *found = false where no such mount is listed.
+bool mount_is_read_only(const std::string& mountpoint, bool* found) {
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  *found = false;
+  bool ro = false;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string id, parent, devno, root, point;
+    f >> id >> parent >> devno >> root >> point;
+    if (mountinfo_unescape(point) != mountpoint) continue;
+    const size_t dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream tail(line.substr(dash + 3));
+    std::string fstype, source, super;
+    tail >> fstype >> source >> super;
+    if (fstype.rfind("fuse", 0) != 0) continue;
+    *found = true;  // the last one listed is the one on top
+    ro = super.rfind("ro", 0) == 0 && (super.size() == 2 || super[2] == ',');
+  }
+  return ro;
+}
+
+// `warpfs -o remount[,ro|,rw] DEVICE MOUNTPOINT`: the kernel side of the remount, keeping the
+// mount's other flags; the daemon then follows (above). Waits, bounded, until it has.
+int remount_helper(const char* mountpoint, bool ro) {
+  char* abs = realpath(mountpoint, nullptr);
+  if (!abs) {
+    std::fprintf(stderr, "warpfs: remount: %s: %s\n", mountpoint, std::strerror(errno));
+    return 1;
+  }
+  const std::string mnt = abs;
+  free(abs);
+  bool found = false;
+  mount_is_read_only(mnt, &found);
+  struct statvfs sv;
+  if (!found || statvfs(mnt.c_str(), &sv) != 0) {
+    std::fprintf(stderr, "warpfs: remount: %s is not a warpfs mount\n", mnt.c_str());
+    return 1;
+  }
+  unsigned long flags = MS_REMOUNT | (ro ? MS_RDONLY : 0);
+  if (sv.f_flag & ST_NOSUID) flags |= MS_NOSUID;
+  if (sv.f_flag & ST_NODEV) flags |= MS_NODEV;
+  if (sv.f_flag & ST_NOEXEC) flags |= MS_NOEXEC;
+  if (sv.f_flag & ST_NOATIME) flags |= MS_NOATIME;
+  if (sv.f_flag & ST_NODIRATIME) flags |= MS_NODIRATIME;
+  if (sv.f_flag & ST_RELATIME) flags |= MS_RELATIME;
+  if (::mount(nullptr, mnt.c_str(), nullptr, flags, nullptr) != 0) {
+    std::fprintf(stderr, "warpfs: remount of %s %s: %s%s\n", mnt.c_str(), ro ? "read-only" : "read-write",
+                 std::strerror(errno), errno == EBUSY ? " (files are open for writing)" : "");
+    return 1;
+  }
+  // The daemon follows within milliseconds (it logs "remounted read-only|read-write"); the
+  // kernel refuses writes from now on already. Back to read-write, a write in those
+  // milliseconds can still see EROFS from the daemon.
+  return 0;
+}
+
+// The daemon's side: follows its superblock's read-only flag in the mount table until `stop`
+// (an eventfd) is written.
+void follow_remounts(Filesystem& fs, const std::string& mountpoint, int stop) {
+  const int mi = ::open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+  if (mi < 0) return;
+  for (;;) {
+    pollfd p[2] = {{mi, POLLPRI, 0}, {stop, POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0 && errno != EINTR) break;
+    if (p[1].revents & POLLIN) break;
+    if (!(p[0].revents & (POLLPRI | POLLERR))) continue;
+    char buf[4096];
+    ::lseek(mi, 0, SEEK_SET);  // re-arms the notification
+    while (::read(mi, buf, sizeof buf) > 0) {
+    }
+    bool found = false;
+    const bool ro = mount_is_read_only(mountpoint, &found);
+    if (!found || ro == fs.read_only()) continue;
+    const int rc = fs.set_read_only(ro);
+    log_line(rc == 0 ? std::string("remounted ") + (ro ? "read-only: the image is clean" : "read-write")
+                     : std::string("remount ") + (ro ? "read-only" : "read-write") + " failed: " + std::strerror(rc));
+  }
+  ::close(mi);
+}
+
 void usage(const char* prog) {
   std::printf(
       "usage: %s [options] DEVICE MOUNTPOINT\n"
@@ -866,6 +983,7 @@ int main(int argc, char** argv) {
     usage(argv[0]);
     return 1;
   }
+  if (o.remount) return remount_helper(cl.mountpoint, o.ro != 0);
   if (o.queues == 0 || o.queues > 64 || o.workers == 0 || o.workers > 64 || o.commit_s == 0 ||
       (o.commit_s > 86400 && o.commit_s != kCommitUnset)) {
     std::fprintf(stderr, "warpfs: queues and workers must be 1..64, commit 1..86400 seconds\n");
@@ -1009,6 +1127,15 @@ int main(int argc, char** argv) {
             if (nul > 2) close(nul);
           }
         }
+        std::string mounted_at = cl.mountpoint;
+        if (char* abs = realpath(cl.mountpoint, nullptr)) {
+          mounted_at = abs;
+          free(abs);
+        }
+        const int follow_stop = eventfd(0, EFD_CLOEXEC);
+        std::thread follower([&] {
+          if (follow_stop >= 0) follow_remounts(*d.fs, mounted_at, follow_stop);
+        });
         std::atomic<bool> done{false};
         std::thread dumper([&] {
           uint64_t n = 0;
@@ -1035,6 +1162,13 @@ int main(int argc, char** argv) {
         }
         // A second Ctrl-C or SIGTERM must not cut the unmount below short.
         pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+        const uint64_t stop_one = 1;
+        if (follow_stop >= 0 && ::write(follow_stop, &stop_one, sizeof stop_one) == sizeof stop_one) {
+          follower.join();  // no remount after this: unmount() comes next
+        } else {
+          follower.detach();
+        }
+        if (follow_stop >= 0) ::close(follow_stop);
         done = true;
         const uint64_t one = 1;
         if (::write(g_dump_fd, &one, sizeof one) != sizeof one) {

@@ -176,6 +176,7 @@ class FsImpl final : public Filesystem {
   void shrink_caches() override;
   FsStats stats() const override;
   bool read_only() const override { return ro_; }
+  int set_read_only(bool read_only) override;
 
  private:
   friend struct DirOps;
@@ -352,7 +353,10 @@ class FsImpl final : public Filesystem {
   Superblock sb_;               // the geometry and seed; the live superblock is sb_buf_
   MountOptions opts_;
   std::function<void(const std::string&)> log_;
-  bool ro_;
+  // Read-only: set at mount, flipped only by set_read_only (under remount_mu_); read anywhere.
+  std::atomic<bool> ro_;
+  std::mutex remount_mu_;
+  int write_clean_superblock();  // primary then backup, flushed
   std::unique_ptr<Journal> journal_;  // thread-safe itself (journal.h)
   // Pinned buffers: the superblock (orphan_head under orphan_mu_ and namespace_mu_, the
   // counts and checksum written by finish_commit under the closed gate), the descriptor

@@ -268,6 +268,10 @@ int FsImpl::unmount() {
     return EIO;
   }
   if (int rc = journal_->close(); rc) return rc;
+  return write_clean_superblock();
+}
+
+int FsImpl::write_clean_superblock() {
   // The superblock, clean, last: primary then backup.
   Superblock s;
   std::memcpy(&s, sb_buf_->data, sizeof s);
@@ -278,6 +282,33 @@ int FsImpl::unmount() {
   if (int rc = journal_->write_direct(0, &s); rc) return rc;
   if (int rc = journal_->write_direct(sb_.block_count - 1, &s); rc) return rc;
   return dev_.flush().is_ok() ? 0 : EIO;
+}
+
+int FsImpl::set_read_only(bool read_only) {
+  std::lock_guard<std::mutex> g(remount_mu_);
+  if (read_only == ro_.load()) return 0;  // (never after unmount(): the daemon stops calling first)
+  if (read_only) {
+    ro_ = true;  // changes from now on: EROFS
+    if (journal_->failed()) return EIO;
+    if (int rc = journal_->close(); rc) return rc;
+    return write_clean_superblock();
+  }
+  if (journal_->failed()) return EIO;
+  {
+    auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
+    Journal::Txn t(*journal_);
+    s->state = kStateDirty;
+    journal_->dirty(sb_buf_);
+  }
+  if (int rc = journal_->commit(); rc) return rc;
+  // Dirty on the media before the first change (as at mount).
+  Superblock d;
+  std::memcpy(&d, sb_buf_->data, sizeof d);
+  d.checksum = superblock_checksum(d);
+  if (int rc = journal_->write_direct(0, &d); rc) return rc;
+  if (!dev_.flush().is_ok()) return EIO;
+  ro_ = false;
+  return 0;
 }
 
 int FsImpl::lookup_ino(Ino ino, Attr* out) {

@@ -147,11 +147,13 @@ case $scenario in
       # Without -f, fsck skips a clean filesystem: it says "clean".
       "$FSCK" -n "emu:$img" | grep -q clean || fail "superblock not clean after SIG$sig"
     done
+    sum0=$(md5sum <"$img")
     mount_fs -o ro
     [[ $(cat "$mnt/f-TERM") == data ]] || fail "data lost"
     touch "$mnt/new" 2>/dev/null && fail "a read-only mount accepted a create"
     echo more >>"$mnt/f-TERM" 2>/dev/null && fail "a read-only mount accepted a write"
     unmount_fs
+    [[ $(md5sum <"$img") == "$sum0" ]] || fail "a read-only mount changed the image"
     fsck_clean
     ;;
   enospc)  # a full disk: ENOSPC, nothing damaged, and the space comes back
@@ -383,6 +385,39 @@ PY
     umount "$mnt" || fail "umount"
     wait_released
     "$FSCK" -n "emu:$img" | grep -q clean || fail "not clean after umount"
+    fsck_clean
+    # mount -o remount,ro|rw: mount(8) runs the helper, which remounts; the daemon follows.
+    mount_fs
+    echo before >"$mnt/r" || fail "write"
+    mount -o remount,ro "$mnt" || fail "mount -o remount,ro"
+    echo no >"$mnt/r2" 2>/dev/null && fail "a write after remount,ro"
+    [[ $(findmnt -no OPTIONS "$mnt" | cut -d, -f1) == ro ]] || fail "not read-only after remount,ro"
+    for _ in $(seq 1 500); do grep -q "remounted read-only" "$work/daemon.log" && break; sleep 0.02; done
+    grep -q "remounted read-only: the image is clean" "$work/daemon.log" || fail "the daemon did not follow remount,ro: $(cat "$work/daemon.log")"
+    # Clean as after an unmount: a kill -9 now loses nothing and leaves nothing to replay.
+    kill -9 "$daemon_pid"
+    wait "$daemon_pid" 2>/dev/null
+    daemon_pid=
+    fusermount3 -u -z "$mnt"
+    wait_released
+    "$FSCK" -n "emu:$img" | grep -q clean || fail "not clean after remount,ro and kill -9"
+    fsck_clean >/dev/null
+    mount_fs
+    [[ $(cat "$mnt/r") == before ]] || fail "data written before remount,ro lost"
+    mount -o remount,ro "$mnt" || fail "mount -o remount,ro (again)"
+    (echo no >>"$mnt/r") 2>/dev/null && fail "appended on a read-only remount"
+    mount -o remount,rw "$mnt" || fail "mount -o remount,rw"
+    for _ in $(seq 1 500); do grep -q "remounted read-write" "$work/daemon.log" && break; sleep 0.02; done
+    grep -q "remounted read-write" "$work/daemon.log" || fail "the daemon did not follow remount,rw"
+    echo after >"$mnt/r" || fail "write after remount,rw"
+    exec 7>"$mnt/held"
+    out=$(mount -o remount,ro "$mnt" 2>&1) && fail "remount,ro beside a file open for writing"
+    exec 7>&-
+    unmount_fs
+    fsck_clean >/dev/null
+    mount_fs
+    [[ $(cat "$mnt/r") == after ]] || fail "the write after remount,rw is gone"
+    unmount_fs
     fsck_clean
     ;;
   acl)  # POSIX ACLs: setfacl/getfacl, enforced for another user, inherited, kept across a remount
