@@ -125,5 +125,26 @@ TEST(Tune, ADirtyOrDamagedFilesystemIsRefused) {
   EXPECT_EQ(tune(*r->dev, t), "not a warpfs filesystem");
 }
 
+// Remount (Filesystem::set_read_only): read-only leaves the image as clean as an unmount
+// does (fsck of the device then finds nothing) and refuses changes; read-write takes them.
+TEST(Remount, ReadOnlyLeavesTheImageCleanAndReadWriteTakesChangesAgain) {
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  const Ino f = r->create(kRootInode, "f");
+  ASSERT_EQ(r->write(f, 0, "before"), 0);
+  ASSERT_EQ(r->fs->set_read_only(true), 0) << r->log;
+  EXPECT_TRUE(r->fs->read_only());
+  EXPECT_EQ(r->write(f, 0, "x"), EROFS);
+  EXPECT_EQ(r->fs->unlink(kRootInode, "f"), EROFS);
+  EXPECT_EQ(block_sb(*r, 0).state, kStateClean);
+  EXPECT_EQ(r->fsck_unmounted(), "") << "the image under a read-only remount";
+  EXPECT_EQ(r->read(f, 0, 6), "before");
+  ASSERT_EQ(r->fs->set_read_only(false), 0) << r->log;
+  EXPECT_EQ(block_sb(*r, 0).state, kStateDirty);
+  EXPECT_EQ(r->write(f, 0, "after!"), 0);
+  EXPECT_EQ(r->check_and_remount(), "");
+  EXPECT_EQ(r->read(f, 0, 6), "after!");
+}
+
 }  // namespace
 }  // namespace warpfs::fs::test
