@@ -14,6 +14,8 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <syslog.h>
@@ -37,6 +39,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "latency.h"
 #include "warpfs/blockdev/devices.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/stack.h"
@@ -150,6 +153,10 @@ class PageCacheTracker {
   std::unordered_map<Ino, State> m_;
 };
 
+// The FUSE operations the live view times (warpfs-stat), in the order of their names.
+enum OpId : unsigned { kOp_lookup, kOp_forget, kOp_forget_multi, kOp_getattr, kOp_setattr, kOp_readlink, kOp_mknod, kOp_mkdir, kOp_unlink, kOp_rmdir, kOp_symlink, kOp_rename, kOp_link, kOp_open, kOp_read, kOp_write, kOp_release, kOp_fsync, kOp_opendir, kOp_readdir, kOp_readdirplus, kOp_releasedir, kOp_fsyncdir, kOp_statfs, kOp_setxattr, kOp_getxattr, kOp_listxattr, kOp_removexattr, kOp_create, kOp_fallocate, kOp_lseek, kOp_ioctl, kOpCount };
+constexpr const char* kOpNames[kOpCount] = {"lookup", "forget", "forget_multi", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename", "link", "open", "read", "write", "release", "fsync", "opendir", "readdir", "readdirplus", "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr", "create", "fallocate", "lseek", "ioctl"};
+
 // What every FUSE worker thread reaches through fuse_req_userdata(). Set up before the
 // session loop starts and torn down after it ends: read-only while the workers run, except
 // page_cache (its own mutex). The filesystem and the device stack are thread-safe
@@ -162,6 +169,9 @@ struct Daemon {
   double timeout = 1.0;
   PageCacheTracker page_cache;
   fuse_session* se = nullptr;
+  // The live view's counters: each its own atomics, written by every worker (latency.h).
+  warpfs::daemon::LatencyHistogram latency[kOpCount];
+  std::atomic<uint64_t> read_bytes{0}, written_bytes{0};
 };
 
 Daemon* daemon_of(fuse_req_t req) { return static_cast<Daemon*>(fuse_req_userdata(req)); }
@@ -353,6 +363,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     fuse_reply_err(req, rc);
     return;
   }
+  daemon_of(req)->read_bytes.fetch_add(got, std::memory_order_relaxed);
   fuse_reply_buf(req, buf.get(), got);
 }
 
@@ -385,6 +396,7 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     // lock.
     fuse_lowlevel_notify_inval_inode(d->se, ino, off, static_cast<off_t>(written));
   }
+  d->written_bytes.fetch_add(written, std::memory_order_relaxed);
   fuse_reply_write(req, written);
 }
 
@@ -604,45 +616,65 @@ void op_init(void*, fuse_conn_info* conn) {
 
 void op_destroy(void*) {}
 
+uint64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// An operation timed from its arrival to the return of its handler (which has replied: the
+// request is gone then, so the daemon is taken first).
+template <OpId K, auto Fn>
+struct Timed;
+template <OpId K, typename... A, void (*Fn)(fuse_req_t, A...)>
+struct Timed<K, Fn> {
+  static void call(fuse_req_t req, A... a) {
+    Daemon* d = daemon_of(req);
+    const uint64_t t0 = mono_ns();
+    Fn(req, a...);
+    d->latency[K].add(mono_ns() - t0);
+  }
+};
+
 fuse_lowlevel_ops make_ops() {
   fuse_lowlevel_ops o{};
   o.init = op_init;
   o.destroy = op_destroy;
-  o.lookup = op_lookup;
-  o.forget = op_forget;
-  o.forget_multi = op_forget_multi;
-  o.getattr = op_getattr;
-  o.setattr = op_setattr;
-  o.readlink = op_readlink;
-  o.mknod = op_mknod;
-  o.mkdir = op_mkdir;
-  o.unlink = op_unlink;
-  o.rmdir = op_rmdir;
-  o.symlink = op_symlink;
-  o.rename = op_rename;
-  o.link = op_link;
-  o.open = op_open;
-  o.read = op_read;
-  o.write = op_write;
+  o.lookup = Timed<kOp_lookup, op_lookup>::call;
+  o.forget = Timed<kOp_forget, op_forget>::call;
+  o.forget_multi = Timed<kOp_forget_multi, op_forget_multi>::call;
+  o.getattr = Timed<kOp_getattr, op_getattr>::call;
+  o.setattr = Timed<kOp_setattr, op_setattr>::call;
+  o.readlink = Timed<kOp_readlink, op_readlink>::call;
+  o.mknod = Timed<kOp_mknod, op_mknod>::call;
+  o.mkdir = Timed<kOp_mkdir, op_mkdir>::call;
+  o.unlink = Timed<kOp_unlink, op_unlink>::call;
+  o.rmdir = Timed<kOp_rmdir, op_rmdir>::call;
+  o.symlink = Timed<kOp_symlink, op_symlink>::call;
+  o.rename = Timed<kOp_rename, op_rename>::call;
+  o.link = Timed<kOp_link, op_link>::call;
+  o.open = Timed<kOp_open, op_open>::call;
+  o.read = Timed<kOp_read, op_read>::call;
+  o.write = Timed<kOp_write, op_write>::call;
   // No flush: close() has nothing to push (writes are not cached in the kernel, locks are
   // the kernel's), and without the op the kernel learns that at the first close (ENOSYS)
   // and stops sending FLUSH: one round trip less per close.
-  o.release = op_release;
-  o.fsync = op_fsync;
-  o.opendir = op_opendir;
-  o.readdir = op_readdir;
-  o.readdirplus = op_readdirplus;
-  o.releasedir = op_releasedir;
-  o.fsyncdir = op_fsyncdir;
-  o.statfs = op_statfs;
-  o.setxattr = op_setxattr;
-  o.getxattr = op_getxattr;
-  o.listxattr = op_listxattr;
-  o.removexattr = op_removexattr;
-  o.create = op_create;
-  o.fallocate = op_fallocate;
-  o.lseek = op_lseek;
-  o.ioctl = op_ioctl;
+  o.release = Timed<kOp_release, op_release>::call;
+  o.fsync = Timed<kOp_fsync, op_fsync>::call;
+  o.opendir = Timed<kOp_opendir, op_opendir>::call;
+  o.readdir = Timed<kOp_readdir, op_readdir>::call;
+  o.readdirplus = Timed<kOp_readdirplus, op_readdirplus>::call;
+  o.releasedir = Timed<kOp_releasedir, op_releasedir>::call;
+  o.fsyncdir = Timed<kOp_fsyncdir, op_fsyncdir>::call;
+  o.statfs = Timed<kOp_statfs, op_statfs>::call;
+  o.setxattr = Timed<kOp_setxattr, op_setxattr>::call;
+  o.getxattr = Timed<kOp_getxattr, op_getxattr>::call;
+  o.listxattr = Timed<kOp_listxattr, op_listxattr>::call;
+  o.removexattr = Timed<kOp_removexattr, op_removexattr>::call;
+  o.create = Timed<kOp_create, op_create>::call;
+  o.fallocate = Timed<kOp_fallocate, op_fallocate>::call;
+  o.lseek = Timed<kOp_lseek, op_lseek>::call;
+  o.ioctl = Timed<kOp_ioctl, op_ioctl>::call;
   return o;
 }
 
@@ -671,6 +703,7 @@ std::string stats_json(const Daemon& d) {
     const warpfs::cache::CacheStats c = d.cached->cache().stats();
     j["cache"] = {{"hits", c.hits},
                   {"misses", c.misses},
+                  {"locked_hits", c.locked_hits},
                   {"evictions", c.evictions},
                   {"writebacks", c.writebacks},
                   {"coalesced_lanes", c.coalesced_lanes},
@@ -706,6 +739,18 @@ std::string stats_json(const Daemon& d) {
   j["queues"] = {{"metadata_queues", m.queues(Priority::kMetadata)},
                  {"bulk_queues", m.queues(Priority::kBulk)},
                  {"remaps", m.remaps()}};
+  j["io"] = {{"read_bytes", d.read_bytes.load(std::memory_order_relaxed)},
+             {"written_bytes", d.written_bytes.load(std::memory_order_relaxed)}};
+  json ops = json::object();
+  for (unsigned k = 0; k < kOpCount; ++k) {
+    const warpfs::daemon::LatencyHistogram::Snapshot h = d.latency[k].snapshot();
+    ops[kOpNames[k]] = {{"count", h.count},
+                        {"p50_ns", h.quantile_ns(0.50)},
+                        {"p99_ns", h.quantile_ns(0.99)},
+                        {"p999_ns", h.quantile_ns(0.999)},
+                        {"max_ns", h.max_ns}};
+  }
+  j["ops"] = std::move(ops);
   // Names from the device come as they are; bytes that are not UTF-8 become U+FFFD.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -828,7 +873,7 @@ std::string mountinfo_unescape(const std::string& s) {
 
 // Whether the superblock mounted at `mountpoint` is read-only (mountinfo's super options);
 // false with *found = false where no such mount is listed.
-bool mount_is_read_only(const std::string& mountpoint, bool* found) {
+bool mount_is_read_only(const std::string& mountpoint, bool* found, std::string* devno_out = nullptr) {
   std::ifstream in("/proc/self/mountinfo");
   std::string line;
   *found = false;
@@ -846,12 +891,13 @@ bool mount_is_read_only(const std::string& mountpoint, bool* found) {
     if (fstype.rfind("fuse", 0) != 0) continue;
     *found = true;  // the last one listed is the one on top
     ro = super.rfind("ro", 0) == 0 && (super.size() == 2 || super[2] == ',');
+    if (devno_out) *devno_out = devno;
   }
   return ro;
 }
 
 // `warpfs -o remount[,ro|,rw] DEVICE MOUNTPOINT`: the kernel side of the remount, keeping the
-// mount's other flags; the daemon then follows (above). Waits, bounded, until it has.
+// mount's other flags; the daemon then follows (above). Returns once the kernel remounted.
 int remount_helper(const char* mountpoint, bool ro) {
   char* abs = realpath(mountpoint, nullptr);
   if (!abs) {
@@ -907,6 +953,80 @@ void follow_remounts(Filesystem& fs, const std::string& mountpoint, int stop) {
                      : std::string("remount ") + (ro ? "read-only" : "read-write") + " failed: " + std::strerror(rc));
   }
   ::close(mi);
+}
+
+// ---- the live view ----------------------------------------------------------------------
+// warpfs-stat MOUNTPOINT connects to /run/warpfs/MAJ:MIN.sock (the mount's device number, as
+// stat(2) of the mountpoint gives it) and reads one JSON object: the stats file's (warpfs(8),
+// STATS FILE). The directory is root's (0700), the socket 0600: only root connects. One
+// thread serves it, waking only for a connection or for the unmount.
+constexpr const char* kRunDir = "/run/warpfs";
+
+std::string live_socket_path(const std::string& devno) { return std::string(kRunDir) + "/" + devno + ".sock"; }
+
+// Listens on the live view's socket of the mount at `mountpoint`; -1 (logged) where it
+// cannot be made safely. *path receives its path.
+int open_live_socket(const std::string& mountpoint, std::string* path) {
+  bool found = false;
+  std::string devno;
+  mount_is_read_only(mountpoint, &found, &devno);
+  if (!found || devno.empty()) return -1;
+  if (::mkdir(kRunDir, 0700) != 0 && errno != EEXIST) {
+    log_line(std::string("live view: ") + kRunDir + ": " + std::strerror(errno) + " (warpfs-stat will not connect)");
+    return -1;
+  }
+  struct stat ds;
+  if (::lstat(kRunDir, &ds) != 0 || !S_ISDIR(ds.st_mode) || ds.st_uid != geteuid() || (ds.st_mode & 077)) {
+    log_line(std::string("live view: ") + kRunDir + " is not a directory of ours closed to others: no socket");
+    return -1;
+  }
+  *path = live_socket_path(devno);
+  struct stat ss;
+  if (::lstat(path->c_str(), &ss) == 0) {
+    if (!S_ISSOCK(ss.st_mode) || ss.st_uid != geteuid()) {
+      log_line("live view: " + *path + " exists and is not our socket: no socket");
+      return -1;
+    }
+    ::unlink(path->c_str());  // a socket a killed daemon left behind
+  }
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path->size() >= sizeof a.sun_path) {
+    ::close(fd);
+    return -1;
+  }
+  std::memcpy(a.sun_path, path->c_str(), path->size() + 1);
+  const mode_t old = ::umask(077);  // born closed to others (the directory is closed anyway)
+  const int b = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::umask(old);
+  if (b != 0 || ::chmod(path->c_str(), 0600) != 0 || ::listen(fd, 16) != 0) {
+    log_line("live view: " + *path + ": " + std::strerror(errno));
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Answers each connection with one JSON line until `stop` (an eventfd) is written.
+void serve_live_view(const Daemon& d, int listen_fd, int stop) {
+  for (;;) {
+    pollfd p[2] = {{listen_fd, POLLIN, 0}, {stop, POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0 && errno != EINTR) break;
+    if (p[1].revents & POLLIN) break;
+    if (!(p[0].revents & POLLIN)) continue;
+    const int c = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    const std::string out = stats_json(d) + "\n";
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::send(c, out.data() + done, out.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    ::close(c);
+  }
 }
 
 void usage(const char* prog) {
@@ -1136,6 +1256,11 @@ int main(int argc, char** argv) {
         std::thread follower([&] {
           if (follow_stop >= 0) follow_remounts(*d.fs, mounted_at, follow_stop);
         });
+        std::string live_path;
+        const int live_fd = open_live_socket(mounted_at, &live_path);
+        std::thread live([&] {
+          if (live_fd >= 0 && follow_stop >= 0) serve_live_view(d, live_fd, follow_stop);
+        });
         std::atomic<bool> done{false};
         std::thread dumper([&] {
           uint64_t n = 0;
@@ -1162,11 +1287,17 @@ int main(int argc, char** argv) {
         }
         // A second Ctrl-C or SIGTERM must not cut the unmount below short.
         pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-        const uint64_t stop_one = 1;
+        const uint64_t stop_one = 1;  // the eventfd stays readable: it stops both threads
         if (follow_stop >= 0 && ::write(follow_stop, &stop_one, sizeof stop_one) == sizeof stop_one) {
           follower.join();  // no remount after this: unmount() comes next
+          live.join();
         } else {
           follower.detach();
+          live.detach();
+        }
+        if (live_fd >= 0) {
+          ::close(live_fd);
+          ::unlink(live_path.c_str());
         }
         if (follow_stop >= 0) ::close(follow_stop);
         done = true;

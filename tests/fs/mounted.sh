@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Integration scenarios on a real FUSE mount of warpfs, driven from separate processes.
 #   usage: mounted.sh SCENARIO        (tests/CMakeLists.txt registers one ctest per scenario)
-# The programs come from the environment: WARPFS, MKFS, FSCK, TUNE, DUMP, POSIX_TESTS, POSIX_PERSIST, FSX;
+# The programs come from the environment: WARPFS, MKFS, FSCK, TUNE, DUMP, STAT, POSIX_TESTS, POSIX_PERSIST, FSX;
 # MAN_WARPFS is warpfs(8), whose STATS FILE section the stats scenario checks the file against.
 # Every scenario formats its own image in its own directory, and ends with fsck.warpfs -f of
 # the unmounted image, which must find nothing.
@@ -354,10 +354,10 @@ def paths(o, pre=""):
             yield from paths(v, p + ".")
         else:
             yield p
-got = set(paths(json.load(open(sys.argv[1]))))
+got = set(re.sub(r"^ops\.[a-z_]+\.", "ops.OP.", p) for p in paths(json.load(open(sys.argv[1]))))
 man = open(sys.argv[2]).read()
 section = man.split(".SH STATS FILE", 1)[1].split(".SH ", 1)[0]
-doc = set(re.findall(r"^\.BR? ([a-z_]+\.[a-z_.]+)", section, re.M))
+doc = set(re.findall(r"^\.BR? ([a-z_]+\.[A-Za-z0-9_.]*[a-z0-9_])", section, re.M))
 vfio_only = {"device." + k for k in ("iommu_group", "interrupts", "dma_bytes", "dma_mappings", "hugepage_bytes")}
 if got != doc - vfio_only:
     print("in the file, not documented:", sorted(got - doc), file=sys.stderr)
@@ -419,6 +419,47 @@ PY
     [[ $(cat "$mnt/r") == after ]] || fail "the write after remount,rw is gone"
     unmount_fs
     fsck_clean
+    ;;
+  live)  # warpfs-stat: a running daemon's counters over its root-only socket, beside work
+    format 256M
+    mount_fs
+    sock=/run/warpfs/$(stat -c '%Hd:%Ld' "$mnt").sock
+    [[ -S $sock ]] || fail "no live-view socket at $sock"
+    [[ $(stat -c '%a %U' "$sock") == "600 root" ]] || fail "live-view socket: $(stat -c '%a %U' "$sock")"
+    [[ $(stat -c '%a %U' /run/warpfs) == "700 root" ]] || fail "/run/warpfs: $(stat -c '%a %U' /run/warpfs)"
+    pids=()
+    for i in 1 2 3; do
+      (dd if=/dev/zero of="$mnt/f$i" bs=64K count=200 status=none && cat "$mnt/f$i" >/dev/null) &
+      pids+=($!)
+    done
+    for i in 1 2 3; do
+      "$STAT" --json --watch=0.05 --count 10 "$mnt" >"$work/w$i.jsonl" &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || fail "a writer or a watcher failed"; done
+    "$STAT" --json "$mnt" >"$work/now.json" || fail "warpfs-stat --json"
+    python3 - "$work" <<'PY' || fail "warpfs-stat: counters"
+import json, sys
+w = sys.argv[1]
+j = json.load(open(w + "/now.json"))
+wr = j["ops"]["write"]
+assert wr["count"] >= 600, wr
+assert 0 < wr["p50_ns"] <= wr["p99_ns"] <= wr["p999_ns"] <= wr["max_ns"], wr
+assert j["io"]["written_bytes"] >= 3 * 200 * 65536, j["io"]
+assert j["ops"]["read"]["count"] > 0 and j["io"]["read_bytes"] > 0
+for i in (1, 2, 3):
+    lines = [json.loads(l) for l in open("%s/w%d.jsonl" % (w, i))]
+    assert len(lines) == 10, len(lines)
+    counts = [l["ops"]["write"]["count"] for l in lines]
+    assert counts == sorted(counts), counts
+PY
+    "$STAT" "$mnt" | grep -q "^write " || fail "warpfs-stat (text) shows no write line"
+    out=$(su nobody -s /bin/sh -c "$STAT $mnt" 2>&1) && fail "nobody read the live view"
+    grep -q "permission denied" <<<"$out" || fail "nobody's warpfs-stat: $out"
+    unmount_fs
+    [[ -e $sock ]] && fail "the socket outlived the mount"
+    "$STAT" "$mnt" >/dev/null 2>&1 && fail "warpfs-stat of an unmounted directory"
+    fsck_clean >/dev/null
     ;;
   acl)  # POSIX ACLs: setfacl/getfacl, enforced for another user, inherited, kept across a remount
     format 256M
