@@ -31,8 +31,9 @@ RATIO_PAIRS = [
     ("warpfs_ssd", "warpfs"),
     ("warpfs_ssd", "passthrough_ll"),
     ("passthrough_ll", "tmpfs"),
+    ("warpfs_watched", "warpfs"),  # what the live view costs (--fs ...,warpfs_watched)
 ]
-FS_ORDER = ["warpfs", "warpfs_ssd", "passthrough_ll", "fuse2fs", "tmpfs"]
+FS_ORDER = ["warpfs", "warpfs_ssd", "warpfs_watched", "passthrough_ll", "fuse2fs", "tmpfs"]
 
 
 def emit(obj):
@@ -233,8 +234,8 @@ def cmd_charts(a):
     meta = [w for w in workloads if group_of(w) == "meta"]
     gnuplot_histogram(f"{a.stem}-meta.png", f"metadata and small files ({note})", "ops/s",
                       rows(meta), fses)
-    # Ratios: above 1, warpfs is faster.
-    pairs = [p for p in RATIO_PAIRS[:5] if p[0] in fses and p[1] in fses]
+    # Ratios: above 1, warpfs is faster (the comparisons of the run's filesystems).
+    pairs = [p for p in RATIO_PAIRS if p[0] in fses and p[1] in fses][:5]
     ratio_rows = []
     for w in workloads:
         vals = []
@@ -243,8 +244,9 @@ def cmd_charts(a):
             ok = x and y and x.get("value") and y.get("value")
             vals.append(x["value"] / y["value"] if ok else None)
         ratio_rows.append((w, vals))
-    gnuplot_histogram(f"{a.stem}-ratios.png", f"throughput ratios (>1: first is faster; {note})",
-                      "ratio", ratio_rows, [f"{n}/{d}" for n, d in pairs], size="1800,700")
+    if pairs:
+        gnuplot_histogram(f"{a.stem}-ratios.png", f"throughput ratios (>1: first is faster; {note})",
+                          "ratio", ratio_rows, [f"{n}/{d}" for n, d in pairs], size="1800,700")
     daemons = [f for f in fses if f != "tmpfs"]
     gnuplot_histogram(f"{a.stem}-cpu.png",
                       f"daemon CPU per op (random, metadata) or per MB (sequential) ({note})",
@@ -257,7 +259,7 @@ def cmd_table(a):
     res = results_by_key(lines)
     present = {l["fs"] for l in lines if "fs" in l}
     fses = [f for f in FS_ORDER if f in present]
-    pairs = [p for p in RATIO_PAIRS[:4] if p[0] in fses and p[1] in fses]
+    pairs = [p for p in RATIO_PAIRS if p[0] in fses and p[1] in fses][:4]
 
     def fmt(x):
         if x is None:

@@ -4,6 +4,8 @@
 # Mounts, side by side in one run on the same machine and with the same sizes:
 #   warpfs          the warpfs daemon over the emulated NVMe device, zero latency
 #   warpfs_ssd      the same with -o latency_us=SSD_US (an SSD-like completion latency)
+#   warpfs_watched  warpfs at zero latency with warpfs-stat --watch=0.1 asking it all along
+#                   (what the live view costs; not in the default set: --fs to add it)
 #   passthrough_ll  libfuse's example (Debian's source, built here) over a tmpfs
 #   fuse2fs         fuse2fs over an ext4 image
 #   tmpfs           the kernel's tmpfs (no daemon)
@@ -21,6 +23,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 all_fs=(warpfs warpfs_ssd passthrough_ll fuse2fs tmpfs)
+known_fs=("${all_fs[@]}" warpfs_watched)
 
 usage() {
   cat >&2 <<'EOF'
@@ -29,7 +32,8 @@ usage: bench/run fs [--quick] [--fs LIST] [--ssd-latency-us N] [--file-mb N] [--
   --quick             reduced run (4-5 minutes): 256 MiB fio files, 2 s per fio job,
                       idle CPU over 10 s, 2000 files per metadata phase, 1000 small files
                       (default: 1024 MiB, 8 s, 30 s, 10000, 5000: about 14 minutes)
-  --fs LIST           comma-separated subset of: warpfs,warpfs_ssd,passthrough_ll,fuse2fs,tmpfs
+  --fs LIST           comma-separated subset of: warpfs,warpfs_ssd,passthrough_ll,fuse2fs,tmpfs,
+                      warpfs_watched (warpfs with a live-view watcher; not in the default set)
   --ssd-latency-us N  warpfs_ssd's emulated completion latency (default 80)
   --file-mb N         fio file size in MiB
   --runtime-s N       measured seconds per fio job (plus a ramp of 1/4 of it, at most 2 s)
@@ -72,13 +76,14 @@ fses=("${all_fs[@]}")
 if [[ -n $fs_list ]]; then
   IFS=, read -r -a fses <<<"$fs_list"
   for f in "${fses[@]}"; do
-    [[ " ${all_fs[*]} " == *" $f "* ]] || { echo "bench/fs: unknown filesystem '$f'" >&2; exit 2; }
+    [[ " ${known_fs[*]} " == *" $f "* ]] || { echo "bench/fs: unknown filesystem '$f'" >&2; exit 2; }
   done
 fi
 
 # --- what the run needs ---------------------------------------------------------------------
 warpfs_bin=$build/fs/daemon/warpfs
 mkfs_bin=$build/mkfs/mkfs.warpfs
+stat_bin=$build/fs/daemon/warpfs-stat
 meta_bin=$build/bench/warpfs-bench-meta
 pll_src=/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c
 pll_bin=$build/bench/passthrough_ll
@@ -108,9 +113,11 @@ emit() { tee -a "$out"; }  # stdin: JSON lines
 work=$(mktemp -d /var/tmp/warpfs-bench-fs.XXXXXX)
 tmpfs_mounts=()          # mounted tmpfs instances, unmounted last
 declare -A dir pid_of    # fs -> directory measured; FUSE fs -> daemon pid
+watcher=                 # warpfs-stat --watch beside warpfs_watched
 cleanup() {
   local rc=$? f p
   trap - EXIT INT TERM
+  [[ -n $watcher ]] && kill "$watcher" 2>/dev/null
   for f in "${!pid_of[@]}"; do
     p=${pid_of[$f]}
     if mountpoint -q "$work/mnt/$f"; then
@@ -163,12 +170,17 @@ for f in "${fses[@]}"; do
   mkdir -p "$work/mnt/$f"
   dir[$f]=$work/mnt/$f
   case $f in
-    warpfs | warpfs_ssd)
+    warpfs | warpfs_ssd | warpfs_watched)
       lat=0
       [[ $f == warpfs_ssd ]] && lat=$ssd_us
       "$mkfs_bin" -q --size "${img_mb}M" "emu:$work/store/$f.img"
       start_daemon "$f" "$work/logs/$f.log" "$warpfs_bin" -f -o "latency_us=$lat" \
         "emu:$work/store/$f.img" "$work/mnt/$f"
+      if [[ $f == warpfs_watched ]]; then
+        [[ -x $stat_bin ]] || { echo "bench/fs: $stat_bin is not built" >&2; exit 1; }
+        "$stat_bin" --json --watch=0.1 "$work/mnt/$f" >"$work/logs/watcher.jsonl" 2>&1 &
+        watcher=$!
+      fi
       ;;
     passthrough_ll)
       mount_tmpfs fsbench-pll "$work/pll-source" "$img_mb"
@@ -210,7 +222,7 @@ report info --fields "$(printf '{"host":"%s","kernel":"%s","nproc":%d,"quick":%s
   "$(date -u +%FT%TZ)")" | emit
 # Fields every line of a filesystem carries: the emulated device's latency for warpfs.
 declare -A fs_fields=([warpfs]='{"latency_us":0}' [warpfs_ssd]="{\"latency_us\":$ssd_us}"
-  [passthrough_ll]='{}' [fuse2fs]='{}' [tmpfs]='{}')
+  [warpfs_watched]='{"latency_us":0,"watcher_interval_s":0.1}' [passthrough_ll]='{}' [fuse2fs]='{}' [tmpfs]='{}')
 
 # --- fio: lay the file out once per filesystem --------------------------------------------------
 for f in "${fses[@]}"; do
