@@ -81,6 +81,40 @@ wait_released() {
   done
   fail "the daemon did not let go of the image within 30 s"
 }
+# handles handle MNT NAME... prints "NAME TYPE HEX" lines (name_to_handle_at); handles open MNT
+# FILE reads such lines and prints "NAME: first line of the file" or "NAME: ESTALE"
+# (open_by_handle_at), all on one line.
+handles() {
+  python3 - "$@" <<'PY'
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class FH(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint), ("type", ctypes.c_int), ("data", ctypes.c_ubyte * 128)]
+mode, mnt = sys.argv[1], sys.argv[2]
+if mode == "handle":
+    for name in sys.argv[3:]:
+        h, mid = FH(bytes=128), ctypes.c_int()
+        if libc.name_to_handle_at(-100, os.path.join(mnt, name).encode(), ctypes.byref(h), ctypes.byref(mid), 0):
+            sys.exit("name_to_handle_at %s: %s" % (name, os.strerror(ctypes.get_errno())))
+        print(name, h.type, bytes(h.data[:h.bytes]).hex())
+else:
+    mfd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+    out = []
+    for line in open(sys.argv[3]):
+        name, typ, hexdata = line.split()
+        raw = bytes.fromhex(hexdata)
+        h = FH(bytes=len(raw), type=int(typ))
+        ctypes.memmove(h.data, raw, len(raw))
+        fd = libc.open_by_handle_at(mfd, ctypes.byref(h), os.O_RDONLY)
+        if fd < 0:
+            e = ctypes.get_errno()
+            out.append("%s: %s" % (name, "ESTALE" if e == errno.ESTALE else os.strerror(e)))
+        else:
+            out.append("%s: %s" % (name, os.read(fd, 100).decode().strip()))
+            os.close(fd)
+    print(" ".join(out))
+PY
+}
 fsck_clean() {
   local out
   out=$("$FSCK" -f -n "emu:$img" 2>&1) || { echo "$out" >&2; fail "fsck.warpfs -f -n found problems"; }
@@ -107,10 +141,18 @@ case $scenario in
     format 512M
     mount_fs
     "$POSIX_PERSIST" populate "$mnt/tree" || fail "populate"
+    # File handles outlive the mount (what an NFS export needs): taken now, opened after a
+    # remount; the handle of a file deleted meanwhile is stale.
+    echo "kept" >"$mnt/handled"
+    echo "gone" >"$mnt/deleted"
+    handles handle "$mnt" handled deleted >"$work/handles" || fail "name_to_handle_at"
+    rm "$mnt/deleted"
     unmount_fs
     fsck_clean
     mount_fs
     "$POSIX_PERSIST" verify "$mnt/tree" || fail "verify after remount"
+    out=$(handles open "$mnt" "$work/handles") || fail "open_by_handle_at after a remount: $out"
+    [[ $out == "handled: kept deleted: ESTALE" ]] || fail "handles after a remount: $out"
     unmount_fs
     ;;
   kill9)  # kill -9 after fsync: the fsync'd data is there after remount, and fsck is clean
