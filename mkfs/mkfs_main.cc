@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
     std::printf("  journal %u blocks (%s), metadata %" PRIu64 " blocks, label '%s'\n",
                 g.journal_blocks, human(uint64_t{g.journal_blocks} * fs::kBlockSize).c_str(),
                 g.metadata_blocks, mo.label.c_str());
-    std::printf("  %" PRIu64 " blocks (%g %%) kept for root\n", fs::reserved_blocks_for(g, mo.reserved_percent),
+    std::printf("  %" PRIu64 " blocks (%g %%) kept for root\n", fs::reserved_blocks_for(g.block_count - g.metadata_blocks, mo.reserved_percent),
                 mo.reserved_percent);
   }
   const bool show_progress = !quiet && g.group_count >= 16 && isatty(STDOUT_FILENO);

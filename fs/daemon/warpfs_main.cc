@@ -159,8 +159,8 @@ constexpr const char* kOpNames[kOpCount] = {"lookup", "forget", "forget_multi", 
 
 // What every FUSE worker thread reaches through fuse_req_userdata(). Set up before the
 // session loop starts and torn down after it ends: read-only while the workers run, except
-// page_cache (its own mutex). The filesystem and the device stack are thread-safe
-// themselves (filesystem.h, block_device.h).
+// page_cache (its own mutex) and the live view's counters (atomics). The filesystem and the
+// device stack are thread-safe themselves (filesystem.h, block_device.h).
 struct Daemon {
   std::unique_ptr<warpfs::fs::DeviceStack> stack;
   std::unique_ptr<warpfs::blockdev::CachedBlockDevice> cached;
@@ -861,7 +861,7 @@ void on_usr1(int) {
 std::string mountinfo_unescape(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() + 0 && std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
+    if (s[i] == '\\' && i + 3 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
       out += static_cast<char>(std::stoi(s.substr(i + 1, 3), nullptr, 8));
       i += 3;
     } else {

@@ -39,10 +39,6 @@ struct Group {
   uint32_t next_inode_hint = 0, next_block_hint = 0;  // mu
 };
 
-// The in-memory mapping of a file: its extents, in leaves of at most kExtentNodeCapacity.
-// A file with at most Inode::kInlineExtents extents keeps them in the inode (one leaf with
-// block 0); larger ones have leaf blocks under an index (in the inode at depth 1, in index
-// blocks at depth 2).
 // Inode flags immutable (chattr +i) and append-only (chattr +a), FORMAT.md "Inode": the VFS
 // checks them for kernel filesystems through S_IMMUTABLE/S_APPEND, which FUSE inodes never
 // carry, so the core refuses each change itself (EPERM), with the VFS's rules.
@@ -50,8 +46,9 @@ inline bool immutable(const Inode& d) { return (d.flags & Inode::kFlagImmutable)
 inline bool append_only(const Inode& d) { return (d.flags & Inode::kFlagAppend) != 0; }
 inline bool pinned(const Inode& d) { return immutable(d) || append_only(d); }
 
-inline constexpr std::string_view kAclAccess = "system.posix_acl_access";
-inline constexpr std::string_view kAclDefault = "system.posix_acl_default";
+// The POSIX ACLs' names in the system. namespace (kXattrSystem; acl.cc).
+inline constexpr std::string_view kAclAccess = "posix_acl_access";
+inline constexpr std::string_view kAclDefault = "posix_acl_default";
 
 namespace acl {
 // A new inode's mode and access ACL from its directory's default ACL (the xattr value of
@@ -66,6 +63,10 @@ bool mode_of(const std::string& access_acl, uint32_t* perms, bool* equivalent);
 bool chmod(std::string* access_acl, uint32_t mode);
 }  // namespace acl
 
+// The in-memory mapping of a file: its extents, in leaves of at most kExtentNodeCapacity.
+// A file with at most Inode::kInlineExtents extents keeps them in the inode (one leaf with
+// block 0); larger ones have leaf blocks under an index (in the inode at depth 1, in index
+// blocks at depth 2).
 struct ExtentLeaf {
   uint64_t block = 0;  // 0: inline in the inode
   std::vector<Extent> ext;
@@ -357,6 +358,9 @@ class FsImpl final : public Filesystem {
   std::atomic<bool> ro_;
   std::mutex remount_mu_;
   int write_clean_superblock();  // primary then backup, flushed
+  // The live superblock, dirty, written home and flushed (after the commit that marked it):
+  // 0, or an errno with *what saying which step failed.
+  int write_dirty_superblock(std::string* what);
   std::unique_ptr<Journal> journal_;  // thread-safe itself (journal.h)
   // Pinned buffers: the superblock (orphan_head under orphan_mu_ and namespace_mu_, the
   // counts and checksum written by finish_commit under the closed gate), the descriptor

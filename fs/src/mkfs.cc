@@ -114,9 +114,9 @@ bool plan_geometry(uint64_t device_blocks, const MkfsOptions& o, Geometry* g, st
   return true;
 }
 
-uint64_t reserved_blocks_for(const Geometry& g, double percent) {
+uint64_t reserved_blocks_for(uint64_t data_blocks, double percent) {
   const double p = std::clamp(percent, 0.0, 50.0);
-  return static_cast<uint64_t>(static_cast<double>(g.block_count - g.metadata_blocks) * p / 100.0);
+  return static_cast<uint64_t>(static_cast<double>(data_blocks) * p / 100.0);
 }
 
 Existing probe_existing(blockdev::BlockDevice& dev, std::string* what) {
@@ -279,7 +279,7 @@ Status format(blockdev::BlockDevice& dev, const MkfsOptions& o, const Geometry& 
   std::strncpy(sb.label, o.label.c_str(), sizeof sb.label - 1);
   sb.mkfs_time = sb.write_time = now;
   sb.journal_seq = 1;
-  sb.reserved_blocks = reserved_blocks_for(g, o.reserved_percent);
+  sb.reserved_blocks = reserved_blocks_for(g.block_count - g.metadata_blocks, o.reserved_percent);
   sb.reserved_uid = o.reserved_uid;
   sb.reserved_gid = o.reserved_gid;
   sb.checksum = superblock_checksum(sb);

@@ -198,22 +198,7 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
       *error = "cannot write to the device (journal commit failed)";
       return rc;
     }
-    // The dirty state must be on the media before anything relies on it: the commit above
-    // only checkpoints the superblock home, which becomes durable at the next flush, and a
-    // crash before that would leave a "clean" superblock beside a committed transaction.
-    {
-      Superblock d;
-      std::memcpy(&d, sb_buf_->data, sizeof d);
-      d.checksum = superblock_checksum(d);
-      if (int rc = journal_->write_direct(0, &d); rc) {
-        *error = "cannot write the superblock";
-        return rc;
-      }
-      if (!dev_.flush().is_ok()) {
-        *error = "cannot flush the device";
-        return EIO;
-      }
-    }
+    if (int rc = write_dirty_superblock(error); rc) return rc;
   }
   // Read-only mounts too: the committer also keeps the metadata cache under its cap.
   committer_ = std::thread([this] { commit_loop(); });
@@ -301,13 +286,27 @@ int FsImpl::set_read_only(bool read_only) {
     journal_->dirty(sb_buf_);
   }
   if (int rc = journal_->commit(); rc) return rc;
-  // Dirty on the media before the first change (as at mount).
+  std::string what;
+  if (int rc = write_dirty_superblock(&what); rc) return rc;
+  ro_ = false;
+  return 0;
+}
+
+int FsImpl::write_dirty_superblock(std::string* what) {
+  // The dirty state must be on the media before anything relies on it: the commit that set
+  // it only checkpoints the superblock home, which becomes durable at the next flush, and a
+  // crash before that would leave a "clean" superblock beside a committed transaction.
   Superblock d;
   std::memcpy(&d, sb_buf_->data, sizeof d);
   d.checksum = superblock_checksum(d);
-  if (int rc = journal_->write_direct(0, &d); rc) return rc;
-  if (!dev_.flush().is_ok()) return EIO;
-  ro_ = false;
+  if (int rc = journal_->write_direct(0, &d); rc) {
+    *what = "cannot write the superblock";
+    return rc;
+  }
+  if (!dev_.flush().is_ok()) {
+    *what = "cannot flush the device";
+    return EIO;
+  }
   return 0;
 }
 

@@ -163,8 +163,8 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
       d.mode = (d.mode & S_IFMT) | (s.new_mode & 07777);
       // An access ACL follows the new mode (posix_acl_chmod; the kernel forgets its copy).
       std::string a;
-      if (xattr_get_locked(*n, kXattrSystem, kAclAccess.substr(7), &a) == 0 && acl::chmod(&a, d.mode)) {
-        if (int rc = xattr_set_locked(*n, kXattrSystem, kAclAccess.substr(7), a); rc) return rc;
+      if (xattr_get_locked(*n, kXattrSystem, kAclAccess, &a) == 0 && acl::chmod(&a, d.mode)) {
+        if (int rc = xattr_set_locked(*n, kXattrSystem, kAclAccess, a); rc) return rc;
       }
     }
     if (s.uid || s.gid) {
@@ -218,7 +218,7 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
   // new inode inherits (acl.cc). Symlinks have neither.
   std::string default_acl, access_acl;
   if (!S_ISLNK(mode)) {
-    const int arc = xattr_get_locked(*dir, kXattrSystem, kAclDefault.substr(7), &default_acl);
+    const int arc = xattr_get_locked(*dir, kXattrSystem, kAclDefault, &default_acl);
     if (arc != 0 && arc != ENODATA) return arc;
     if (arc == ENODATA) {
       mode &= ~(c.umask & 0777);
@@ -259,9 +259,9 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
       }
     }
   }
-  if (rc == 0 && !access_acl.empty()) rc = xattr_set_locked(*n, kXattrSystem, kAclAccess.substr(7), access_acl);
+  if (rc == 0 && !access_acl.empty()) rc = xattr_set_locked(*n, kXattrSystem, kAclAccess, access_acl);
   if (rc == 0 && S_ISDIR(mode) && !default_acl.empty()) {
-    rc = xattr_set_locked(*n, kXattrSystem, kAclDefault.substr(7), default_acl);
+    rc = xattr_set_locked(*n, kXattrSystem, kAclDefault, default_acl);
   }
   if (rc == 0) rc = map_store(*n);
   if (rc == 0) rc = dir_add(*dir, name, n->ino, dtype(mode));

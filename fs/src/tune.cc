@@ -1,5 +1,7 @@
 #include "warpfs/fs/tune.h"
 
+#include "warpfs/fs/mkfs.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -29,7 +31,7 @@ std::string tune(blockdev::BlockDevice& dev, const TuneRequest& r, Superblock* o
   }
   if (r.reserved_percent) {
     if (!(*r.reserved_percent >= 0 && *r.reserved_percent <= 50)) return "the reserved percentage must be 0 to 50";
-    sb.reserved_blocks = static_cast<uint64_t>(static_cast<double>(data_blocks(sb)) * *r.reserved_percent / 100.0);
+    sb.reserved_blocks = reserved_blocks_for(data_blocks(sb), *r.reserved_percent);
   }
   if (r.reserved_blocks) {
     if (*r.reserved_blocks > sb.block_count / 2) {

@@ -27,7 +27,9 @@ constexpr struct {
 // Splits "user.foo" into (kXattrUser, "foo"). Of system.*, only the POSIX ACLs, which the
 // kernel writes and enforces (FUSE_CAP_POSIX_ACL; acl.cc).
 int split_name(std::string_view full, uint8_t* index, std::string_view* name) {
-  if (full.substr(0, 7) == "system." && full != kAclAccess && full != kAclDefault) return EOPNOTSUPP;
+  if (full.substr(0, 7) == "system." && full.substr(7) != kAclAccess && full.substr(7) != kAclDefault) {
+    return EOPNOTSUPP;
+  }
   for (const auto& p : kPrefixes) {
     const size_t len = std::strlen(p.prefix);
     if (full.substr(0, len) == p.prefix) {
@@ -123,7 +125,7 @@ int FsImpl::setxattr_once(Ino ino, std::string_view name, const void* value, siz
   if ((flags & XATTR_REPLACE) && it == v.end()) return ENODATA;
   const std::string val(static_cast<const char*>(value), size);
   Journal::Txn t(*journal_);
-  if (index == kXattrSystem && short_name == kAclAccess.substr(7)) {
+  if (index == kXattrSystem && short_name == kAclAccess) {
     // The kernel leaves the mode to us (FUSE_CAP_POSIX_ACL): its bits follow the ACL, and an
     // ACL the mode says all of is not kept (as posix_acl_update_mode).
     uint32_t perms;

@@ -35,8 +35,9 @@ struct Geometry {
 // Computes the layout for `device_blocks` blocks. False with a message if too small.
 bool plan_geometry(uint64_t device_blocks, const MkfsOptions& o, Geometry* g, std::string* error);
 
-// The blocks kept for root: `percent` (0 to 50) of the data blocks of `g`.
-uint64_t reserved_blocks_for(const Geometry& g, double percent);
+// The blocks kept for root: `percent` (clamped to 0..50) of `data_blocks` (a Geometry's
+// block_count - metadata_blocks, a superblock's data_blocks()).
+uint64_t reserved_blocks_for(uint64_t data_blocks, double percent);
 
 // What a device holds before formatting, for the overwrite guard.
 enum class Existing { kNothing, kWarpfs, kOtherFilesystem, kData };
