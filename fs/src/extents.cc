@@ -12,8 +12,6 @@ namespace warpfs::fs {
 
 namespace {
 
-constexpr uint64_t kNoBlock = uint64_t{1} << 32;  // one past the last logical block
-
 uint64_t end_of(const Extent& e) { return uint64_t{e.logical} + e.blocks(); }
 
 bool mergeable(const Extent& a, const Extent& b) {

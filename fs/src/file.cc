@@ -91,10 +91,14 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
   // Bytes past the end of file in its last block read as zeroes once the file grows over
   // them. They are not always zero on the media: a write that extended the file may have
   // reached the media before a crash lost its new size. Zero the gap between the old end and
-  // this write in that block before anything exposes it.
-  if (const uint64_t old = n.disk.size; off > old && old % kBlockSize) {
-    const uint64_t end = std::min<uint64_t>(off, (old / kBlockSize + 1) * kBlockSize);
-    if (int rc = zero_range(n, old, end - old); rc) return rc;
+  // this write in that block before anything exposes it; blocks wholly past the end go
+  // (drop_past_eof).
+  if (const uint64_t old = n.disk.size; off + len > old) {
+    if (int rc = drop_past_eof(n, old, off + len); rc) return rc;
+    if (off > old && old % kBlockSize) {
+      const uint64_t end = std::min<uint64_t>(off, (old / kBlockSize + 1) * kBlockSize);
+      if (int rc = zero_range(n, old, end - old); rc) return rc;
+    }
   }
   Journal::Txn t(*journal_);
   const uint64_t first = off / kBlockSize, last = (off + len - 1) / kBlockSize;
@@ -197,6 +201,27 @@ int FsImpl::zero_range(Node& n, uint64_t off, uint64_t len) {
   return 0;
 }
 
+// Blocks wholly past the end of file hold no data, yet some may still be mapped to written
+// blocks: truncate_blocks frees them in transactions after the one that set the smaller
+// size, and a crash between the two leaves them mapped. Before the file grows from `old` to
+// `size`, such blocks in between are unmapped, so that what the growth exposes reads as
+// zeroes and not as the data the truncate cut off. Unwritten extents (fallocate's
+// preallocation past the end) read as zeroes already and stay. REQUIRES: rw exclusive,
+// mapping loaded, not in a transaction.
+int FsImpl::drop_past_eof(Node& n, uint64_t old, uint64_t size) {
+  const uint64_t end = std::min<uint64_t>((size + kBlockSize - 1) / kBlockSize, kNoBlock);
+  for (uint64_t b = (old + kBlockSize - 1) / kBlockSize; b < end;) {
+    const Mapping m = map_lookup(n, static_cast<uint32_t>(b));
+    const uint64_t run = std::min<uint64_t>(m.length, end - b);
+    if (!m.hole && !m.unwritten) {
+      Journal::Txn t(*journal_);
+      if (int rc = punch(n, static_cast<uint32_t>(b), run); rc) return rc;
+    }
+    b += run;
+  }
+  return 0;
+}
+
 // REQUIRES: rw exclusive, not in a transaction.
 int FsImpl::set_size(Node& n, uint64_t size) {
   if (size > kMaxFileSize) return EFBIG;
@@ -205,10 +230,13 @@ int FsImpl::set_size(Node& n, uint64_t size) {
   if (size < old && size % kBlockSize) {
     // The tail of the new last block must read as zeroes if the file grows again.
     if (int rc = zero_range(n, size, kBlockSize - size % kBlockSize); rc) return rc;
-  } else if (size > old && old % kBlockSize) {
+  } else if (size > old) {
+    if (int rc = drop_past_eof(n, old, size); rc) return rc;
     // Growing: the old last block's tail becomes file data and must read as zeroes, whatever
     // an extending write lost in a crash left there (see write_locked).
-    if (int rc = zero_range(n, old, kBlockSize - old % kBlockSize); rc) return rc;
+    if (old % kBlockSize) {
+      if (int rc = zero_range(n, old, kBlockSize - old % kBlockSize); rc) return rc;
+    }
   }
   {
     Journal::Txn t(*journal_);
@@ -234,10 +262,13 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return EFBIG;
   if (int rc = load_map(*n); rc) return rc;
   const uint64_t end = off + len;
-  if (const uint64_t old = n->disk.size; !(mode & FALLOC_FL_KEEP_SIZE) && end > old && old % kBlockSize) {
-    // Growing the size exposes the old last block's tail: zeroes, whatever an extending
-    // write lost in a crash left there (as write_locked and set_size do).
-    if (int rc = zero_range(*n, old, kBlockSize - old % kBlockSize); rc) return rc;
+  if (const uint64_t old = n->disk.size; !(mode & FALLOC_FL_KEEP_SIZE) && end > old) {
+    // Growing the size exposes the old last block's tail and what lies past it: zeroes,
+    // whatever a crash left there (as write_locked and set_size do).
+    if (int rc = drop_past_eof(*n, old, end); rc) return rc;
+    if (old % kBlockSize) {
+      if (int rc = zero_range(*n, old, kBlockSize - old % kBlockSize); rc) return rc;
+    }
   }
   if (mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE)) {
     // Partial edge blocks are zeroed in place; whole blocks are unmapped.

@@ -198,9 +198,11 @@ int FsImpl::reclaim(const NodeRef& n) {
   NodeLocks locks({n.get(), pred.get()});
   if (n->disk.mode == 0 || n->disk.links != 0) return 0;
   if (int rc = truncate_blocks(*n, 0); rc) return rc;
-  if (int rc = orphan_remove(*n, pred.get()); rc) return rc;
   {
+    // Off the list and freed in one transaction: a commit between the two would leave an
+    // allocated inode with no links that nothing leads to (a power cut then leaks it).
     Journal::Txn t(*journal_);
+    if (int rc = orphan_remove(*n, pred.get()); rc) return rc;
     if (n->disk.xattr_block) {
       journal_->forget_block(n->disk.xattr_block);
       free_blocks(n->disk.xattr_block, 1);
@@ -258,7 +260,6 @@ int FsImpl::orphan_pred(const Node& n, NodeRef* pred) {
 
 int FsImpl::orphan_remove(Node& n, Node* pred) {
   auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
-  Journal::Txn t(*journal_);
   if (s->orphan_head == n.ino) {
     std::lock_guard<std::mutex> g(orphan_mu_);
     s->orphan_head = n.disk.next_orphan;

@@ -47,6 +47,7 @@ inline bool append_only(const Inode& d) { return (d.flags & Inode::kFlagAppend) 
 inline bool pinned(const Inode& d) { return immutable(d) || append_only(d); }
 
 // The POSIX ACLs' names in the system. namespace (kXattrSystem; acl.cc).
+inline constexpr uint64_t kNoBlock = uint64_t{1} << 32;  // one past the last logical block
 inline constexpr std::string_view kAclAccess = "posix_acl_access";
 inline constexpr std::string_view kAclDefault = "posix_acl_default";
 
@@ -276,6 +277,7 @@ class FsImpl final : public Filesystem {
   int write_locked(Node& n, uint64_t off, size_t len, const char* buf, size_t* written);
   int zero_range(Node& n, uint64_t off, uint64_t len);  // within mapped blocks
   int set_size(Node& n, uint64_t size);
+  int drop_past_eof(Node& n, uint64_t old, uint64_t size);  // before growing from old to size
 
   // --- directories (dir.cc); REQUIRES: dir rw held
   int dir_find(Node& dir, std::string_view name, Ino* ino, uint8_t* type);

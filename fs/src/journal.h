@@ -101,7 +101,11 @@ class Journal {
   class Txn {
    public:
     explicit Txn(Journal& j) : j_(&j) { j.enter(); }
-    ~Txn() { if (j_) j_->leave(); }
+    ~Txn() {
+      if (!j_) return;
+      j_->leave();
+      if (j_->commit_each_transaction) j_->commit();
+    }
     Txn(const Txn&) = delete;
     Txn& operator=(const Txn&) = delete;
    private:
@@ -114,6 +118,11 @@ class Journal {
   int commit();
   // Blocks a transaction may still dirty before a commit is forced.
   uint32_t capacity() const { return capacity_; }
+
+  // Crash testing (MountOptions::commit_every_transaction): each transaction scope commits
+  // as it ends, so that a power cut can fall between any two scopes of one operation. Set
+  // once before use.
+  bool commit_each_transaction = false;
 
   // Hooks, set once before use:
   // finish(dirty): under the closed gate, before the copy: compute derived checksums (may

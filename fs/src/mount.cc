@@ -137,6 +137,7 @@ FsImpl::FsImpl(blockdev::BlockDevice& dev, const Superblock& sb, const MountOpti
 int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* error) {
   replayed_ = replayed;
   journal_ = std::make_unique<Journal>(dev_, sb_, jpos, jseq, log_);
+  journal_->commit_each_transaction = opts_.commit_every_transaction;
   journal_->precommit = [this] { take_freed(); };
   journal_->finish = [this](std::vector<MetaBuf*>& d) { finish_commit(d); };
   journal_->committed = [this] { release_freed(); };
@@ -178,6 +179,7 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
       if (n->disk.links != 0) {
         // Linked again: just take it off the list.
         NodeLocks locks({n.get()});
+        Journal::Txn t(*journal_);
         if (int rc = orphan_remove(*n, nullptr); rc) break;  // it is the head
         continue;
       }

@@ -817,9 +817,11 @@ Op next_op(const Model& m, std::mt19937_64& rng) {
 
 // --- session -------------------------------------------------------------------------------
 
-std::unique_ptr<Session> Session::make(uint64_t seed, uint64_t mib, std::string* error) {
+std::unique_ptr<Session> Session::make(uint64_t seed, uint64_t mib, std::string* error,
+                                       bool commit_each) {
   std::unique_ptr<Session> s(new Session());
   s->seed_ = seed;
+  s->commit_each_ = commit_each;
   s->store_ = nvme::BackingStore::ram(mib << 20);
   if (!s->power_on(seed, error)) return nullptr;
   MkfsOptions mo;
@@ -861,6 +863,7 @@ bool Session::power_on(uint64_t seed, std::string* error) {
 std::string Session::mount() {
   MountOptions o;
   o.commit_interval_ms = 24u * 3600 * 1000;  // no timed commits: the run is deterministic
+  o.commit_every_transaction = commit_each_;
   o.log = [this](const std::string& s) { log_ += s + "\n"; };
   std::string err;
   fs_ = Filesystem::mount(*cut_, o, &err);
@@ -1318,6 +1321,9 @@ namespace {
 // that it nearly always lands inside the workload.
 constexpr uint64_t kCallsPerOp = 2;
 constexpr uint64_t kFlushesPerOp = 40;  // per 100 operations, measured likewise (about 41)
+// The same with a commit at the end of every transaction scope (about 10.3 and 274).
+constexpr uint64_t kCallsPerOpEach = 10;
+constexpr uint64_t kFlushesPerOpEach = 270;
 }  // namespace
 
 CutReport run_cut(const CutOptions& o) {
@@ -1328,7 +1334,7 @@ CutReport run_cut(const CutOptions& o) {
     if (o.verbose) r.trace.push_back(s);
   };
   std::string err;
-  auto s = Session::make(o.seed, 64, &err);
+  auto s = Session::make(o.seed, 64, &err, o.commit_each);
   if (!s) {
     r.failure = "setup: " + err;
     return r;
@@ -1338,10 +1344,12 @@ CutReport run_cut(const CutOptions& o) {
   // what finds a missing flush); or at any write (torn), flush or trim.
   const uint64_t ops = static_cast<uint64_t>(std::max(o.ops, 1));
   const uint64_t where = cuts() % 10;
+  const uint64_t flushes_per_op = o.commit_each ? kFlushesPerOpEach : kFlushesPerOp;
+  const uint64_t calls_per_op = o.commit_each ? kCallsPerOpEach : kCallsPerOp;
   if (where >= 1 && where <= 3) {
-    s->device().cut_at_flush(1 + cuts() % (ops * kFlushesPerOp / 100 + 1));
+    s->device().cut_at_flush(1 + cuts() % (ops * flushes_per_op / 100 + 1));
   } else if (where > 3) {
-    const uint64_t n = 1 + cuts() % (ops * kCallsPerOp);
+    const uint64_t n = 1 + cuts() % (ops * calls_per_op);
     s->device().cut_at(n, true, cuts());
   }
   for (int i = 0; i < o.ops && !s->device().is_cut(); ++i) {

@@ -253,7 +253,9 @@ std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut,
 class Session {
  public:
   // `seed` seeds the controller's power-cut draws (EmulatedConfig::seed).
-  static std::unique_ptr<Session> make(uint64_t seed, uint64_t mib, std::string* error);
+  // `commit_each`: MountOptions::commit_every_transaction on every mount.
+  static std::unique_ptr<Session> make(uint64_t seed, uint64_t mib, std::string* error,
+                                       bool commit_each = false);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -294,6 +296,7 @@ class Session {
   std::unique_ptr<Filesystem> fs_;
   Model model_;
   uint64_t seed_ = 0, power_ons_ = 0;
+  bool commit_each_ = false;
   size_t matched_ = 0;
   std::string log_;
 };
@@ -303,6 +306,9 @@ struct CutOptions {
   uint64_t seed = 1;
   int ops = 150;  // at most this many operations; the power goes at one of their device
                   // calls (nine cuts in ten) or after the last
+  // Commit at the end of every transaction scope (MountOptions::commit_every_transaction):
+  // the cut then finds the states between the scopes of one operation on the device.
+  bool commit_each = false;
   bool verbose = false;
 };
 struct CutReport {

@@ -82,6 +82,7 @@ struct Machine {
   std::string mount(const Options& o) {
     MountOptions mo;
     mo.commit_interval_ms = o.commit_ms;
+    mo.commit_every_transaction = o.commit_each;
     // A tiny metadata cache on every other seed: blocks are evicted and read back all the time.
     mo.meta_cache_mb = o.meta_cache_mb ? o.meta_cache_mb : (o.seed & 2) ? 1 : 32;
     mo.log = [this](const std::string& s) {

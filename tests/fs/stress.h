@@ -54,6 +54,7 @@ struct Options {
   bool cut = false;       // a power cut among the operations, then recovery
   uint32_t cache_mb = 0;  // a CachedBlockDevice (the daemon's software cache) of this size
   uint32_t commit_ms = 20;  // the committer thread's interval
+  bool commit_each = false;  // MountOptions::commit_every_transaction
   uint32_t meta_cache_mb = 0;  // MountOptions::meta_cache_mb; 0: 1 MiB or 32 MiB by the seed
   uint64_t mib = 512;     // the emulated namespace (RAM)
   bool verbose = false;   // trace each worker's operations (the last 40 of each, on failure)

@@ -1,7 +1,9 @@
 // warpfs-crash: power-cut crash harness for the filesystem core (tests/fs/crash_harness.h).
 //
-//   warpfs-crash [--cuts N] [--seed S] [--ops N] [--threads T] [--verbose]
+//   warpfs-crash [--cuts N] [--seed S] [--ops N] [--threads T] [--commit-each] [--verbose]
 //
+// With --commit-each, every transaction scope commits as it ends, so that the cut can fall
+// between any two scopes of one operation.
 // With --threads T (> 1), each cut runs T workload threads at once on the one filesystem,
 // each with a subtree and a model of its own (tests/fs/stress.h with no sharers): the
 // oracle then allows any interleaving of the threads' operations, each thread's in order.
@@ -25,7 +27,8 @@ namespace {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: warpfs-crash [--cuts N] [--seed S] [--ops N] [--threads T] [--verbose]\n");
+               "usage: warpfs-crash [--cuts N] [--seed S] [--ops N] [--threads T] [--commit-each] "
+               "[--verbose]\n");
   return 2;
 }
 
@@ -33,11 +36,13 @@ int usage() {
 
 int main(int argc, char** argv) {
   uint64_t cuts = 100, seed = 1, ops = 150, threads = 1;
-  bool verbose = false;
+  bool verbose = false, commit_each = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--verbose" || a == "-v") {
       verbose = true;
+    } else if (a == "--commit-each") {
+      commit_each = true;
     } else if ((a == "--cuts" || a == "--seed" || a == "--ops" || a == "--threads") && i + 1 < argc) {
       uint64_t v;
       if (!warpfs::fs::crash::parse_number(argv[++i], &v)) return usage();
@@ -57,6 +62,7 @@ int main(int argc, char** argv) {
     o.observer = false;
     o.ops = ops;
     o.cut = true;
+    o.commit_each = commit_each;
     o.mib = 64 * threads;
     o.verbose = verbose;
     const warpfs::fs::stress::Report r = warpfs::fs::stress::run(o);
@@ -72,10 +78,11 @@ int main(int argc, char** argv) {
       continue;
     }
     ++failed;
-    std::printf("FAIL seed=%llu (rerun: warpfs-crash --seed %llu --cuts 1 --ops %llu --threads %llu "
+    std::printf("FAIL seed=%llu (rerun: warpfs-crash --seed %llu --cuts 1 --ops %llu --threads %llu%s "
                 "--verbose, several times: the threads' interleaving varies): %s\n",
                 static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(o.seed),
                 static_cast<unsigned long long>(ops), static_cast<unsigned long long>(threads),
+                commit_each ? " --commit-each" : "",
                 warpfs::fs::crash::one_line(r.failure, verbose ? 0 : 600).c_str());
     for (const std::string& t : r.trace) std::printf("  %s\n", t.c_str());
     std::fflush(stdout);
@@ -84,6 +91,7 @@ int main(int argc, char** argv) {
     warpfs::fs::crash::CutOptions o;
     o.seed = seed + i;
     o.ops = static_cast<int>(ops);
+    o.commit_each = commit_each;
     o.verbose = verbose;
     const warpfs::fs::crash::CutReport r = warpfs::fs::crash::run_cut(o);
     in_workload += r.cut_call != 0;
@@ -103,9 +111,9 @@ int main(int argc, char** argv) {
     }
     ++failed;
     std::printf(
-        "FAIL seed=%llu (rerun: warpfs-crash --seed %llu --cuts 1 --ops %llu --verbose): %s\n",
+        "FAIL seed=%llu (rerun: warpfs-crash --seed %llu --cuts 1 --ops %llu%s --verbose): %s\n",
         static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(o.seed),
-        static_cast<unsigned long long>(ops),
+        static_cast<unsigned long long>(ops), commit_each ? " --commit-each" : "",
         warpfs::fs::crash::one_line(r.failure, verbose ? 0 : 600).c_str());
     if (verbose) std::printf("%s\n", r.failure.c_str());  // with the reports' own lines
     for (const std::string& t : r.trace) std::printf("  %s\n", t.c_str());

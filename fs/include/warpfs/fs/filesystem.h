@@ -60,6 +60,11 @@ struct MountOptions {
   // inodes the kernel has forgotten are dropped whatever the size. The running
   // transaction's dirty blocks (at most the journal's capacity) come on top.
   uint32_t meta_cache_mb = 32;
+  // For crash testing only: commit at the end of every transaction scope (Journal::Txn),
+  // not only at fsync, the interval or a full journal. An operation that spans several
+  // scopes must leave a consistent filesystem between any two of them; with this set, a
+  // power cut finds each such state on the device. Slow: one flush per scope.
+  bool commit_every_transaction = false;
   std::function<void(const std::string&)> log;  // errors and notices; default: stderr
 };
 
