@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "args.h"
+#include "warpfs/fs/tune.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/format.h"
 #include "warpfs/fs/replay.h"
@@ -64,6 +65,7 @@ json superblock_json(const fs::Superblock& sb) {
           {"orphan_head", sb.orphan_head},
           {"features", sb.features},
           {"commit_interval_s", sb.commit_interval_s},
+          {"mount_opts", fs::default_mount_options(sb)},
           {"mkfs_time_ns", sb.mkfs_time},
           {"mount_time_ns", sb.mount_time},
           {"write_time_ns", sb.write_time},

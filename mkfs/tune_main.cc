@@ -1,5 +1,6 @@
 // tune.warpfs: shows or changes the adjustable fields of an unmounted warpfs (fs/tune.h):
-// label, blocks kept for root and who may use them, default journal commit interval.
+// label, blocks kept for root and who may use them, default journal commit interval, default
+// mount options.
 // Exit codes: 0 done, 1 refused or failed (nothing changed), 2 usage.
 #include <getopt.h>
 
@@ -30,6 +31,10 @@ void usage(FILE* f) {
                "  -u, --resuid UID    a user who may use the kept blocks too (0: root only)\n"
                "  -g, --resgid GID    a group whose members may use them too (0: root only)\n"
                "  -c, --commit SECONDS     default journal commit interval (0: 5 s)\n"
+               "  -o, --mount-options OPTS default mount options: ro, rw, discard, nodiscard,\n"
+               "                      meta_cache_mb=N, comma-separated (\"\": none); the command\n"
+               "                      line's own options win\n"
+               "  -E mount_opts=OPTS  the same, as tune2fs spells it\n"
                "  -V, --version       print the version\n");
 }
 
@@ -50,6 +55,8 @@ void list(const fs::Superblock& sb) {
   std::printf("journal blocks:        %u\n", sb.journal_blocks);
   std::printf("commit interval:       %u s%s\n", sb.commit_interval_s ? sb.commit_interval_s : 5,
               sb.commit_interval_s ? "" : " (default)");
+  const std::string mo = fs::default_mount_options(sb);
+  std::printf("default mount options: %s\n", mo.empty() ? "(none)" : mo.c_str());
   std::printf("mount count:           %" PRIu64 "\n", sb.mount_count);
 }
 
@@ -63,6 +70,7 @@ int main(int argc, char** argv) {
                                  {"resuid", required_argument, nullptr, 'u'},
                                  {"resgid", required_argument, nullptr, 'g'},
                                  {"commit", required_argument, nullptr, 'c'},
+                                 {"mount-options", required_argument, nullptr, 'o'},
                                  {"help", no_argument, nullptr, 'h'},
                                  {"version", no_argument, nullptr, 'V'},
                                  {nullptr, 0, nullptr, 0}};
@@ -70,7 +78,7 @@ int main(int argc, char** argv) {
   bool show = false;
   int c;
   uint64_t v = 0;
-  while ((c = getopt_long(argc, argv, "lL:m:r:u:g:c:hV", longs, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "lL:m:r:u:g:c:o:E:hV", longs, nullptr)) != -1) {
     switch (c) {
       case 'l': show = true; break;
       case 'L':
@@ -111,6 +119,24 @@ int main(int argc, char** argv) {
         }
         r.commit_interval_s = static_cast<uint32_t>(v);
         break;
+      case 'o':
+      case 'E': {
+        std::string opts = optarg;
+        if (c == 'E') {
+          if (opts.rfind("mount_opts=", 0) != 0) {
+            std::fprintf(stderr, "tune.warpfs: -E knows mount_opts=OPTS only\n");
+            return 2;
+          }
+          opts = opts.substr(11);
+        }
+        fs::DefaultMountOptions unused;
+        if (std::string why = fs::parse_default_mount_options(opts, &unused); !why.empty()) {
+          std::fprintf(stderr, "tune.warpfs: mount options: %s\n", why.c_str());
+          return 2;
+        }
+        r.mount_opts = opts;
+        break;
+      }
       case 'h': usage(stdout); return 0;
       case 'V': std::printf("tune.warpfs %s\n", WARPFS_VERSION); return 0;
       default: usage(stderr); return 2;
@@ -126,7 +152,7 @@ int main(int argc, char** argv) {
   }
   const std::string device = argv[optind];
   const bool change = r.label || r.reserved_percent || r.reserved_blocks || r.reserved_uid ||
-                      r.reserved_gid || r.commit_interval_s;
+                      r.reserved_gid || r.commit_interval_s || r.mount_opts;
   fs::StackOptions so;
   so.log = [](const std::string& s) { std::fprintf(stderr, "tune.warpfs: %s\n", s.c_str()); };
   std::string err;

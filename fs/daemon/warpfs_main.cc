@@ -43,6 +43,7 @@
 #include "warpfs/blockdev/devices.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/stack.h"
+#include "warpfs/fs/tune.h"
 #include "warpfs/nvme/vfio.h"
 #ifdef WARPFS_HAVE_LIBPCI
 #include "warpfs/nvme/pci.h"
@@ -55,6 +56,7 @@ using warpfs::fs::Filesystem;
 using warpfs::fs::Ino;
 
 constexpr unsigned kCommitUnset = ~0u;  // commit= not given: the filesystem's default
+constexpr unsigned kMetaCacheUnset = ~0u;  // meta_cache_mb= not given: the superblock's, else 32
 
 struct Options {
   char* device = nullptr;
@@ -64,12 +66,12 @@ struct Options {
   unsigned workers = 1;
   unsigned inline_io = 1;
   unsigned commit_s = kCommitUnset;
-  unsigned meta_cache_mb = 32;
+  unsigned meta_cache_mb = kMetaCacheUnset;
   unsigned io_timeout_s = 30;
   char* stats = nullptr;
-  int ro = 0;
-  int remount = 0;  // -o remount: mount(8) runs the helper again for mount -o remount
-  int nodiscard = 0;
+  int ro = -1;       // -1: neither ro nor rw given (the superblock's default, else rw)
+  int remount = 0;   // -o remount: mount(8) runs the helper again for mount -o remount
+  int discard = -1;  // -1: neither discard nor nodiscard given (the superblock's, else on)
   int help = 0;
   int list_devices = 0;
   int version = 0;
@@ -78,12 +80,13 @@ struct Options {
 #define WARPFS_OPT(t, p) {t, offsetof(Options, p), 1}
 // "ro" and "rw" are seen here and kept for libfuse's mount (FUSE_OPT_KEY_KEEP would hide them
 // from opt_proc altogether).
-enum { kKeyRo = 1, kKeyRw = 2 };
+enum { kKeyRo = 1, kKeyRw = 2, kKeyDiscard = 3, kKeyNoDiscard = 4 };
 const fuse_opt kOpts[] = {
     WARPFS_OPT("cache_mb=%u", cache_mb),     WARPFS_OPT("queues=%u", queues),
     WARPFS_OPT("latency_us=%u", latency_us), WARPFS_OPT("workers=%u", workers),
     WARPFS_OPT("commit=%u", commit_s),       WARPFS_OPT("stats=%s", stats),
-    WARPFS_OPT("nodiscard", nodiscard),      FUSE_OPT_KEY("ro", kKeyRo),
+    FUSE_OPT_KEY("nodiscard", kKeyNoDiscard), FUSE_OPT_KEY("discard", kKeyDiscard),
+    FUSE_OPT_KEY("ro", kKeyRo),
     WARPFS_OPT("remount", remount),          FUSE_OPT_KEY("rw", kKeyRw),
     WARPFS_OPT("io_timeout=%u", io_timeout_s), WARPFS_OPT("inline_io=%u", inline_io),
     WARPFS_OPT("meta_cache_mb=%u", meta_cache_mb),
@@ -100,6 +103,10 @@ int opt_proc(void* data, const char* arg, int key, fuse_args*) {
   }
   if (key == kKeyRo) o->ro = 1;
   if (key == kKeyRw) o->ro = 0;  // the last one wins
+  if (key == kKeyDiscard || key == kKeyNoDiscard) {
+    o->discard = key == kKeyDiscard;
+    return 0;  // ours alone: not a mount option of the kernel's
+  }
   return 1;
 }
 
@@ -698,7 +705,10 @@ std::string stats_json(const Daemon& d) {
              {"nodes", s.nodes},
              {"meta_buffers", s.meta_buffers},
              {"meta_evicted", s.meta_evicted},
-             {"commit_interval_ms", s.commit_interval_ms}};
+             {"commit_interval_ms", s.commit_interval_ms},
+             {"read_only", s.read_only},
+             {"discard", s.discard},
+             {"meta_cache_mb", s.meta_cache_mb}};
   if (d.cached) {
     const warpfs::cache::CacheStats c = d.cached->cache().stats();
     j["cache"] = {{"hits", c.hits},
@@ -1044,13 +1054,16 @@ void usage(const char* prog) {
       "                  (1, default) or only on the worker threads (0)\n"
       "  commit=N        commit the journal at least every N seconds (default: the\n"
       "                  filesystem's, set by tune.warpfs --commit, else 5)\n"
-      "  meta_cache_mb=N cap of the metadata cache in MiB (default 32; 0: no cap); blocks of\n"
-      "                  inodes the kernel has forgotten are dropped whatever the size\n"
+      "  meta_cache_mb=N cap of the metadata cache in MiB (default: the filesystem's, else 32;\n"
+      "                  0: no cap); blocks of inodes the kernel has forgotten are dropped\n"
+      "                  whatever the size\n"
       "  io_timeout=N    reset the controller when a busy queue completes nothing for N\n"
       "                  seconds; the commands in flight fail with EIO (default 30; 0: never)\n"
       "  stats=FILE      write cache and journal counters as JSON to FILE at unmount and on SIGUSR1\n"
-      "  nodiscard       do not trim freed blocks\n"
-      "  ro              read-only\n"
+      "  nodiscard       do not trim freed blocks (discard: do, the default)\n"
+      "  ro              read-only (rw: read-write, the default)\n"
+      "  ro/rw, discard/nodiscard and meta_cache_mb= not given here come from the filesystem's\n"
+      "  default mount options (tune.warpfs -o), if it has any\n"
       "  and the FUSE options (-f foreground, -d debug, -s single-threaded, allow_other, ...)\n"
       "%s --list-devices: the NVMe controllers (as warpfs-pci list)\n"
       "%s --version (-V): the version\n",
@@ -1076,6 +1089,28 @@ int list_devices() {
 }
 
 }  // namespace
+
+// The superblock's default mount options (tune.warpfs -o) for what the command line left
+// unset. A list this daemon cannot parse is named and ignored: the mount goes on with the
+// built-in defaults. A damaged primary superblock is left to the mount (which falls back on
+// the backup) and gives no defaults.
+void apply_default_options(warpfs::blockdev::BlockDevice& dev, Options* o) {
+  warpfs::fs::DefaultMountOptions d;
+  if (dev.block_bytes() == warpfs::fs::kBlockSize) {
+    auto sb = std::make_unique<warpfs::fs::Superblock>();
+    if (dev.read(0, 1, sb.get()).is_ok() && sb->magic == warpfs::fs::kMagic &&
+        sb->checksum == warpfs::fs::superblock_checksum(*sb)) {
+      const std::string list = warpfs::fs::default_mount_options(*sb);
+      if (std::string why = warpfs::fs::parse_default_mount_options(list, &d); !why.empty()) {
+        log_line("the superblock's default mount options are ignored: " + why);
+        d = {};
+      }
+    }
+  }
+  if (o->ro < 0) o->ro = d.read_only.value_or(false) ? 1 : 0;
+  if (o->discard < 0) o->discard = d.discard.value_or(true) ? 1 : 0;
+  if (o->meta_cache_mb == kMetaCacheUnset) o->meta_cache_mb = d.meta_cache_mb.value_or(32);
+}
 
 int main(int argc, char** argv) {
   fuse_args args = FUSE_ARGS_INIT(argc, argv);
@@ -1103,7 +1138,7 @@ int main(int argc, char** argv) {
     usage(argv[0]);
     return 1;
   }
-  if (o.remount) return remount_helper(cl.mountpoint, o.ro != 0);
+  if (o.remount) return remount_helper(cl.mountpoint, o.ro == 1);
   if (o.queues == 0 || o.queues > 64 || o.workers == 0 || o.workers > 64 || o.commit_s == 0 ||
       (o.commit_s > 86400 && o.commit_s != kCommitUnset)) {
     std::fprintf(stderr, "warpfs: queues and workers must be 1..64, commit 1..86400 seconds\n");
@@ -1208,9 +1243,11 @@ int main(int argc, char** argv) {
     }
     dev = d.cached.get();
   }
+  apply_default_options(*dev, &o);
+  if (o.ro == 1) fuse_opt_add_arg(&args, "-oro");  // also where only the superblock said so
   warpfs::fs::MountOptions mo;
-  mo.read_only = o.ro;
-  mo.discard = !o.nodiscard;
+  mo.read_only = o.ro == 1;
+  mo.discard = o.discard != 0;
   mo.commit_interval_ms = o.commit_s == kCommitUnset ? 0 : o.commit_s * 1000;  // 0: the superblock's
   mo.meta_cache_mb = o.meta_cache_mb;
   mo.log = log_line;

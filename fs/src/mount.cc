@@ -371,6 +371,9 @@ FsStats FsImpl::stats() const {
   s.meta_buffers = journal_->cached_buffers();
   s.meta_evicted = journal_->evicted.load();
   s.commit_interval_ms = opts_.commit_interval_ms;
+  s.read_only = ro_.load();
+  s.discard = opts_.discard;
+  s.meta_cache_mb = opts_.meta_cache_mb;
   {
     std::lock_guard<std::mutex> g(table_mu_);
     s.nodes = nodes_.size();

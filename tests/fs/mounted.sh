@@ -590,6 +590,21 @@ PY
     grep -q "^label: *scratch$" <<<"$out" || fail "tune.warpfs did not set the label: $out"
     grep -q "^commit interval: *3 s$" <<<"$out" || fail "tune.warpfs did not set the commit interval: $out"
     "$TUNE" -m 51 "emu:$img" 2>/dev/null; [[ $? -eq 2 ]] || fail "tune.warpfs -m 51 is not a usage error"
+    # Default mount options: the superblock's apply where the command line names none.
+    "$TUNE" -o cache_mb=8 "emu:$img" 2>/dev/null; [[ $? -eq 2 ]] || fail "tune.warpfs -o cache_mb= is not a usage error"
+    "$TUNE" -E mount_opts=ro,meta_cache_mb=4 "emu:$img" || fail "tune.warpfs -E mount_opts="
+    grep -q "^default mount options: ro,meta_cache_mb=4$" <<<"$("$TUNE" "emu:$img")" || fail "tune.warpfs -l: no default mount options"
+    mount_fs -o stats="$work/defaults.json"
+    findmnt -no OPTIONS "$mnt" | grep -qE '(^|,)ro(,|$)' || fail "the superblock's ro did not reach the kernel: $(findmnt -no OPTIONS "$mnt")"
+    touch "$mnt/x" 2>/dev/null && fail "wrote on a mount the superblock made read-only"
+    unmount_fs
+    python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); sys.exit(0 if s["fs"]["read_only"] and s["fs"]["meta_cache_mb"] == 4 else 1)' \
+      "$work/defaults.json" || fail "the superblock's defaults did not reach the filesystem: $(cat "$work/defaults.json")"
+    mount_fs -o rw  # the command line wins
+    touch "$mnt/x" || fail "-o rw did not override the superblock's ro"
+    unmount_fs
+    "$TUNE" -o "" "emu:$img" || fail "tune.warpfs -o '' (clear)"
+    grep -q "^default mount options: (none)$" <<<"$("$TUNE" "emu:$img")" || fail "tune.warpfs -o '' did not clear them"
     mount_fs
     out=$("$TUNE" -L other "emu:$img" 2>&1) && fail "tune.warpfs changed a mounted image"
     grep -q "mounted" <<<"$out" || fail "tune.warpfs on a mounted image: unclear message: $out"

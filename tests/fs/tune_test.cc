@@ -100,7 +100,55 @@ TEST(Tune, BadValuesAreRefusedAndNothingIsWritten) {
   TuneRequest long_commit;
   long_commit.commit_interval_s = 86401;
   EXPECT_NE(tune(*r->dev, long_commit), "");
+  for (const char* bad : {"cache_mb=64", "ro,queues=2", "meta_cache_mb=x", "meta_cache_mb=-1",
+                          "meta_cache_mb=65537", "ro,,rw", "-h"}) {
+    TuneRequest opts;
+    opts.mount_opts = bad;
+    EXPECT_NE(tune(*r->dev, opts), "") << bad;
+  }
+  TuneRequest long_opts;  // each option valid, the list over 63 bytes
+  long_opts.mount_opts = "ro";
+  while (long_opts.mount_opts->size() < 64) *long_opts.mount_opts += ",ro";
+  EXPECT_NE(tune(*r->dev, long_opts), "");
   EXPECT_EQ(both_raw(*r), before);
+}
+
+TEST(Tune, DefaultMountOptionsParseAsTheDaemonAppliesThem) {
+  DefaultMountOptions d;
+  ASSERT_EQ(parse_default_mount_options("", &d), "");
+  EXPECT_FALSE(d.read_only || d.discard || d.meta_cache_mb);
+  ASSERT_EQ(parse_default_mount_options("ro,nodiscard,meta_cache_mb=4", &d), "");
+  EXPECT_EQ(d.read_only, std::optional<bool>(true));
+  EXPECT_EQ(d.discard, std::optional<bool>(false));
+  EXPECT_EQ(d.meta_cache_mb, std::optional<uint32_t>(4));
+  ASSERT_EQ(parse_default_mount_options("ro,rw,discard", &d), "");  // the last one wins
+  EXPECT_EQ(d.read_only, std::optional<bool>(false));
+  EXPECT_EQ(d.discard, std::optional<bool>(true));
+  EXPECT_FALSE(d.meta_cache_mb);
+  // A refused list leaves *out as it was.
+  EXPECT_NE(parse_default_mount_options("ro,stats=/tmp/x", &d), "");
+  EXPECT_EQ(d.read_only, std::optional<bool>(false));
+}
+
+TEST(Tune, DefaultMountOptionsAreKeptInBothCopiesAndCleared) {
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  unmount(*r);
+  TuneRequest set;
+  set.mount_opts = "ro,meta_cache_mb=8";
+  ASSERT_EQ(tune(*r->dev, set), "");
+  const Superblock sb = block_sb(*r, 0);
+  EXPECT_EQ(default_mount_options(sb), "ro,meta_cache_mb=8");
+  EXPECT_EQ(default_mount_options(block_sb(*r, sb.block_count - 1)), "ro,meta_cache_mb=8");
+  EXPECT_EQ(r->fsck_unmounted(), "");
+  TuneRequest clear;
+  clear.mount_opts = "";
+  ASSERT_EQ(tune(*r->dev, clear), "");
+  EXPECT_EQ(default_mount_options(block_sb(*r, 0)), "");
+  // A field with no NUL (a damaged or foreign superblock) reads as no options.
+  Superblock odd = block_sb(*r, 0);
+  std::memset(odd.mount_opts, 'r', sizeof odd.mount_opts);
+  EXPECT_EQ(default_mount_options(odd), "");
 }
 
 TEST(Tune, ADirtyOrDamagedFilesystemIsRefused) {

@@ -1,7 +1,9 @@
 // warpfs-stress: the concurrent stress harness on the filesystem core (tests/fs/stress.h).
 //
 //   warpfs-stress [--runs N | --seconds T | --soak] [--seed S] [--workers N] [--sharers N] [--ops N]
-//                 [--cut] [--cache-mb N] [--verbose]
+//                 [--cut] [--cache-mb N] [--commit-each] [--verbose]
+//
+// --commit-each commits at the end of every transaction scope (warpfs-crash's option).
 //
 // Run i uses seed S + i. --seconds runs seeds one after another until T seconds have passed
 // (a soak). Each failure prints one line naming its seed; ends with "N passed, N failed" and
@@ -19,7 +21,7 @@ namespace {
 int usage() {
   std::fprintf(stderr,
                "usage: warpfs-stress [--runs N | --seconds T | --soak] [--seed S] [--workers N] "
-               "[--sharers N] [--ops N] [--cut] [--cache-mb N] [--verbose]\n");
+               "[--sharers N] [--ops N] [--cut] [--cache-mb N] [--commit-each] [--verbose]\n");
   return 2;
 }
 
@@ -27,7 +29,7 @@ int usage() {
 
 int main(int argc, char** argv) {
   uint64_t runs = 10, seed = 1, seconds = 0, workers = 4, sharers = 2, ops = 300, cache_mb = 0;
-  bool cut = false, verbose = false;
+  bool cut = false, verbose = false, commit_each = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--soak") {  // for hours: seeds one after another, a line each, until interrupted
@@ -37,6 +39,8 @@ int main(int argc, char** argv) {
       verbose = true;
     } else if (a == "--cut") {
       cut = true;
+    } else if (a == "--commit-each") {
+      commit_each = true;
     } else if ((a == "--runs" || a == "--seed" || a == "--seconds" || a == "--workers" ||
                 a == "--sharers" || a == "--ops" || a == "--cache-mb") &&
                i + 1 < argc) {
@@ -66,6 +70,7 @@ int main(int argc, char** argv) {
     o.sharers = static_cast<int>(sharers);
     o.ops = ops;
     o.cut = cut;
+    o.commit_each = commit_each;
     o.cache_mb = static_cast<uint32_t>(cache_mb);
     o.verbose = verbose;
     const warpfs::fs::stress::Report r = warpfs::fs::stress::run(o);
@@ -86,11 +91,12 @@ int main(int argc, char** argv) {
     }
     ++failed;
     std::printf("FAIL seed=%llu (rerun: warpfs-stress --seed %llu --runs 20 --workers %llu "
-                "--sharers %llu --ops %llu%s%s --verbose): %s\n",
+                "--sharers %llu --ops %llu%s%s%s --verbose): %s\n",
                 static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(o.seed),
                 static_cast<unsigned long long>(workers), static_cast<unsigned long long>(sharers),
                 static_cast<unsigned long long>(ops), cut ? " --cut" : "",
                 cache_mb ? (" --cache-mb " + std::to_string(cache_mb)).c_str() : "",
+                commit_each ? " --commit-each" : "",
                 warpfs::fs::crash::one_line(r.failure, verbose ? 0 : 1500).c_str());
     for (const std::string& t : r.trace) std::printf("  %s\n", t.c_str());
     std::fflush(stdout);

@@ -113,6 +113,9 @@ struct FsStats {
   uint64_t nodes = 0;                       // inodes in the node table (the kernel's)
   uint64_t meta_buffers = 0, meta_evicted = 0;  // the metadata cache: now, dropped so far
   uint32_t commit_interval_ms = 0;  // in force: the mount's, else the superblock's, else 5 s
+  bool read_only = false;           // now (a remount changes it)
+  bool discard = false;             // freed blocks are trimmed
+  uint32_t meta_cache_mb = 0;       // the metadata cache's cap
 };
 
 struct InodeReport {

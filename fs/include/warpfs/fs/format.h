@@ -55,7 +55,10 @@ struct Superblock {
   uint32_t reserved_gid;
   uint32_t commit_interval_s;  // default journal commit interval; 0: 5 s (tune.warpfs --commit)
   uint32_t pad0;
-  uint8_t reserved[3840];
+  // Default mount options (tune.warpfs -E mount_opts=...; FORMAT.md "Default mount options"):
+  // NUL-terminated, NUL-padded; "" in images made before it.
+  char mount_opts[64];
+  uint8_t reserved[3776];
   uint64_t checksum;
 };
 static_assert(sizeof(Superblock) == kBlockSize);
@@ -66,6 +69,7 @@ static_assert(offsetof(Superblock, label) == 120);
 static_assert(offsetof(Superblock, journal_seq) == 216);
 static_assert(offsetof(Superblock, reserved_blocks) == 224);
 static_assert(offsetof(Superblock, commit_interval_s) == 240);
+static_assert(offsetof(Superblock, mount_opts) == 248);
 static_assert(offsetof(Superblock, checksum) == 4088);
 
 // FORMAT.md "Group descriptor".

@@ -1,6 +1,6 @@
 // tune.warpfs: changes the adjustable fields of an unmounted, clean filesystem's superblock
-// (FORMAT.md "Superblock"): its label, the blocks kept for root and who may use them, and
-// the default journal commit interval, as tune2fs does for ext4. Nothing else is touched.
+// (FORMAT.md "Superblock"): its label, the blocks kept for root and who may use them, the
+// default journal commit interval and default mount options, as tune2fs does for ext4. Nothing else is touched.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,23 @@ struct TuneRequest {
   std::optional<uint64_t> reserved_blocks;     // or a count, at most half of the blocks
   std::optional<uint32_t> reserved_uid, reserved_gid;
   std::optional<uint32_t> commit_interval_s;   // 0: 5 s; at most 86400
+  std::optional<std::string> mount_opts;       // default mount options; "" clears them
 };
+
+// The default mount options a superblock may keep (FORMAT.md "Default mount options"), as
+// ext4's s_mount_opts: options of the filesystem only, applied by the daemon where its
+// command line names none of the same kind. Options of the device stack (cache_mb=, queues=,
+// ...) belong to the machine, not to the filesystem, and are refused here.
+struct DefaultMountOptions {
+  std::optional<bool> read_only;          // ro / rw
+  std::optional<bool> discard;            // discard / nodiscard
+  std::optional<uint32_t> meta_cache_mb;  // meta_cache_mb=N, 0..65536
+};
+// Parses a comma-separated list: "" or what is wrong with it (nothing set then). At most 63
+// bytes.
+std::string parse_default_mount_options(const std::string& s, DefaultMountOptions* out);
+// The superblock's list ("" if none, or if the field is not NUL-terminated).
+std::string default_mount_options(const Superblock& sb);
 
 // Reads and checks the primary superblock of `dev`: "" or why it cannot be tuned (damaged:
 // run fsck.warpfs; not cleanly unmounted: mount it or run fsck.warpfs first, since a journal
