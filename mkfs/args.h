@@ -24,6 +24,40 @@ inline bool parse_u64(const char* s, uint64_t max, uint64_t* out) {
 }
 
 // The share of the data blocks kept for root (FORMAT.md "Reserved blocks"): 0 to 50.
+// "64M" -> 67108864. False on junk.
+inline bool parse_size(const char* s, uint64_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (end == s || errno != 0) return false;
+  uint64_t mul = 1;
+  switch (*end) {
+    case '\0': break;
+    case 'k': case 'K': mul = 1ull << 10; ++end; break;
+    case 'm': case 'M': mul = 1ull << 20; ++end; break;
+    case 'g': case 'G': mul = 1ull << 30; ++end; break;
+    case 't': case 'T': mul = 1ull << 40; ++end; break;
+    default: return false;
+  }
+  if (*end == 'i' || *end == 'B') ++end;  // "MiB", "MB"
+  if (*end == 'B') ++end;
+  if (*end != '\0' || v > UINT64_MAX / mul) return false;
+  *out = v * mul;
+  return true;
+}
+
+// A size in blocks of 4096 bytes: a bare number counts blocks (as mke2fs and resize2fs do), a
+// K, M, G or T suffix bytes (rounded down to whole blocks).
+inline bool parse_blocks(const char* s, uint64_t* out) {
+  const size_t n = std::strlen(s);
+  if (n == 0) return false;
+  if (s[n - 1] >= '0' && s[n - 1] <= '9') return parse_u64(s, UINT64_MAX, out);
+  uint64_t bytes = 0;
+  if (!parse_size(s, &bytes)) return false;
+  *out = bytes / fs::kBlockSize;
+  return true;
+}
+
 inline bool parse_reserved_percent(const char* s, double* out) {
   char* end = nullptr;
   errno = 0;

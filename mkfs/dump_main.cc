@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "args.h"
+#include "warpfs/fs/layout.h"
 #include "warpfs/fs/tune.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/format.h"
@@ -61,6 +62,7 @@ json superblock_json(const fs::Superblock& sb) {
           {"inodes_per_group", sb.inodes_per_group},
           {"journal_blocks", sb.journal_blocks},
           {"gdt_start", sb.gdt_start},
+          {"gdt_blocks", fs::gdt_blocks_of(sb)},
           {"root_inode", sb.root_inode},
           {"orphan_head", sb.orphan_head},
           {"features", sb.features},

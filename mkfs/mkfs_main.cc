@@ -32,31 +32,12 @@ void usage(FILE* f) {
                "  -m, --reserved PERCENT   data blocks kept for root (0-50, default 5)\n"
                "      --resuid UID    a user who may use the kept blocks too\n"
                "      --resgid GID    a group whose members may use them too\n"
+               "  -E resize=SIZE      keep room to grow to SIZE (resize.warpfs; blocks, or bytes\n"
+               "                      with K, M, G, T; default: 1024 times the device, at most 64 TiB)\n"
                "  -q, --quiet         print nothing but errors\n"
                "  -V, --version       print the version\n");
 }
 
-// "64M" -> 67108864. False on junk.
-bool parse_size(const char* s, uint64_t* out) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long v = std::strtoull(s, &end, 10);
-  if (end == s || errno != 0) return false;
-  uint64_t mul = 1;
-  switch (*end) {
-    case '\0': break;
-    case 'k': case 'K': mul = 1ull << 10; ++end; break;
-    case 'm': case 'M': mul = 1ull << 20; ++end; break;
-    case 'g': case 'G': mul = 1ull << 30; ++end; break;
-    case 't': case 'T': mul = 1ull << 40; ++end; break;
-    default: return false;
-  }
-  if (*end == 'i' || *end == 'B') ++end;  // "MiB", "MB"
-  if (*end == 'B') ++end;
-  if (*end != '\0' || v > UINT64_MAX / mul) return false;
-  *out = v * mul;
-  return true;
-}
 
 std::string human(uint64_t bytes) {
   char buf[32];
@@ -88,17 +69,27 @@ int main(int argc, char** argv) {
   fs::MkfsOptions mo;
   mo.reserved_percent = 5;  // as mke2fs
   int c;
-  while ((c = getopt_long(argc, argv, "s:fN:L:J:m:qhV", longs, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "s:fN:L:J:m:E:qhV", longs, nullptr)) != -1) {
     switch (c) {
       case 's':
-        if (!parse_size(optarg, &size) || size == 0) {
+        if (!tools::parse_size(optarg, &size) || size == 0) {
           std::fprintf(stderr, "mkfs.warpfs: bad size '%s'\n", optarg);
           return 2;
         }
         break;
       case 'f': force = true; break;
+      case 'E': {
+        uint64_t blocks = 0;
+        if (std::strncmp(optarg, "resize=", 7) != 0 || !tools::parse_blocks(optarg + 7, &blocks) ||
+            blocks == 0) {
+          std::fprintf(stderr, "mkfs.warpfs: -E knows resize=SIZE only ('%s')\n", optarg);
+          return 2;
+        }
+        mo.resize_max_blocks = blocks;
+        break;
+      }
       case 'N':
-        if (!parse_size(optarg, &mo.inodes) || mo.inodes == 0) {
+        if (!tools::parse_size(optarg, &mo.inodes) || mo.inodes == 0) {
           std::fprintf(stderr, "mkfs.warpfs: bad inode count '%s'\n", optarg);
           return 2;
         }
@@ -111,7 +102,7 @@ int main(int argc, char** argv) {
         }
         break;
       case 'J':
-        if (!parse_size(optarg, &journal) || journal < 64 * fs::kBlockSize) {
+        if (!tools::parse_size(optarg, &journal) || journal < 64 * fs::kBlockSize) {
           std::fprintf(stderr, "mkfs.warpfs: bad journal size '%s' (at least 256 KiB)\n", optarg);
           return 2;
         }

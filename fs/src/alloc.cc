@@ -63,30 +63,11 @@ std::string block_span(uint64_t first, uint64_t count) {
 
 }  // namespace
 
-uint64_t FsImpl::group_start(uint32_t g) const {
-  return sb_.gdt_start + gdt_.size() + uint64_t{g} * kBlocksPerGroup;
-}
-
-uint32_t FsImpl::group_size(uint32_t g) const {
-  // The backup superblock follows the last group.
-  return static_cast<uint32_t>(
-      std::min<uint64_t>(kBlocksPerGroup, sb_.block_count - 1 - group_start(g)));
-}
-
 std::string FsImpl::metadata_name(uint64_t b) const {
-  if (b == 0) return "the superblock";
-  if (b < sb_.gdt_start) return "the journal";
-  if (b < group_start(0)) return "the group descriptor table";
-  if (b == sb_.block_count - 1) return "the backup superblock";
-  if (b >= sb_.block_count) return "beyond the end of the filesystem";
-  const uint64_t g = (b - group_start(0)) / kBlocksPerGroup;
-  if (g >= sb_.group_count) return "outside every group";
-  const uint64_t off = b - group_start(static_cast<uint32_t>(g));
-  const std::string of = " of group " + std::to_string(g);
-  if (off == 0) return "the block bitmap" + of;
-  if (off == 1) return "the inode bitmap" + of;
-  if (off < meta_bits()) return "the inode table" + of;
-  if (off >= group_size(static_cast<uint32_t>(g))) return "past the end" + of;
+  const std::string name = L_.metadata_name(b);
+  if (!name.empty() || b < L_.first_group) return name;
+  const uint32_t g = L_.group_of(b);
+  if (b - group_start(g) >= group_size(g)) return "past the end of group " + std::to_string(g);
   return "";
 }
 
@@ -102,14 +83,8 @@ std::string FsImpl::check_block_bitmap(uint32_t g) const {
          block_span(first, 1) + " (" + metadata_name(first) + ")";
 }
 
-uint32_t FsImpl::group_of_block(uint64_t b) const {
-  const uint64_t first = sb_.gdt_start + (sb_.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock;
-  if (b < first) return 0;
-  return static_cast<uint32_t>(std::min<uint64_t>((b - first) / kBlocksPerGroup, sb_.group_count - 1));
-}
-
 int FsImpl::load_groups() {
-  const uint32_t gdt_blocks = (sb_.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock;
+  const auto gdt_blocks = static_cast<uint32_t>(L_.gdt_used());  // the rest is room to grow
   gdt_.resize(gdt_blocks);
   for (uint32_t i = 0; i < gdt_blocks; ++i) {
     if (int rc = journal_->get(sb_.gdt_start + i, MetaKind::kGdt, 0, &gdt_[i]); rc) return rc;

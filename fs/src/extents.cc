@@ -225,15 +225,13 @@ uint64_t FsImpl::alloc_goal(Node& n, uint32_t lblk) {
   }
   // The inode's own group, spread a little by inode number.
   const uint64_t g = group_of_inode(n.ino, sb_.inodes_per_group);
-  const uint64_t first_group = sb_.gdt_start + gdt_.size();
-  return first_group + g * kBlocksPerGroup + 2 + itb_ + (n.ino % 64) * 256;
+  return group_start(static_cast<uint32_t>(g)) + 2 + itb_ + (n.ino % 64) * 256;
 }
 
 int FsImpl::alloc_meta_block(Node& n, uint64_t* out) {
   uint32_t got;
   const uint64_t g = group_of_inode(n.ino, sb_.inodes_per_group);
-  const uint64_t first_group = sb_.gdt_start + gdt_.size();
-  if (int rc = alloc_blocks(first_group + g * kBlocksPerGroup, 1, out, &got, true); rc) return rc;
+  if (int rc = alloc_blocks(group_start(static_cast<uint32_t>(g)), 1, out, &got, true); rc) return rc;
   n.disk.blocks += 1;
   return 0;
 }

@@ -32,6 +32,7 @@
 //  - Regular files may be sparse: FORMAT.md's "size <= mapped range" is checked for
 //    directories (size = blocks x 4096) and symlinks only.
 #include "warpfs/fs/fsck.h"
+#include "warpfs/fs/layout.h"
 
 #include <sys/stat.h>
 
@@ -66,9 +67,6 @@ constexpr size_t kMaxLines = 10000;
 
 std::string num(uint64_t v) {
   return std::to_string(v);
-}
-uint64_t div_up(uint64_t a, uint64_t b) {
-  return (a + b - 1) / b;
 }
 uint16_t rec_len(size_t name_len) {
   return static_cast<uint16_t>((sizeof(DirEntryHeader) + name_len + 7) & ~size_t{7});
@@ -153,7 +151,7 @@ std::string superblock_problem(const Superblock& sb, uint64_t dev_blocks) {
   if (sb.magic != kMagic) return "no warpfs magic";
   if (sb.checksum != superblock_checksum(sb)) return "checksum mismatch";
   if (sb.version != kVersion) return "unsupported version " + num(sb.version);
-  if (sb.features != kFeaturesV1) return "unsupported feature flags " + num(sb.features);
+  if (!features_supported(sb.features)) return "unsupported feature flags " + num(sb.features);
   if (sb.block_size != kBlockSize || sb.blocks_per_group != kBlocksPerGroup)
     return "unsupported block geometry";
   if (sb.block_count > dev_blocks) {
@@ -175,7 +173,12 @@ std::string superblock_problem(const Superblock& sb, uint64_t dev_blocks) {
     return num(sb.reserved_blocks) + " reserved blocks, more than half of " + num(sb.block_count);
   }
   // FORMAT.md "Layout": the groups follow the descriptor table and end at the backup.
-  const uint64_t first = sb.gdt_start + div_up(sb.group_count, kGroupDescsPerBlock);
+  if ((sb.gdt_blocks != 0) != ((sb.features & kFeatureGdtRoom) != 0) ||
+      (sb.gdt_blocks != 0 && (sb.gdt_blocks < div_up(sb.group_count, kGroupDescsPerBlock) ||
+                             sb.gdt_blocks > kMaxGdtBlocks))) {
+    return "descriptor table of " + num(sb.gdt_blocks) + " blocks for " + num(sb.group_count) + " groups";
+  }
+  const uint64_t first = sb.gdt_start + gdt_blocks_of(sb);
   if (sb.block_count < first + 2) return "the block count leaves no room for the groups";
   const uint64_t span = sb.block_count - 1 - first;
   if (div_up(span, kBlocksPerGroup) != sb.group_count) {
@@ -187,64 +190,16 @@ std::string superblock_problem(const Superblock& sb, uint64_t dev_blocks) {
   return "";
 }
 
-// Whether two superblocks describe the same filesystem: identical up to the geometry, the
-// same seed and uuid (the dynamic fields differ between the primary and the backup).
+// Whether two superblocks describe the same filesystem: the same fixed geometry, seed and
+// uuid. The sizes may differ (resize.warpfs grows them in one transaction), and so do the
+// dynamic fields between the primary and the backup.
 bool same_filesystem(const Superblock& a, const Superblock& b) {
-  return std::memcmp(&a, &b, offsetof(Superblock, free_blocks)) == 0 &&
+  return a.magic == b.magic && a.version == b.version && a.block_size == b.block_size &&
+         a.blocks_per_group == b.blocks_per_group && a.inodes_per_group == b.inodes_per_group &&
+         a.journal_blocks == b.journal_blocks && a.gdt_start == b.gdt_start &&
          a.checksum_seed == b.checksum_seed && std::memcmp(a.uuid, b.uuid, sizeof a.uuid) == 0;
 }
 
-// FORMAT.md "Layout", from a validated superblock.
-struct Layout {
-  uint64_t block_count = 0, inode_count = 0, gdt_start = 0, gdt_blocks = 0, first_group = 0,
-           seed = 0;
-  uint32_t groups = 0, ipg = 0, itb = 0, journal_blocks = 0;
-
-  void init(const Superblock& sb) {
-    block_count = sb.block_count;
-    inode_count = sb.inode_count;
-    gdt_start = sb.gdt_start;
-    gdt_blocks = div_up(sb.group_count, kGroupDescsPerBlock);
-    first_group = gdt_start + gdt_blocks;
-    seed = sb.checksum_seed;
-    groups = sb.group_count;
-    ipg = sb.inodes_per_group;
-    itb = ipg / kInodesPerBlock;
-    journal_blocks = sb.journal_blocks;
-  }
-  uint64_t group_start(uint32_t g) const { return first_group + uint64_t{g} * kBlocksPerGroup; }
-  uint64_t group_size(uint32_t g) const {
-    return std::min<uint64_t>(kBlocksPerGroup, block_count - 1 - group_start(g));
-  }
-  uint32_t group_of(uint64_t b) const {
-    return static_cast<uint32_t>((b - first_group) / kBlocksPerGroup);
-  }
-  uint64_t meta_end(uint32_t g) const { return group_start(g) + 2 + itb; }  // first data block
-  uint64_t inode_block(uint64_t ino) const {
-    const uint64_t i = (ino - 1) % ipg;
-    return group_start(static_cast<uint32_t>((ino - 1) / ipg)) + 2 + i / kInodesPerBlock;
-  }
-  size_t inode_offset(uint64_t ino) const {
-    return ((ino - 1) % ipg % kInodesPerBlock) * kInodeSize;
-  }
-  // A block a file may own: inside a group's data area.
-  bool is_data(uint64_t b) const {
-    if (b < first_group || b >= block_count - 1) return false;
-    return b >= meta_end(group_of(b));
-  }
-  // What a block outside the data areas holds ("the journal"), for reports.
-  std::string metadata_name(uint64_t b) const {
-    if (b == 0) return "the superblock";
-    if (b <= journal_blocks) return "the journal";
-    if (b < first_group) return "the group descriptor table";
-    if (b == block_count - 1) return "the backup superblock";
-    const uint32_t g = group_of(b);
-    const uint64_t off = b - group_start(g);
-    if (off == 0) return "the block bitmap of group " + num(g);
-    if (off == 1) return "the inode bitmap of group " + num(g);
-    return "the inode table of group " + num(g);
-  }
-};
 
 // A device whose writes stay in memory: check mode replays the journal into it, so the
 // check sees the replayed metadata and the real device is never written.

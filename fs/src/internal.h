@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "journal.h"
+#include "warpfs/fs/layout.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/format.h"
 
@@ -134,6 +135,10 @@ class FsImpl final : public Filesystem {
   int unmount() override;
   // After a failed start(): stop the committer and write nothing, not even at destruction.
   void abandon();
+  // Grows the filesystem to at most `blocks` (resize.cc). REQUIRES: no other operation in
+  // flight or to come (the resizer's own mount).
+  int grow(uint64_t blocks, std::string* error);
+  bool plan_growth(uint64_t blocks, Superblock* out, std::string* error) const;
   int lookup(Ino parent, std::string_view name, Attr* out) override;
   void forget(Ino ino, uint64_t n) override;
   int lookup_ino(Ino ino, Attr* out) override;
@@ -235,9 +240,11 @@ class FsImpl final : public Filesystem {
   // journal, descriptor table, a group's bitmaps and inode table) are logged as corruption
   // and stay as they are; so are blocks already free.
   void free_blocks(uint64_t first, uint64_t count);
-  uint32_t group_of_block(uint64_t b) const;
-  uint64_t group_start(uint32_t g) const;  // its block bitmap; REQUIRES: gdt_ sized
-  uint32_t group_size(uint32_t g) const;   // blocks; the last group may be shorter
+  uint32_t group_of_block(uint64_t b) const { return b < L_.first_group ? 0 : L_.group_of(b); }
+  uint64_t group_start(uint32_t g) const { return L_.group_start(g); }  // its block bitmap
+  uint32_t group_size(uint32_t g) const {  // blocks; the last group may be shorter
+    return static_cast<uint32_t>(L_.group_size(g));
+  }
   // A group's block bitmap bits below this are its bitmaps and inode table (FORMAT.md
   // "Layout"): never allocatable, like the bits from group_size() on.
   uint32_t meta_bits() const { return 2 + itb_; }
@@ -354,6 +361,7 @@ class FsImpl final : public Filesystem {
   // Set at mount (start()), read-only afterwards: shared by every thread without a lock.
   blockdev::BlockDevice& dev_;  // thread-safe itself (block_device.h)
   Superblock sb_;               // the geometry and seed; the live superblock is sb_buf_
+  Layout L_;                    // from sb_ (changed only by grow(), which runs alone)
   MountOptions opts_;
   std::function<void(const std::string&)> log_;
   // Read-only: set at mount, flipped only by set_read_only (under remount_mu_); read anywhere.

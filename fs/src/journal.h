@@ -94,6 +94,9 @@ class Journal {
   void forget_block(uint64_t block);
   // REQUIRES: inside a transaction.
   void dirty(MetaBuf* b);
+  // The filesystem grew (FsImpl::grow): blocks up to the new end are metadata it may cache.
+  // REQUIRES: no other operation in flight.
+  void set_geometry(const Superblock& sb) { sb_ = sb; }
 
   // A transaction: operations enter it (shared) and leave; commit waits until none is
   // inside. REQUIRES: the caller holds no lock an operation inside a transaction may wait
@@ -159,7 +162,7 @@ class Journal {
   int write_transaction(const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks);
 
   blockdev::BlockDevice& dev_;
-  Superblock sb_;  // geometry and seed (immutable while mounted)
+  Superblock sb_;  // geometry and seed (changed only by grow(), which runs alone)
   Log log_;
   uint32_t capacity_;
 

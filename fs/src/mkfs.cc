@@ -1,4 +1,5 @@
 #include "warpfs/fs/mkfs.h"
+#include "warpfs/fs/layout.h"
 
 #include <sys/stat.h>
 
@@ -20,7 +21,16 @@ constexpr uint32_t kMinJournal = 64;
 constexpr uint32_t kMaxInodesPerGroup = kBlockSize * 8;  // one inode bitmap block
 constexpr uint32_t kRootDirBlocks = 2;  // index root + one empty leaf
 
-uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+// The descriptor table: the groups' descriptors and room for those of a filesystem grown to
+// the resize limit (MkfsOptions::resize_max_blocks), as mke2fs reserves descriptor blocks.
+uint32_t gdt_for(uint32_t groups, uint64_t device_blocks, const MkfsOptions& o) {
+  constexpr uint64_t kDefaultLimit = uint64_t{64} << 40 >> 12;  // 64 TiB in blocks
+  const uint64_t limit = o.resize_max_blocks != 0 ? o.resize_max_blocks
+                                                  : std::min(device_blocks * 1024, kDefaultLimit);
+  const uint64_t room = std::max<uint64_t>(groups, div_up(limit, kBlocksPerGroup));
+  return static_cast<uint32_t>(
+      std::clamp<uint64_t>(div_up(room, kGroupDescsPerBlock), 1, kMaxGdtBlocks));
+}
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -87,7 +97,7 @@ bool plan_geometry(uint64_t device_blocks, const MkfsOptions& o, Geometry* g, st
       --groups;
       span -= last;
     }
-    const auto need = static_cast<uint32_t>(std::max<uint64_t>(1, div_up(groups, kGroupDescsPerBlock)));
+    const uint32_t need = gdt_for(groups, device_blocks, o);
     if (need == gdt) break;
     gdt = need;
   }
@@ -97,7 +107,7 @@ bool plan_geometry(uint64_t device_blocks, const MkfsOptions& o, Geometry* g, st
     *error = "the device is too small for one block group with " + std::to_string(ipg) + " inodes";
     return false;
   }
-  if (div_up(groups, kGroupDescsPerBlock) != gdt) {
+  if (gdt_for(groups, device_blocks, o) != gdt) {
     *error = "no consistent geometry for " + std::to_string(device_blocks) + " blocks";
     return false;
   }
@@ -269,11 +279,12 @@ Status format(blockdev::BlockDevice& dev, const MkfsOptions& o, const Geometry& 
   sb.group_count = g.group_count;
   sb.journal_blocks = g.journal_blocks;
   sb.gdt_start = 1 + g.journal_blocks;
+  sb.gdt_blocks = g.gdt_blocks;
   sb.free_blocks = free_blocks;
   sb.free_inodes = free_inodes;
   sb.root_inode = kRootInode;
   sb.state = kStateClean;
-  sb.features = kFeaturesV1;
+  sb.features = kFeaturesV1 | kFeatureGdtRoom;
   sb.checksum_seed = seed;
   for (auto& b : sb.uuid) b = static_cast<uint8_t>(rng());
   std::strncpy(sb.label, o.label.c_str(), sizeof sb.label - 1);

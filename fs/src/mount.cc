@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "internal.h"
+#include "warpfs/fs/layout.h"
 #include "warpfs/fs/replay.h"
 
 namespace warpfs::fs {
@@ -14,13 +15,18 @@ std::string validate_superblock(const Superblock& sb, uint64_t dev_blocks) {
   if (sb.magic != kMagic) return "no warpfs magic";
   if (sb.checksum != superblock_checksum(sb)) return "superblock checksum mismatch";
   if (sb.version != kVersion) return "unsupported version " + std::to_string(sb.version);
-  if (sb.features != kFeaturesV1) return "unsupported feature flags " + std::to_string(sb.features);
+  if (!features_supported(sb.features)) return "unsupported feature flags " + std::to_string(sb.features);
   if (sb.block_size != kBlockSize || sb.blocks_per_group != kBlocksPerGroup) return "unsupported block geometry";
   if (sb.block_count > dev_blocks) {
     return "the filesystem has " + std::to_string(sb.block_count) + " blocks but the device only " +
            std::to_string(dev_blocks);
   }
-  const uint64_t gdt_blocks = (uint64_t{sb.group_count} + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock;
+  if ((sb.gdt_blocks != 0) != ((sb.features & kFeatureGdtRoom) != 0) ||
+      (sb.gdt_blocks != 0 && (sb.gdt_blocks < div_up(sb.group_count, kGroupDescsPerBlock) ||
+                             sb.gdt_blocks > kMaxGdtBlocks))) {
+    return "inconsistent descriptor table size";
+  }
+  const uint64_t gdt_blocks = gdt_blocks_of(sb);
   if (sb.group_count == 0 || sb.inodes_per_group == 0 || sb.inodes_per_group % kInodesPerBlock ||
       sb.inodes_per_group > kBlockSize * 8 || sb.journal_blocks < 8 ||
       sb.gdt_start != 1 + uint64_t{sb.journal_blocks} ||
@@ -45,7 +51,7 @@ std::string validate_superblock(const Superblock& sb, uint64_t dev_blocks) {
 uint64_t data_blocks(const Superblock& sb) {
   // FORMAT.md "Layout": the groups run from after the descriptor table to the backup; each
   // starts with its two bitmaps and its inode table.
-  const uint64_t first = sb.gdt_start + (uint64_t{sb.group_count} + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock;
+  const uint64_t first = sb.gdt_start + gdt_blocks_of(sb);
   const uint64_t meta = uint64_t{sb.group_count} * (2 + sb.inodes_per_group / kInodesPerBlock);
   const uint64_t span = sb.block_count - 1 - first;
   return span > meta ? span - meta : 0;
@@ -130,7 +136,7 @@ std::unique_ptr<Filesystem> Filesystem::mount(blockdev::BlockDevice& dev, const 
 }
 
 FsImpl::FsImpl(blockdev::BlockDevice& dev, const Superblock& sb, const MountOptions& o)
-    : dev_(dev), sb_(sb), opts_(o), log_(o.log), ro_(o.read_only) {
+    : dev_(dev), sb_(sb), L_(sb), opts_(o), log_(o.log), ro_(o.read_only) {
   itb_ = sb.inodes_per_group / kInodesPerBlock;
 }
 
@@ -163,8 +169,12 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
     return rc ? rc : EIO;
   }
   if (!ro_) {
-    // Inodes unlinked while open when the last mount ended: free them now.
     auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
+    // Dirty on the media before the first transaction: a power cut after a commit must never
+    // find a clean superblock beside it (fsck calls that damage).
+    s->state = kStateDirty;
+    if (int rc = write_dirty_superblock(error); rc) return rc;
+    // Inodes unlinked while open when the last mount ended: free them now.
     std::lock_guard<std::mutex> ns(namespace_mu_);
     for (uint64_t steps = 0; s->orphan_head != 0 && steps < sb_.inode_count; ++steps) {
       NodeRef n;
@@ -200,7 +210,6 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
       *error = "cannot write to the device (journal commit failed)";
       return rc;
     }
-    if (int rc = write_dirty_superblock(error); rc) return rc;
   }
   // Read-only mounts too: the committer also keeps the metadata cache under its cap.
   committer_ = std::thread([this] { commit_loop(); });
@@ -282,22 +291,23 @@ int FsImpl::set_read_only(bool read_only) {
   }
   if (journal_->failed()) return EIO;
   {
+    // Dirty on the media first, as at mount (start()).
     auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
     Journal::Txn t(*journal_);
     s->state = kStateDirty;
+    std::string what;
+    if (int rc = write_dirty_superblock(&what); rc) return rc;
     journal_->dirty(sb_buf_);
   }
   if (int rc = journal_->commit(); rc) return rc;
-  std::string what;
-  if (int rc = write_dirty_superblock(&what); rc) return rc;
   ro_ = false;
   return 0;
 }
 
 int FsImpl::write_dirty_superblock(std::string* what) {
-  // The dirty state must be on the media before anything relies on it: the commit that set
-  // it only checkpoints the superblock home, which becomes durable at the next flush, and a
-  // crash before that would leave a "clean" superblock beside a committed transaction.
+  // The dirty state must be on the media before any transaction is committed: a commit only
+  // checkpoints the superblock home, which becomes durable at a later flush, and a crash
+  // before that would leave a "clean" superblock beside a committed transaction.
   Superblock d;
   std::memcpy(&d, sb_buf_->data, sizeof d);
   d.checksum = superblock_checksum(d);

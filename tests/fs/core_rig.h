@@ -142,7 +142,9 @@ struct Rig {
   }
   // The machine dies: nothing more reaches the device, and the device loses what its
   // volatile write cache held (a random part of it persisted, torn at 4 KiB).
-  bool crash_and_remount(double persist = 0.5) {
+  bool crash_and_remount(double persist = 0.5) { return power_cycle(persist) && mount(); }
+  // The same without the mount: the device is back, nothing mounted (fsck may look first).
+  bool power_cycle(double persist = 0.5) {
     cut->cut();
     stack->transport->power_cut(persist);
     fs.reset();  // its unmount fails against the cut-off device
@@ -157,7 +159,14 @@ struct Rig {
     dev = blockdev::NvmeBlockDevice::create(*stack->engine, 1, kBlockSize, &err);
     EXPECT_TRUE(dev) << err;
     log.clear();
-    return mount();
+    cut = std::make_unique<CutDevice>(*dev);
+    return dev != nullptr;
+  }
+  // The superblock stored at `block` (0: the primary; the backup is the filesystem's last).
+  Superblock superblock_at(uint64_t block) {
+    Superblock sb{};
+    EXPECT_TRUE(dev->read(block, 1, &sb).is_ok()) << block;
+    return sb;
   }
   // fsck of the unmounted filesystem: "" when clean, else its report.
   std::string fsck_unmounted() {

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "fs/core_rig.h"
+#include "warpfs/fs/layout.h"
 #include "warpfs/fs/format.h"
 
 namespace warpfs::fs::test {
@@ -72,7 +73,7 @@ struct Raw {
     put(sb.gdt_start + g / kGroupDescsPerBlock, b.data());
   }
   uint64_t first_group() const {
-    return sb.gdt_start + (sb.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock;
+    return Layout(sb).first_group;
   }
 
   uint64_t inode_block(uint64_t ino) {

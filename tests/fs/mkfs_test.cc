@@ -33,6 +33,10 @@ TEST(Geometry, CoversTheDeviceForManySizes) {
     EXPECT_LE(g.inodes_per_group, kBlockSize * 8);
     EXPECT_EQ(g.first_group_block, 1 + g.journal_blocks + g.gdt_blocks);
     EXPECT_GE(uint64_t{g.gdt_blocks} * kGroupDescsPerBlock, g.group_count);
+    // Room for the groups of 1024 times the device (at most 64 TiB), as resize.warpfs needs.
+    const uint64_t limit = std::min<uint64_t>(blocks * 1024, uint64_t{1} << 34);
+    EXPECT_GE(uint64_t{g.gdt_blocks} * kGroupDescsPerBlock * kBlocksPerGroup, limit) << mib;
+    EXPECT_LT(uint64_t{g.gdt_blocks - 1} * kGroupDescsPerBlock * kBlocksPerGroup, limit) << mib;
     const uint64_t overhead = 2 + inode_table_blocks(g);
     for (uint32_t gi = 0; gi < g.group_count; ++gi) {
       EXPECT_GT(group_blocks(g, gi), overhead) << mib << " MiB group " << gi;
@@ -41,11 +45,14 @@ TEST(Geometry, CoversTheDeviceForManySizes) {
               g.block_count - 1);  // the backup superblock follows the last group
   }
   // Around 8.1 GiB a dropped short last group once left the descriptor table a block too
-  // big (fsck's finding): the table must be exactly ceil(groups / 64) blocks at every size.
+  // big (fsck's finding): with no room to grow, the table must be exactly ceil(groups / 64)
+  // blocks at every size.
+  MkfsOptions tight;
+  tight.resize_max_blocks = 1;
   for (uint64_t blocks = 2129924 - 7 * 400; blocks < 2133000; blocks += 7) {  // incl. 2129924
     Geometry g;
     std::string err;
-    ASSERT_TRUE(plan_geometry(blocks, MkfsOptions{}, &g, &err)) << blocks << ": " << err;
+    ASSERT_TRUE(plan_geometry(blocks, tight, &g, &err)) << blocks << ": " << err;
     ASSERT_EQ(g.gdt_blocks, (g.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock) << blocks;
     ASSERT_EQ(g.first_group_block, 1 + g.journal_blocks + g.gdt_blocks) << blocks;
     ASSERT_EQ(group_start(g, g.group_count - 1) + group_blocks(g, g.group_count - 1), g.block_count - 1);
@@ -74,7 +81,8 @@ std::string verify_fresh(blockdev::BlockDevice& dev) {
   if (!rd(sb.block_count - 1)) return "backup unreadable";
   std::memcpy(&backup, b.data(), sizeof backup);
   if (std::memcmp(&sb, &backup, sizeof sb) != 0) return "backup differs from primary";
-  if (sb.state != kStateClean || sb.features != kFeaturesV1) return "state/features";
+  if (sb.state != kStateClean || sb.features != (kFeaturesV1 | kFeatureGdtRoom)) return "state/features";
+  if (sb.gdt_blocks < (sb.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock) return "gdt_blocks";
   const uint64_t seed = sb.checksum_seed;
   const uint32_t itb = sb.inodes_per_group / kInodesPerBlock;
   uint64_t free_blocks = 0, free_inodes = 0;

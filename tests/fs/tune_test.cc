@@ -12,15 +12,9 @@
 namespace warpfs::fs::test {
 namespace {
 
-Superblock block_sb(Rig& r, uint64_t block) {
-  Superblock sb{};
-  EXPECT_TRUE(r.dev->read(block, 1, &sb).is_ok());
-  return sb;
-}
-
 // The raw bytes of the primary and the backup superblock, to show nothing was written.
 std::string both_raw(Rig& r) {
-  const Superblock sb = block_sb(r, 0);
+  const Superblock sb = r.superblock_at(0);
   std::string out(2 * kBlockSize, '\0');
   EXPECT_TRUE(r.dev->read(0, 1, out.data()).is_ok());
   EXPECT_TRUE(r.dev->read(sb.block_count - 1, 1, out.data() + kBlockSize).is_ok());
@@ -47,7 +41,7 @@ TEST(Tune, FieldsChangeInBothCopiesAndTakeEffectAtTheNextMount) {
   Superblock out;
   ASSERT_EQ(tune(*r->dev, t, &out), "");
   for (uint64_t b : {uint64_t{0}, out.block_count - 1}) {
-    const Superblock sb = block_sb(*r, b);
+    const Superblock sb = r->superblock_at(b);
     EXPECT_STREQ(sb.label, "tuned volume") << "block " << b;
     EXPECT_EQ(sb.reserved_blocks, data_blocks(sb) / 5) << "block " << b;
     EXPECT_EQ(sb.reserved_uid, 42u);
@@ -71,8 +65,8 @@ TEST(Tune, FieldsChangeInBothCopiesAndTakeEffectAtTheNextMount) {
   ASSERT_EQ(tune(*r->dev, back), "");
   ASSERT_TRUE(r->mount()) << r->log;
   EXPECT_EQ(r->fs->stats().commit_interval_ms, 5000u);
-  EXPECT_STREQ(block_sb(*r, 0).label, "tuned volume") << "fields not asked for stay";
-  EXPECT_EQ(block_sb(*r, 0).reserved_blocks, 1000u);
+  EXPECT_STREQ(r->superblock_at(0).label, "tuned volume") << "fields not asked for stay";
+  EXPECT_EQ(r->superblock_at(0).reserved_blocks, 1000u);
   unmount(*r);
   TuneRequest seven;
   seven.commit_interval_s = 7;
@@ -95,7 +89,7 @@ TEST(Tune, BadValuesAreRefusedAndNothingIsWritten) {
   big_share.reserved_percent = 60;
   EXPECT_NE(tune(*r->dev, big_share), "");
   TuneRequest big_count;
-  big_count.reserved_blocks = block_sb(*r, 0).block_count;
+  big_count.reserved_blocks = r->superblock_at(0).block_count;
   EXPECT_NE(tune(*r->dev, big_count), "");
   TuneRequest long_commit;
   long_commit.commit_interval_s = 86401;
@@ -137,16 +131,16 @@ TEST(Tune, DefaultMountOptionsAreKeptInBothCopiesAndCleared) {
   TuneRequest set;
   set.mount_opts = "ro,meta_cache_mb=8";
   ASSERT_EQ(tune(*r->dev, set), "");
-  const Superblock sb = block_sb(*r, 0);
+  const Superblock sb = r->superblock_at(0);
   EXPECT_EQ(default_mount_options(sb), "ro,meta_cache_mb=8");
-  EXPECT_EQ(default_mount_options(block_sb(*r, sb.block_count - 1)), "ro,meta_cache_mb=8");
+  EXPECT_EQ(default_mount_options(r->superblock_at(sb.block_count - 1)), "ro,meta_cache_mb=8");
   EXPECT_EQ(r->fsck_unmounted(), "");
   TuneRequest clear;
   clear.mount_opts = "";
   ASSERT_EQ(tune(*r->dev, clear), "");
-  EXPECT_EQ(default_mount_options(block_sb(*r, 0)), "");
+  EXPECT_EQ(default_mount_options(r->superblock_at(0)), "");
   // A field with no NUL (a damaged or foreign superblock) reads as no options.
-  Superblock odd = block_sb(*r, 0);
+  Superblock odd = r->superblock_at(0);
   std::memset(odd.mount_opts, 'r', sizeof odd.mount_opts);
   EXPECT_EQ(default_mount_options(odd), "");
 }
@@ -155,7 +149,7 @@ TEST(Tune, ADirtyOrDamagedFilesystemIsRefused) {
   auto r = Rig::make(64);
   ASSERT_TRUE(r);
   unmount(*r);
-  Superblock sb = block_sb(*r, 0);
+  Superblock sb = r->superblock_at(0);
   sb.state = kStateDirty;  // what a crash leaves: the journal may hold an older superblock
   sb.checksum = superblock_checksum(sb);
   ASSERT_TRUE(r->dev->write(0, 1, &sb).is_ok());
@@ -184,11 +178,11 @@ TEST(Remount, ReadOnlyLeavesTheImageCleanAndReadWriteTakesChangesAgain) {
   EXPECT_TRUE(r->fs->read_only());
   EXPECT_EQ(r->write(f, 0, "x"), EROFS);
   EXPECT_EQ(r->fs->unlink(kRootInode, "f"), EROFS);
-  EXPECT_EQ(block_sb(*r, 0).state, kStateClean);
+  EXPECT_EQ(r->superblock_at(0).state, kStateClean);
   EXPECT_EQ(r->fsck_unmounted(), "") << "the image under a read-only remount";
   EXPECT_EQ(r->read(f, 0, 6), "before");
   ASSERT_EQ(r->fs->set_read_only(false), 0) << r->log;
-  EXPECT_EQ(block_sb(*r, 0).state, kStateDirty);
+  EXPECT_EQ(r->superblock_at(0).state, kStateDirty);
   EXPECT_EQ(r->write(f, 0, "after!"), 0);
   EXPECT_EQ(r->check_and_remount(), "");
   EXPECT_EQ(r->read(f, 0, 6), "after!");

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "warpfs/fs/filesystem.h"
+#include "warpfs/fs/layout.h"
 #include "warpfs/fs/mkfs.h"
 #include "warpfs/fs/replay.h"
 
@@ -94,8 +95,7 @@ Layout layout_of(const BaseImage& b) {
   l.kind[0] = Kind::kSuper;
   if (b.sb.block_count - 1 < n) l.kind[b.sb.block_count - 1] = Kind::kSuper;
   for (uint64_t j = 1; j <= b.sb.journal_blocks; ++j) l.kind[j] = Kind::kJournal;
-  const uint64_t gdt_blocks =
-      (b.sb.group_count + fs::kGroupDescsPerBlock - 1) / fs::kGroupDescsPerBlock;
+  const uint64_t gdt_blocks = fs::Layout(b.sb).gdt_used();
   for (uint64_t k = 0; k < gdt_blocks; ++k) l.kind[b.sb.gdt_start + k] = Kind::kGdt;
   const uint32_t itb = b.sb.inodes_per_group / fs::kInodesPerBlock;
   for (uint32_t g = 0; g < b.groups.size(); ++g) {

@@ -21,8 +21,13 @@ inline constexpr uint64_t kRootInode = 1;
 inline constexpr uint32_t kMaxName = 255;
 
 enum : uint32_t { kStateClean = 1, kStateDirty = 2 };
-enum : uint32_t { kFeatureHashedDirs = 1, kFeatureExtents = 2, kFeatureJournal = 4 };
+enum : uint32_t { kFeatureHashedDirs = 1, kFeatureExtents = 2, kFeatureJournal = 4, kFeatureGdtRoom = 8 };
 inline constexpr uint32_t kFeaturesV1 = kFeatureHashedDirs | kFeatureExtents | kFeatureJournal;
+// Feature sets this code reads: v1, and v1 with a descriptor table that keeps room to grow
+// (Superblock::gdt_blocks; FORMAT.md "Layout"), which code that predates it must refuse.
+inline bool features_supported(uint32_t f) {
+  return f == kFeaturesV1 || f == (kFeaturesV1 | kFeatureGdtRoom);
+}
 
 // FORMAT.md "Superblock".
 struct Superblock {
@@ -58,7 +63,12 @@ struct Superblock {
   // Default mount options (tune.warpfs -E mount_opts=...; FORMAT.md "Default mount options"):
   // NUL-terminated, NUL-padded; "" in images made before it.
   char mount_opts[64];
-  uint8_t reserved[3776];
+  // The descriptor table's blocks, room to grow included (resize.warpfs; FORMAT.md
+  // "Layout"): group 0 starts after them. 0 in images made before it: exactly
+  // ceil(group_count / 64).
+  uint32_t gdt_blocks;
+  uint32_t pad1;
+  uint8_t reserved[3768];
   uint64_t checksum;
 };
 static_assert(sizeof(Superblock) == kBlockSize);
@@ -70,6 +80,7 @@ static_assert(offsetof(Superblock, journal_seq) == 216);
 static_assert(offsetof(Superblock, reserved_blocks) == 224);
 static_assert(offsetof(Superblock, commit_interval_s) == 240);
 static_assert(offsetof(Superblock, mount_opts) == 248);
+static_assert(offsetof(Superblock, gdt_blocks) == 312);
 static_assert(offsetof(Superblock, checksum) == 4088);
 
 // FORMAT.md "Group descriptor".
@@ -89,6 +100,8 @@ static_assert(sizeof(GroupDesc) == 64);
 static_assert(offsetof(GroupDesc, block_bitmap_checksum) == 40);
 static_assert(offsetof(GroupDesc, checksum) == 56);
 inline constexpr uint32_t kGroupDescsPerBlock = kBlockSize / sizeof(GroupDesc);
+// The largest descriptor table (Superblock::gdt_blocks): 4 Mi groups, 512 TiB.
+inline constexpr uint32_t kMaxGdtBlocks = 1u << 16;
 
 // FORMAT.md "File data: extents".
 struct Extent {
