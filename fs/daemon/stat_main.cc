@@ -67,6 +67,38 @@ uint64_t num(const json& j, const char* a, const char* b) {
   return j[a][b].get<uint64_t>();
 }
 
+// One row per member of now[key] that has a count: the count, its rate over the interval
+// (with `before`), the latency percentiles, and for device commands MB/s.
+void print_table(const json& now, const json* before, double seconds, const char* key, const char* what) {
+  if (!now.contains(key)) return;
+  const bool with_bytes = std::string(key) == "commands";
+  std::printf("%-12s %12s %10s %10s %10s %10s %10s%s\n", what, "count", before ? "per s" : "", "p50 us",
+              "p99 us", "p99.9 us", "max us", with_bytes ? (before ? "       MB/s" : "         MB") : "");
+  for (auto it = now[key].begin(); it != now[key].end(); ++it) {
+    const json& o = it.value();
+    const uint64_t count = o.value("count", uint64_t{0});
+    if (count == 0) continue;
+    char rate[32] = "", mb[32] = "";
+    const json* was = before && before->contains(key) && (*before)[key].contains(it.key())
+                          ? &(*before)[key][it.key()]
+                          : nullptr;
+    if (was) {
+      std::snprintf(rate, sizeof rate, "%.0f",
+                    static_cast<double>(count - was->value("count", uint64_t{0})) / seconds);
+    }
+    if (with_bytes) {
+      const uint64_t bytes = o.value("bytes", uint64_t{0});
+      const double shown = was ? static_cast<double>(bytes - was->value("bytes", uint64_t{0})) / seconds
+                               : static_cast<double>(bytes);
+      std::snprintf(mb, sizeof mb, " %10.1f", shown / 1e6);
+    }
+    const std::string name = with_bytes ? "dev." + it.key() : it.key();  // apart from FUSE's ops
+    std::printf("%-12s %12" PRIu64 " %10s %10.1f %10.1f %10.1f %10.1f%s\n", name.c_str(), count, rate,
+                o.value("p50_ns", uint64_t{0}) / 1e3, o.value("p99_ns", uint64_t{0}) / 1e3,
+                o.value("p999_ns", uint64_t{0}) / 1e3, o.value("max_ns", uint64_t{0}) / 1e3, mb);
+  }
+}
+
 void print_text(const json& now, const json* before, double seconds) {
   const uint64_t hits = num(now, "cache", "hits"), misses = num(now, "cache", "misses");
   std::printf("cache: %" PRIu64 " hits, %" PRIu64 " misses (%.1f %% hits), %" PRIu64 " locked hits\n", hits,
@@ -84,22 +116,16 @@ void print_text(const json& now, const json* before, double seconds) {
     std::printf("io: %" PRIu64 " bytes read, %" PRIu64 " written\n", num(now, "io", "read_bytes"),
                 num(now, "io", "written_bytes"));
   }
-  std::printf("%-12s %12s %10s %10s %10s %10s %10s\n", "operation", "count", before ? "per s" : "",
-              "p50 us", "p99 us", "p99.9 us", "max us");
-  if (!now.contains("ops")) return;
-  for (auto it = now["ops"].begin(); it != now["ops"].end(); ++it) {
-    const json& o = it.value();
-    const uint64_t count = o.value("count", uint64_t{0});
-    if (count == 0) continue;
-    char rate[32] = "";
-    if (before && before->contains("ops") && (*before)["ops"].contains(it.key())) {
-      const uint64_t was = (*before)["ops"][it.key()].value("count", uint64_t{0});
-      std::snprintf(rate, sizeof rate, "%.0f", static_cast<double>(count - was) / seconds);
+  if (now.contains("queues") && now["queues"].contains("pairs") && now["queues"]["pairs"].is_array()) {
+    std::printf("queue pairs (in flight/completed):");
+    for (const json& q : now["queues"]["pairs"]) {
+      std::printf(" %" PRIu64 ": %" PRIu64 "/%" PRIu64, q.value("qid", uint64_t{0}),
+                  q.value("outstanding", uint64_t{0}), q.value("completed", uint64_t{0}));
     }
-    std::printf("%-12s %12" PRIu64 " %10s %10.1f %10.1f %10.1f %10.1f\n", it.key().c_str(), count, rate,
-                o.value("p50_ns", uint64_t{0}) / 1e3, o.value("p99_ns", uint64_t{0}) / 1e3,
-                o.value("p999_ns", uint64_t{0}) / 1e3, o.value("max_ns", uint64_t{0}) / 1e3);
+    std::printf("\n");
   }
+  print_table(now, before, seconds, "ops", "operation");
+  print_table(now, before, seconds, "commands", "device");
 }
 
 }  // namespace

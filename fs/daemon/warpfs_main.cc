@@ -40,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "latency.h"
+#include "timed_device.h"
 #include "warpfs/blockdev/devices.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/stack.h"
@@ -170,6 +171,7 @@ constexpr const char* kOpNames[kOpCount] = {"lookup", "forget", "forget_multi", 
 // device stack are thread-safe themselves (filesystem.h, block_device.h).
 struct Daemon {
   std::unique_ptr<warpfs::fs::DeviceStack> stack;
+  std::unique_ptr<warpfs::daemon::TimedBlockDevice> timed;  // the device, counted and timed
   std::unique_ptr<warpfs::blockdev::CachedBlockDevice> cached;
   std::unique_ptr<Filesystem> fs;
   std::string stats_path;
@@ -746,9 +748,27 @@ std::string stats_json(const Daemon& d) {
   j["device"] = std::move(dev);
   warpfs::nvme::QueueMapper& m = d.stack->engine().mapper();
   using warpfs::nvme::Priority;
+  json pairs = json::array();
+  for (const warpfs::nvme::IoEngine::QueueLoad& q : d.stack->engine().queue_loads()) {
+    pairs.push_back({{"qid", q.qid}, {"outstanding", q.outstanding}, {"completed", q.completed}});
+  }
   j["queues"] = {{"metadata_queues", m.queues(Priority::kMetadata)},
                  {"bulk_queues", m.queues(Priority::kBulk)},
-                 {"remaps", m.remaps()}};
+                 {"remaps", m.remaps()},
+                 {"pairs", std::move(pairs)}};
+  json commands = json::object();
+  using Timed = warpfs::daemon::TimedBlockDevice;
+  for (unsigned k = 0; k < Timed::kClasses; ++k) {
+    const auto c = static_cast<Timed::Class>(k);
+    const warpfs::daemon::LatencyHistogram::Snapshot h = d.timed->latency(c);
+    commands[Timed::kClassNames[k]] = {{"count", h.count},
+                                       {"bytes", d.timed->bytes(c)},
+                                       {"p50_ns", h.quantile_ns(0.50)},
+                                       {"p99_ns", h.quantile_ns(0.99)},
+                                       {"p999_ns", h.quantile_ns(0.999)},
+                                       {"max_ns", h.max_ns}};
+  }
+  j["commands"] = std::move(commands);
   j["io"] = {{"read_bytes", d.read_bytes.load(std::memory_order_relaxed)},
              {"written_bytes", d.written_bytes.load(std::memory_order_relaxed)}};
   json ops = json::object();
@@ -1227,7 +1247,8 @@ int main(int argc, char** argv) {
     report_ready(1);
     return 1;
   }
-  warpfs::blockdev::BlockDevice* dev = &d.stack->device();
+  d.timed = std::make_unique<warpfs::daemon::TimedBlockDevice>(d.stack->device());
+  warpfs::blockdev::BlockDevice* dev = d.timed.get();
   if (o.cache_mb > 0) {
     warpfs::cache::CacheOptions co;
     const uint64_t lines = uint64_t{o.cache_mb} << 20 >> 12;

@@ -70,6 +70,16 @@ void IoEngine::log(const std::string& line) const {
   }
 }
 
+std::vector<IoEngine::QueueLoad> IoEngine::queue_loads() const {
+  std::vector<QueueLoad> out;
+  std::unique_lock<std::mutex> lk(recover_mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return out;  // a recovery is rebuilding them
+  for (size_t i = 0; i < vqs_.size(); ++i) {
+    out.push_back({views_[i].qid, vqs_[i]->outstanding(), vqs_[i]->completed()});
+  }
+  return out;
+}
+
 EngineCounters IoEngine::counters() const {
   EngineCounters c;
   c.timeouts = timeouts_.load();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Integration scenarios on a real FUSE mount of warpfs, driven from separate processes.
 #   usage: mounted.sh SCENARIO        (tests/CMakeLists.txt registers one ctest per scenario)
-# The programs come from the environment: WARPFS, MKFS, FSCK, TUNE, DUMP, STAT, POSIX_TESTS, POSIX_PERSIST, FSX;
+# The programs come from the environment: WARPFS, MKFS, FSCK, TUNE, DUMP, STAT, RESIZE, POSIX_TESTS, POSIX_PERSIST, FSX;
 # MAN_WARPFS is warpfs(8), whose STATS FILE section the stats scenario checks the file against.
 # Every scenario formats its own image in its own directory, and ends with fsck.warpfs -f of
 # the unmounted image, which must find nothing.
@@ -396,7 +396,8 @@ def paths(o, pre=""):
             yield from paths(v, p + ".")
         else:
             yield p
-got = set(re.sub(r"^ops\.[a-z_]+\.", "ops.OP.", p) for p in paths(json.load(open(sys.argv[1]))))
+got = set(re.sub(r"^commands\.[a-z]+\.", "commands.CLASS.", re.sub(r"^ops\.[a-z_]+\.", "ops.OP.", p))
+          for p in paths(json.load(open(sys.argv[1]))))
 man = open(sys.argv[2]).read()
 section = man.split(".SH STATS FILE", 1)[1].split(".SH ", 1)[0]
 doc = set(re.findall(r"^\.BR? ([a-z_]+\.[A-Za-z0-9_.]*[a-z0-9_])", section, re.M))
@@ -479,6 +480,10 @@ PY
       pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p" || fail "a writer or a watcher failed"; done
+    # fsync: the software cache writes the files back and the device flushes.
+    for i in 1 2 3; do
+      python3 -c 'import os, sys; os.fsync(os.open(sys.argv[1], os.O_RDONLY))' "$mnt/f$i" || fail "fsync f$i"
+    done
     "$STAT" --json "$mnt" >"$work/now.json" || fail "warpfs-stat --json"
     python3 - "$work" <<'PY' || fail "warpfs-stat: counters"
 import json, sys
@@ -489,13 +494,25 @@ assert wr["count"] >= 600, wr
 assert 0 < wr["p50_ns"] <= wr["p99_ns"] <= wr["p999_ns"] <= wr["max_ns"], wr
 assert j["io"]["written_bytes"] >= 3 * 200 * 65536, j["io"]
 assert j["ops"]["read"]["count"] > 0 and j["io"]["read_bytes"] > 0
+c = j["commands"]
+assert set(c) == {"read", "write", "flush", "trim"}, c
+assert c["write"]["bytes"] >= 3 * 200 * 65536, c["write"]
+assert c["flush"]["count"] > 0 and c["read"]["count"] > 0, c
+for k in ("read", "write", "flush"):
+    assert 0 < c[k]["p50_ns"] <= c[k]["p99_ns"] <= c[k]["p999_ns"] <= c[k]["max_ns"], (k, c[k])
+pairs = j["queues"]["pairs"]
+assert len(pairs) == j["device"]["io_queues"], (pairs, j["device"])
+assert sum(q["completed"] for q in pairs) >= c["write"]["count"] // 32, pairs
 for i in (1, 2, 3):
     lines = [json.loads(l) for l in open("%s/w%d.jsonl" % (w, i))]
     assert len(lines) == 10, len(lines)
     counts = [l["ops"]["write"]["count"] for l in lines]
     assert counts == sorted(counts), counts
 PY
-    "$STAT" "$mnt" | grep -q "^write " || fail "warpfs-stat (text) shows no write line"
+    text=$("$STAT" "$mnt")
+    grep -q "^write " <<<"$text" || fail "warpfs-stat (text) shows no write line"
+    grep -q "^dev.flush " <<<"$text" || fail "warpfs-stat (text) shows no device flush line: $text"
+    grep -q "^queue pairs" <<<"$text" || fail "warpfs-stat (text) shows no queue pairs: $text"
     out=$(su nobody -s /bin/sh -c "$STAT $mnt" 2>&1) && fail "nobody read the live view"
     grep -q "permission denied" <<<"$out" || fail "nobody's warpfs-stat: $out"
     unmount_fs
@@ -574,6 +591,34 @@ PY
     grep -q "not in use" <<<"$out" || fail "dump.warpfs of a free inode: $out"
     out=$("$DUMP" --path /d/nothing "emu:$img" 2>&1) && fail "dump.warpfs of a missing path"
     "$DUMP" --inode 0 "emu:$img" 2>/dev/null; [[ $? -eq 2 ]] || fail "dump.warpfs --inode 0 is not a usage error"
+    fsck_clean >/dev/null
+    ;;
+  resize)  # resize.warpfs grows an unmounted image after truncate -s; a mounted one is refused
+    format 64M
+    mount_fs
+    mkdir "$mnt/d"
+    for i in $(seq 1 40); do head -c $((i * 7000)) /dev/urandom >"$mnt/d/f$i"; done
+    sums=$(cd "$mnt/d" && sha256sum f*)
+    unmount_fs
+    truncate -s 1G "$img"
+    mount_fs
+    out=$("$RESIZE" "emu:$img" 2>&1) && fail "resize.warpfs grew a mounted image"
+    grep -q "mounted" <<<"$out" || fail "resize.warpfs on a mounted image: unclear message: $out"
+    unmount_fs
+    "$RESIZE" "emu:$img" 12x 2>/dev/null; [[ $? -eq 2 ]] || fail "resize.warpfs SIZE 12x is not a usage error"
+    out=$("$RESIZE" "emu:$img" 512M) || fail "resize.warpfs to 512M: $out"
+    grep -q "grown from 16384 to 131072 blocks (1 to 4 groups)" <<<"$out" || fail "resize.warpfs: $out"
+    fsck_clean >/dev/null
+    "$RESIZE" -q "emu:$img" || fail "resize.warpfs to the image's size"
+    fsck_clean >/dev/null
+    out=$("$RESIZE" "emu:$img" 2>&1) && fail "resize.warpfs grew a filesystem that fills its image"
+    grep -q "already has" <<<"$out" || fail "resize.warpfs with nothing to grow: unclear message: $out"
+    mount_fs
+    [[ $(cd "$mnt/d" && sha256sum f*) == "$sums" ]] || fail "files changed across the resize"
+    size_kb=$(df -k --output=size "$mnt" | tail -1)
+    (( size_kb > 900000 )) || fail "df after the resize: $size_kb KiB"
+    head -c 600M /dev/zero >"$mnt/big" || fail "600 MiB did not fit after the resize"
+    unmount_fs
     fsck_clean >/dev/null
     ;;
   errors)  # bad input gets a clear message and a non-zero exit, never a crash or a hang

@@ -74,6 +74,13 @@ class IoEngine {
   // the queues are dead. The watchdog calls it; tests and tools may too.
   Status recover(const std::string& why);
   EngineCounters counters() const;
+  // Each I/O queue pair's commands in flight and completed so far (relaxed reads, for the
+  // live view); empty while a recovery rebuilds the queues.
+  struct QueueLoad {
+    uint16_t qid = 0;
+    uint64_t outstanding = 0, completed = 0;
+  };
+  std::vector<QueueLoad> queue_loads() const;
 
  private:
   explicit IoEngine(Controller& c) : c_(c) {}
@@ -88,7 +95,7 @@ class IoEngine {
   std::mutex wd_mu_;  // guards stop_
   std::condition_variable wd_cv_;
   bool stop_ = false;
-  std::mutex recover_mu_;  // one recovery at a time
+  mutable std::mutex recover_mu_;  // one recovery at a time; vqs_ and views_ change under it
   struct Progress {
     uint64_t completed = 0;
     uint64_t since_ns = 0;
