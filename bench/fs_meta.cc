@@ -1,4 +1,4 @@
-// warpfs-bench-meta: a metadata and small-file benchmark for any mounted filesystem (issue 5).
+// warpfs-bench-meta: a metadata and small-file benchmark for any mounted filesystem.
 //
 // One invocation runs one layout inside a fresh directory it makes under --dir (and removes
 // at the end), single-threaded, with plain POSIX calls, so the same program measures warpfs,

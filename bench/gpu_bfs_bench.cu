@@ -1,4 +1,4 @@
-// warpfs-bench-gpu-bfs: benchmark 4 of issue 8, an application. Breadth-first search over a
+// warpfs-bench-gpu-bfs: the fourth GPU benchmark, an application. Breadth-first search over a
 // generated graph whose CSR arrays lie on the emulated NVMe namespace, run the three ways of
 // BaM §9.2 (plus a fourth):
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/fs/run.sh: the filesystem comparison (issue 5), called by `bench/run fs [--quick]`.
+# bench/fs/run.sh: the filesystem comparison, called by `bench/run fs [--quick]`.
 #
 # Mounts, side by side in one run on the same machine and with the same sizes:
 #   warpfs          the warpfs daemon over the emulated NVMe device, zero latency

@@ -608,9 +608,9 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
 }
 
 void op_init(void*, fuse_conn_info* conn) {
-  // Larger writes move more per request (FUSE's default is 128 KiB).
   if (conn->capable & FUSE_CAP_SPLICE_READ) conn->want &= ~FUSE_CAP_SPLICE_READ;
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;  // the kernel must not reorder writes past fsync
+  // Larger writes move more per request (FUSE's default is 128 KiB).
   conn->max_write = 1 << 20;
   // File handles (name_to_handle_at, NFS export): the kernel decodes one it no longer caches
   // by looking up "." of its inode and ".." of a directory (Filesystem::lookup).

@@ -44,7 +44,7 @@ int FsImpl::read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) {
     } else if (auto st = dev_.read(m.physical, static_cast<uint32_t>(run), p); !st.is_ok()) {
       log("inode " + std::to_string(ino) + ": read of blocks " + std::to_string(m.physical) + "+" +
           std::to_string(run) + " failed: " + st.to_string());
-      return EIO;
+      return errno_of(st);
     }
     b += run;
   }
@@ -149,13 +149,7 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
       continue;
     io_error:
       log("inode " + std::to_string(n.ino) + ": data write failed: " + st.to_string());
-      // A device that ran out of space (thin-provisioned, NVMe Capacity Exceeded) is a full
-      // disk to the application, not an I/O error.
-      rc = (st.code() == nvme::Code::kNvme &&
-            (st.nvme_status() & 0x7ff) == nvme::make_status(nvme::sct::kGeneric,
-                                                            nvme::sc::kCapacityExceeded, false))
-               ? ENOSPC
-               : EIO;
+      rc = errno_of(st);  // ENOSPC from a thin-provisioned namespace out of space
       break;
     }
     if (rc) break;
@@ -192,9 +186,9 @@ int FsImpl::zero_range(Node& n, uint64_t off, uint64_t len) {
     const uint64_t e = std::min(bs + kBlockSize, off + len);
     const Mapping m = map_lookup(n, static_cast<uint32_t>(blk));
     if (!m.hole && !m.unwritten) {
-      if (auto st = dev_.read(m.physical, 1, block.data()); !st.is_ok()) return EIO;
+      if (auto st = dev_.read(m.physical, 1, block.data()); !st.is_ok()) return errno_of(st);
       std::memset(block.data() + (pos - bs), 0, e - pos);
-      if (auto st = dev_.write(m.physical, 1, block.data()); !st.is_ok()) return EIO;
+      if (auto st = dev_.write(m.physical, 1, block.data()); !st.is_ok()) return errno_of(st);
     }
     pos = e;
   }
@@ -380,7 +374,7 @@ int FsImpl::fsync(Ino ino, bool datasync) {
   if (ro_) return 0;
   if (int rc = journal_->commit(); rc) return rc;
   // A commit with nothing to write does not flush: overwritten data must still be durable.
-  return dev_.flush().is_ok() ? 0 : EIO;
+  return errno_of(dev_.flush());
 }
 
 }  // namespace warpfs::fs

@@ -43,6 +43,10 @@ struct Group {
 // Inode flags immutable (chattr +i) and append-only (chattr +a), FORMAT.md "Inode": the VFS
 // checks them for kernel filesystems through S_IMMUTABLE/S_APPEND, which FUSE inodes never
 // carry, so the core refuses each change itself (EPERM), with the VFS's rules.
+// The errno for a device status (errors.cc): ENOSPC for a namespace out of capacity,
+// EOPNOTSUPP for a command the device lacks, else EIO; 0 for ok.
+int errno_of(const blockdev::Status& st);
+
 inline bool immutable(const Inode& d) { return (d.flags & Inode::kFlagImmutable) != 0; }
 inline bool append_only(const Inode& d) { return (d.flags & Inode::kFlagAppend) != 0; }
 inline bool pinned(const Inode& d) { return immutable(d) || append_only(d); }

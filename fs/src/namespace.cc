@@ -249,9 +249,9 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
       std::vector<uint8_t> block(kBlockSize, 0);
       std::memcpy(block.data(), target.data(), target.size());
       if ((rc = alloc_blocks(alloc_goal(*n, 0), 1, &phys, &got)) == 0) {
-        if (!dev_.write(phys, 1, block.data()).is_ok()) {
+        if (const blockdev::Status st = dev_.write(phys, 1, block.data()); !st.is_ok()) {
           free_blocks(phys, 1);
-          rc = EIO;
+          rc = errno_of(st);
         } else {
           map_insert(*n, Extent{0, 1, phys});
           d.blocks = 1;
@@ -320,7 +320,7 @@ int FsImpl::readlink(Ino ino, std::string* target) {
   const Mapping m = map_lookup(*n, 0);
   if (m.hole) return EIO;
   std::vector<uint8_t> block(kBlockSize);
-  if (!dev_.read(m.physical, 1, block.data()).is_ok()) return EIO;
+  if (const blockdev::Status st = dev_.read(m.physical, 1, block.data()); !st.is_ok()) return errno_of(st);
   target->assign(reinterpret_cast<const char*>(block.data()), d.size);
   return 0;
 }

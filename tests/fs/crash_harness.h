@@ -1,4 +1,4 @@
-// The power-cut crash harness (issue 7). A seeded workload of file operations drives the
+// The power-cut crash harness. A seeded workload of file operations drives the
 // filesystem core in-process, on a RAM-backed emulated NVMe controller behind a CutDevice.
 // A Model follows every operation and keeps the states the filesystem may come back in.
 // The device is cut at a chosen write, flush or trim (so inside journal commits,

@@ -196,7 +196,7 @@ TEST(Crash, BlocksMayMixVersionsButNotTearInsideOne) {
   EXPECT_NE(check(m, m.current(), o).find("/f2: exists"), std::string::npos);
 }
 
-// warpfs bugs the harness found (issue 7), reduced to a few operations; both fixed, kept as
+// warpfs bugs the harness found, reduced to a few operations; both fixed, kept as
 // regression tests.
 
 // The mount marks the superblock dirty only through the journal: its home write is a

@@ -1,4 +1,4 @@
-// Device faults injected by the emulated controller, seen through the filesystem (issue 7):
+// Device faults injected by the emulated controller, seen through the filesystem:
 // the affected operation gets EIO (or ENOSPC for a full namespace), files the fault does not
 // touch stay readable, the filesystem keeps working once the fault heals, and fsck finds
 // nothing the fault does not explain.
@@ -131,7 +131,7 @@ TEST(Faults, FullNamespaceIsEnospcAndRecovers) {
   EXPECT_EQ(r->check_and_remount(), "");
 }
 
-// Commands that never complete (issue 7, bounded waiting): the engine's watchdog times them
+// Commands that never complete (bounded waiting): the engine's watchdog times them
 // out, resets the controller and re-creates its queues; the operation that waited gets EIO.
 constexpr uint64_t kIoTimeoutNs = 200'000'000;
 
@@ -191,6 +191,34 @@ TEST(Faults, AHungDeviceFailsFsyncAndLosesNothingFsynced) {
   ASSERT_EQ(r->lookup(kRootInode, "kept", &k2), 0);
   EXPECT_EQ(r->read(k2, 0, kept.size()), kept);
   EXPECT_EQ(r->check_and_remount(), "");
+}
+
+}  // namespace
+}  // namespace warpfs::fs::test
+
+namespace warpfs::fs {
+int errno_of(const blockdev::Status& st);  // fs/src/errors.cc
+}  // namespace warpfs::fs
+
+namespace warpfs::fs::test {
+namespace {
+
+// The one mapping from a device status to an errno: the type matters, not only the code
+// (0x81 is Capacity Exceeded among generic statuses and Unrecovered Read Error among media
+// ones), and DNR or More do not change it.
+TEST(ErrnoOf, MapsEachDeviceStatusOnce) {
+  using nvme::make_status;
+  EXPECT_EQ(errno_of(blockdev::Status::ok()), 0);
+  EXPECT_EQ(errno_of(blockdev::Status::nvme(make_status(nvme::sct::kGeneric, nvme::sc::kCapacityExceeded))),
+            ENOSPC);
+  EXPECT_EQ(errno_of(blockdev::Status::nvme(make_status(nvme::sct::kGeneric, nvme::sc::kCapacityExceeded, false))),
+            ENOSPC);
+  EXPECT_EQ(errno_of(blockdev::Status::nvme(make_status(nvme::sct::kGeneric, nvme::sc::kInvalidOpcode))),
+            EOPNOTSUPP);
+  EXPECT_EQ(errno_of(blockdev::Status::nvme(make_status(nvme::sct::kMedia, nvme::sc::kUnrecoveredReadError))),
+            EIO);
+  EXPECT_EQ(errno_of(blockdev::Status::error(blockdev::Code::kIoError, "cut off")), EIO);
+  EXPECT_EQ(errno_of(blockdev::Status::error(blockdev::Code::kInvalidArgument, "range")), EIO);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The GPU cache and warpfs::gpu::array<T> (issue 8): reads through the cache (coalesced,
+// The GPU cache and warpfs::gpu::array<T>: reads through the cache (coalesced,
 // uncoalesced, array_ref scans) return the image's content; concurrent writers through the
 // cache, then a flush, leave the backing image exactly as a CPU reference model predicts.
 //

@@ -1,4 +1,4 @@
-// GPU-initiated I/O against the emulated controller (issue 8): GPU threads submit reads and
+// GPU-initiated I/O against the emulated controller: GPU threads submit reads and
 // writes through VirtualQueue (one queue pair, then several over several controller threads)
 // and through the GPU LockedQueue, with no CPU code in the per-command path.
 //

@@ -1,4 +1,4 @@
-// Fault injection in the emulated controller (issue 7): the statuses a failing drive gives,
+// Fault injection in the emulated controller: the statuses a failing drive gives,
 // on exactly the LBAs chosen, healing after `times` commands, and a full namespace.
 #include "nvme/rig.h"
 #include "warpfs/nvme/io_engine.h"

@@ -1,4 +1,4 @@
-// Bounded waiting (issue 7): a command that never completes, a controller fatal status and a
+// Bounded waiting: a command that never completes, a controller fatal status and a
 // controller that stays broken. The engine's watchdog must turn each into a failed command
 // (Host Aborted Command), reset the controller and re-create its queues, or fail every
 // command at once when the reset does not work; nothing waits forever, data survives.

@@ -1,6 +1,6 @@
 // Test rig: a controller brought up by the real driver, on the device the environment names.
 //
-// WARPFS_NVME_TEST_DEVICE picks it (issue 6: the same tests run against a real controller):
+// WARPFS_NVME_TEST_DEVICE picks it (the same tests run against a real controller):
 //   unset or empty            an emulated controller over RAM, shaped by the test's own
 //                             EmulatedConfig; `emu` points at it, so the test may use the
 //                             model's hooks (pause, counters, fetch trace, power cut)

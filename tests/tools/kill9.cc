@@ -1,4 +1,4 @@
-// warpfs-kill9: power cuts through a real FUSE mount (issue 7): kill -9 of the warpfs daemon
+// warpfs-kill9: power cuts through a real FUSE mount: kill -9 of the warpfs daemon
 // while a workload of real syscalls runs on its mount.
 //
 //   warpfs-kill9 [--cuts N] [--seed S] [--ops N] [--repeat R] [--keep DIR] [--verbose]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Many copies of warpfs-stress-mount at once, for machines with more cores than one run uses
-# (issue workload: 8 processes x 10,000 operations and 2 sharers on a fresh 4 GiB image each).
+# (the workload that once damaged warpfs: 8 processes x 10,000 operations and 2 sharers on a fresh 4 GiB image each).
 #   usage: stress_mount_par.sh BASE_SEED COPIES SECONDS [OUTDIR]
 # Copy I runs seeds BASE_SEED+1000*I, BASE_SEED+1000*I+1, ... and starts no new run after
 # SECONDS; each copy's lines go to OUTDIR/logI.txt (a FAIL line names the seed to rerun, and

@@ -98,7 +98,7 @@ struct EmulatedCounters {
   uint32_t parked_workers = 0;  // workers asleep on their futex right now
 };
 
-// Device faults the emulated controller can inject (issue 7): what a worn or failing drive
+// Device faults the emulated controller can inject : what a worn or failing drive
 // does to the commands that touch the affected blocks.
 enum class FaultKind : uint8_t {
   kReadError,   // reads fail: Media Errors / Unrecovered Read Error (NVM §4.1.2.3)

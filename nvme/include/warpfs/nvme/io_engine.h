@@ -4,7 +4,7 @@
 // offers WRR; plain round robin otherwise). Commands go through mapper() directly, through
 // an IoBatch for up to 32 in flight per thread, or through the synchronous helpers here.
 //
-// Bounded waiting (issue 7). A watchdog thread looks at every queue a few times per timeout:
+// Bounded waiting. A watchdog thread looks at every queue a few times per timeout:
 // a queue with commands outstanding and no completion for `io_timeout_ns`, or CSTS.CFS, or an
 // admin command that timed out, makes it recover(): every queue stops (their waiters finish
 // with Host Aborted Command, which the layers above turn into EIO), the controller is reset

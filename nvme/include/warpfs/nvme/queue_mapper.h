@@ -15,10 +15,12 @@
 // targets), moves only if the target is clearly better, and never lets a queue own more than
 // `max_slots_per_queue` slots or fewer than one: the mapping cannot collapse onto a few queues.
 //
-// Priority classes (thesis §2.2.4, Base §4.13.2): kMetadata commands (journal, inodes,
-// directories) use queues created with the high WRR class, kBulk the low class, so a metadata
-// write is never stuck behind a deep queue of bulk reads when the controller offers WRR; without
-// WRR the classes still have separate queues and so no head-of-line blocking between them.
+// Priority classes (thesis §2.2.4, Base §4.13.2): kMetadata commands use queues created with
+// the high WRR class, kBulk the low class, so a command of the first is never stuck behind a
+// deep queue of the second when the controller offers WRR; without WRR the classes still have
+// separate queues and so no head-of-line blocking between them. Which commands a caller sends
+// as which is the caller's choice: today the block device sends Flush as kMetadata and every
+// read and write, the journal's included, as kBulk.
 //
 // GPU threads route through the same rule (gpu/io.cuh): the mapper's whole state is one block
 // of plain data, Tables, with one layout under g++ and nvcc, which the GPU rig builds with this
