@@ -53,10 +53,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench_common.h"
 #include "warpfs/cache/backend.h"
 #include "warpfs/cache/cache.h"
 #include "warpfs/cache/nvme_backend.h"
-#include "bench_common.h"
 #include "warpfs/nvme/controller.h"
 #include "warpfs/nvme/emulated.h"
 #include "warpfs/nvme/io_engine.h"
@@ -75,8 +75,8 @@ using warpfs::bench::Failure;
 using warpfs::bench::LatencyLog;
 using warpfs::bench::parse_double;
 using warpfs::bench::parse_uint;
-using warpfs::bench::Rng;
 using warpfs::bench::percentile;
+using warpfs::bench::Rng;
 using warpfs::bench::split_list;
 
 constexpr const char* kProgram = "warpfs-bench-cache";

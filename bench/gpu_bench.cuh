@@ -21,7 +21,8 @@ inline std::vector<uint64_t> parse_list(const char* s) {
   size_t pos = 0;
   while (pos <= str.size()) {
     const size_t comma = str.find(',', pos);
-    const std::string item = str.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const std::string item =
+        str.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     char* end = nullptr;
     const unsigned long long x = std::strtoull(item.c_str(), &end, 0);
     if (item.empty() || *end != '\0') {

@@ -56,14 +56,21 @@ int main(int argc, char** argv) {
   bool misses = true;
   bool rebalance = true;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--elements") && i + 1 < argc) sizes = gb::parse_list(argv[++i]);
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--no-miss")) misses = false;
-    else if (!std::strcmp(argv[i], "--no-rebalance")) rebalance = false;
-    else if (!std::strcmp(argv[i], "--quick")) sizes = {1u << 20}, reps = 2;
+    if (!std::strcmp(argv[i], "--elements") && i + 1 < argc)
+      sizes = gb::parse_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--no-miss"))
+      misses = false;
+    else if (!std::strcmp(argv[i], "--no-rebalance"))
+      rebalance = false;
+    else if (!std::strcmp(argv[i], "--quick"))
+      sizes = {1u << 20}, reps = 2;
     else {
-      std::fprintf(stderr, "usage: warpfs-bench-gpu-cache [--quick] [--elements LIST] [--reps N] [--no-miss] "
-                           "[--no-rebalance]\n");
+      std::fprintf(
+          stderr,
+          "usage: warpfs-bench-gpu-cache [--quick] [--elements LIST] [--reps N] [--no-miss] "
+          "[--no-rebalance]\n");
       return 2;
     }
   }
@@ -118,12 +125,12 @@ int main(int argc, char** argv) {
         for (int r = 0; r <= reps; ++r) {
           if (!hit) cache->invalidate();  // cold: every line misses
           cache->reset_stats();
-          const double t = gb::time_ms("lookups", [&] {
-            lookups<<<grid, block>>>(a, v.m, v.cf, n, sink);
-          });
+          const double t =
+              gb::time_ms("lookups", [&] { lookups<<<grid, block>>>(a, v.m, v.cf, n, sink); });
           const gpu::GpuCacheStats st = cache->stats();
           if (st.errors != 0) {
-            std::fprintf(stderr, "warpfs-bench-gpu-cache: %llu I/O errors\n", (unsigned long long)st.errors);
+            std::fprintf(stderr, "warpfs-bench-gpu-cache: %llu I/O errors\n",
+                         (unsigned long long)st.errors);
             return 1;
           }
           if (r > 0 && hit && st.misses != 0) {
@@ -132,16 +139,16 @@ int main(int argc, char** argv) {
             return 1;
           }
           if (r > 0 || !hit) ms.push_back(t);  // the hit warm-up fills the cache
-          if (!hit && r >= 2) break;            // cold passes are slow: three are enough
+          if (!hit && r >= 2) break;           // cold passes are slow: three are enough
         }
         const double m = gb::median(ms);
-        std::printf("{\"bench\":\"gpu_cache\",\"device\":\"%s\",\"phase\":\"%s\",\"impl\":\"%s\","
-                    "\"cf\":%u,\"elements\":%llu,\"threads\":%llu,\"line_bytes\":%u,\"lines\":%llu,"
-                    "\"rebalance\":%s,\"ms\":%.3f,\"lookups_per_s\":%.4g,\"gb_per_s\":%.3f}\n",
-                    dev.c_str(), phase, name(v.m), v.cf, (unsigned long long)n,
-                    (unsigned long long)threads, kLine, (unsigned long long)(n * 8 / kLine),
-                    rebalance ? "true" : "false", m,
-                    n / (m / 1e3), n * 8.0 / (m / 1e3) / 1e9);
+        std::printf(
+            "{\"bench\":\"gpu_cache\",\"device\":\"%s\",\"phase\":\"%s\",\"impl\":\"%s\","
+            "\"cf\":%u,\"elements\":%llu,\"threads\":%llu,\"line_bytes\":%u,\"lines\":%llu,"
+            "\"rebalance\":%s,\"ms\":%.3f,\"lookups_per_s\":%.4g,\"gb_per_s\":%.3f}\n",
+            dev.c_str(), phase, name(v.m), v.cf, (unsigned long long)n, (unsigned long long)threads,
+            kLine, (unsigned long long)(n * 8 / kLine), rebalance ? "true" : "false", m,
+            n / (m / 1e3), n * 8.0 / (m / 1e3) / 1e9);
         std::fflush(stdout);
       }
     }

@@ -59,7 +59,8 @@ double measure(gpu::Rig& rig, gpu::LockedQueueGpu* lq, uint64_t buf_iova, uint32
   for (int r = 0; r <= reps; ++r) {  // r == 0: warm-up
     WARPFS_CUDA_CHECK(cudaMemset(d_failed, 0, sizeof(uint32_t)));
     const double t = gb::time_ms("one_read_each", [&] {
-      one_read_each<<<grid, block>>>(rig.io(), lq, buf_iova, rig.lba_count(), r * 7919ull, d_failed);
+      one_read_each<<<grid, block>>>(rig.io(), lq, buf_iova, rig.lba_count(), r * 7919ull,
+                                     d_failed);
     });
     uint32_t failed = 0;
     WARPFS_CUDA_CHECK(cudaMemcpy(&failed, d_failed, sizeof failed, cudaMemcpyDeviceToHost));
@@ -80,14 +81,20 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> scale_threads = {32768, 65536};
   int reps = 5;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = gb::parse_list(argv[++i]);
-    else if (!std::strcmp(argv[i], "--scale-queues") && i + 1 < argc) scale_queues = gb::parse_list(argv[++i]);
-    else if (!std::strcmp(argv[i], "--scale-threads") && i + 1 < argc) scale_threads = gb::parse_list(argv[++i]);
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--quick")) threads = {1024, 8192}, scale_queues = {1, 4}, scale_threads = {32768}, reps = 2;
+    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads = gb::parse_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--scale-queues") && i + 1 < argc)
+      scale_queues = gb::parse_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--scale-threads") && i + 1 < argc)
+      scale_threads = gb::parse_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--quick"))
+      threads = {1024, 8192}, scale_queues = {1, 4}, scale_threads = {32768}, reps = 2;
     else {
-      std::fprintf(stderr, "usage: warpfs-bench-gpu-queues [--quick] [--threads LIST] "
-                           "[--scale-queues LIST] [--scale-threads LIST] [--reps N]\n");
+      std::fprintf(stderr,
+                   "usage: warpfs-bench-gpu-queues [--quick] [--threads LIST] "
+                   "[--scale-queues LIST] [--scale-threads LIST] [--reps N]\n");
       return 2;
     }
   }
@@ -116,14 +123,16 @@ int main(int argc, char** argv) {
   for (const char* impl : {"locked_queue", "virtual_queue"}) {
     gpu::MappedRegion buf;
     auto rig = open(1, &buf);
-    gpu::LockedQueueGpu* lq =
-        std::strcmp(impl, "locked_queue") == 0 ? gpu::LockedQueueGpu::create(rig->device_view(0)) : nullptr;
+    gpu::LockedQueueGpu* lq = std::strcmp(impl, "locked_queue") == 0
+                                  ? gpu::LockedQueueGpu::create(rig->device_view(0))
+                                  : nullptr;
     for (uint64_t t : threads) {
       const double ms = measure(*rig, lq, buf.iova, static_cast<uint32_t>(t), reps, d_failed);
-      std::printf("{\"bench\":\"gpu_queues\",\"device\":\"%s\",\"impl\":\"%s\",\"threads\":%llu,"
-                  "\"queues\":1,\"controller_threads\":1,\"depth\":1024,\"block_bytes\":512,"
-                  "\"ms\":%.3f,\"iops\":%.0f}\n",
-                  dev.c_str(), impl, (unsigned long long)t, ms, t / (ms / 1e3));
+      std::printf(
+          "{\"bench\":\"gpu_queues\",\"device\":\"%s\",\"impl\":\"%s\",\"threads\":%llu,"
+          "\"queues\":1,\"controller_threads\":1,\"depth\":1024,\"block_bytes\":512,"
+          "\"ms\":%.3f,\"iops\":%.0f}\n",
+          dev.c_str(), impl, (unsigned long long)t, ms, t / (ms / 1e3));
       std::fflush(stdout);
     }
     if (lq != nullptr) gpu::LockedQueueGpu::destroy(lq);
@@ -134,11 +143,12 @@ int main(int argc, char** argv) {
     auto rig = open(static_cast<uint16_t>(q), &buf);
     for (uint64_t t : scale_threads) {
       const double ms = measure(*rig, nullptr, buf.iova, static_cast<uint32_t>(t), reps, d_failed);
-      std::printf("{\"bench\":\"gpu_queues_scaling\",\"device\":\"%s\",\"impl\":\"virtual_queue\","
-                  "\"threads\":%llu,\"queues\":%llu,\"controller_threads\":%llu,\"depth\":1024,"
-                  "\"block_bytes\":512,\"ms\":%.3f,\"iops\":%.0f}\n",
-                  dev.c_str(), (unsigned long long)t, (unsigned long long)q,
-                  (unsigned long long)q, ms, t / (ms / 1e3));
+      std::printf(
+          "{\"bench\":\"gpu_queues_scaling\",\"device\":\"%s\",\"impl\":\"virtual_queue\","
+          "\"threads\":%llu,\"queues\":%llu,\"controller_threads\":%llu,\"depth\":1024,"
+          "\"block_bytes\":512,\"ms\":%.3f,\"iops\":%.0f}\n",
+          dev.c_str(), (unsigned long long)t, (unsigned long long)q, (unsigned long long)q, ms,
+          t / (ms / 1e3));
       std::fflush(stdout);
     }
   }

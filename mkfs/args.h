@@ -32,12 +32,30 @@ inline bool parse_size(const char* s, uint64_t* out) {
   if (end == s || errno != 0) return false;
   uint64_t mul = 1;
   switch (*end) {
-    case '\0': break;
-    case 'k': case 'K': mul = 1ull << 10; ++end; break;
-    case 'm': case 'M': mul = 1ull << 20; ++end; break;
-    case 'g': case 'G': mul = 1ull << 30; ++end; break;
-    case 't': case 'T': mul = 1ull << 40; ++end; break;
-    default: return false;
+    case '\0':
+      break;
+    case 'k':
+    case 'K':
+      mul = 1ull << 10;
+      ++end;
+      break;
+    case 'm':
+    case 'M':
+      mul = 1ull << 20;
+      ++end;
+      break;
+    case 'g':
+    case 'G':
+      mul = 1ull << 30;
+      ++end;
+      break;
+    case 't':
+    case 'T':
+      mul = 1ull << 40;
+      ++end;
+      break;
+    default:
+      return false;
   }
   if (*end == 'i' || *end == 'B') ++end;  // "MiB", "MB"
   if (*end == 'B') ++end;
@@ -69,9 +87,10 @@ inline bool parse_reserved_percent(const char* s, double* out) {
 
 inline std::string uuid_string(const fs::Superblock& sb) {
   char u[40];
-  std::snprintf(u, sizeof u, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", sb.uuid[0],
-                sb.uuid[1], sb.uuid[2], sb.uuid[3], sb.uuid[4], sb.uuid[5], sb.uuid[6], sb.uuid[7], sb.uuid[8],
-                sb.uuid[9], sb.uuid[10], sb.uuid[11], sb.uuid[12], sb.uuid[13], sb.uuid[14], sb.uuid[15]);
+  std::snprintf(u, sizeof u, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                sb.uuid[0], sb.uuid[1], sb.uuid[2], sb.uuid[3], sb.uuid[4], sb.uuid[5], sb.uuid[6],
+                sb.uuid[7], sb.uuid[8], sb.uuid[9], sb.uuid[10], sb.uuid[11], sb.uuid[12],
+                sb.uuid[13], sb.uuid[14], sb.uuid[15]);
   return u;
 }
 

@@ -12,18 +12,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "args.h"
-#include "warpfs/fs/layout.h"
-#include "warpfs/fs/tune.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/format.h"
+#include "warpfs/fs/layout.h"
 #include "warpfs/fs/replay.h"
 #include "warpfs/fs/stack.h"
+#include "warpfs/fs/tune.h"
 
 using namespace warpfs;
 using json = nlohmann::ordered_json;
@@ -47,7 +46,9 @@ json superblock_json(const fs::Superblock& sb) {
           {"version", sb.version},
           {"label", tools::label_string(sb)},
           {"uuid", tools::uuid_string(sb)},
-          {"state", sb.state == fs::kStateClean ? "clean" : sb.state == fs::kStateDirty ? "dirty" : "unknown"},
+          {"state", sb.state == fs::kStateClean   ? "clean"
+                    : sb.state == fs::kStateDirty ? "dirty"
+                                                  : "unknown"},
           {"block_size", sb.block_size},
           {"block_count", sb.block_count},
           {"data_blocks", fs::data_blocks(sb)},
@@ -81,8 +82,9 @@ json journal_json(blockdev::BlockDevice& dev, const fs::Superblock& sb) {
   fs::JournalHeader h{};
   json j;
   if (!dev.read(1, 1, &h).is_ok()) return {{"error", "cannot read the journal header"}};
-  j["header_ok"] = h.magic == fs::kJournalHeaderMagic &&
-                   h.checksum == fs::block_checksum(&h, offsetof(fs::JournalHeader, checksum), sb.checksum_seed);
+  j["header_ok"] =
+      h.magic == fs::kJournalHeaderMagic &&
+      h.checksum == fs::block_checksum(&h, offsetof(fs::JournalHeader, checksum), sb.checksum_seed);
   j["tail_position"] = h.tail_block;
   j["tail_seq"] = h.tail_seq;
   fs::ReplayResult rr;
@@ -96,9 +98,11 @@ json journal_json(blockdev::BlockDevice& dev, const fs::Superblock& sb) {
 
 json groups_json(blockdev::BlockDevice& dev, const fs::Superblock& sb) {
   json out = json::array();
-  const uint32_t gdt_blocks = (sb.group_count + fs::kGroupDescsPerBlock - 1) / fs::kGroupDescsPerBlock;
+  const uint32_t gdt_blocks =
+      (sb.group_count + fs::kGroupDescsPerBlock - 1) / fs::kGroupDescsPerBlock;
   std::vector<fs::GroupDesc> d(size_t{gdt_blocks} * fs::kGroupDescsPerBlock);
-  if (!dev.read(sb.gdt_start, gdt_blocks, d.data()).is_ok()) return {{{"error", "cannot read the group descriptors"}}};
+  if (!dev.read(sb.gdt_start, gdt_blocks, d.data()).is_ok())
+    return {{{"error", "cannot read the group descriptors"}}};
   for (uint32_t g = 0; g < sb.group_count; ++g) {
     const fs::GroupDesc& gd = d[g];
     out.push_back({{"group", g},
@@ -115,14 +119,22 @@ json groups_json(blockdev::BlockDevice& dev, const fs::Superblock& sb) {
 
 const char* type_of(uint32_t mode) {
   switch (mode & S_IFMT) {
-    case S_IFREG: return "file";
-    case S_IFDIR: return "directory";
-    case S_IFLNK: return "symlink";
-    case S_IFCHR: return "character device";
-    case S_IFBLK: return "block device";
-    case S_IFIFO: return "fifo";
-    case S_IFSOCK: return "socket";
-    default: return "unknown";
+    case S_IFREG:
+      return "file";
+    case S_IFDIR:
+      return "directory";
+    case S_IFLNK:
+      return "symlink";
+    case S_IFCHR:
+      return "character device";
+    case S_IFBLK:
+      return "block device";
+    case S_IFIFO:
+      return "fifo";
+    case S_IFSOCK:
+      return "socket";
+    default:
+      return "unknown";
   }
 }
 
@@ -156,7 +168,10 @@ json inode_json(fs::Filesystem& f, fs::Ino ino, int* rc) {
   }
   json ext = json::array();
   for (const fs::Extent& e : r.extents) {
-    ext.push_back({{"logical", e.logical}, {"physical", e.physical}, {"blocks", e.blocks()}, {"unwritten", e.unwritten()}});
+    ext.push_back({{"logical", e.logical},
+                   {"physical", e.physical},
+                   {"blocks", e.blocks()},
+                   {"unwritten", e.unwritten()}});
   }
   j["extents"] = std::move(ext);
   j["tree_blocks"] = r.tree_blocks;
@@ -200,12 +215,10 @@ void print_text(const json& j, int indent) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  static const option longs[] = {{"inode", required_argument, nullptr, 'i'},
-                                 {"path", required_argument, nullptr, 'p'},
-                                 {"json", no_argument, nullptr, 'j'},
-                                 {"help", no_argument, nullptr, 'h'},
-                                 {"version", no_argument, nullptr, 'V'},
-                                 {nullptr, 0, nullptr, 0}};
+  static const option longs[] = {
+      {"inode", required_argument, nullptr, 'i'}, {"path", required_argument, nullptr, 'p'},
+      {"json", no_argument, nullptr, 'j'},        {"help", no_argument, nullptr, 'h'},
+      {"version", no_argument, nullptr, 'V'},     {nullptr, 0, nullptr, 0}};
   bool as_json = false;
   uint64_t want_ino = 0;
   std::string want_path;
@@ -226,10 +239,18 @@ int main(int argc, char** argv) {
           return 2;
         }
         break;
-      case 'j': as_json = true; break;
-      case 'h': usage(stdout); return 0;
-      case 'V': std::printf("dump.warpfs %s\n", WARPFS_VERSION); return 0;
-      default: usage(stderr); return 2;
+      case 'j':
+        as_json = true;
+        break;
+      case 'h':
+        usage(stdout);
+        return 0;
+      case 'V':
+        std::printf("dump.warpfs %s\n", WARPFS_VERSION);
+        return 0;
+      default:
+        usage(stderr);
+        return 2;
     }
   }
   if (optind + 1 != argc || (want_ino != 0 && !want_path.empty())) {
@@ -255,7 +276,9 @@ int main(int argc, char** argv) {
   if (std::string why = fs::validate_superblock(sb, dev.block_count()); !why.empty()) {
     std::fprintf(stderr, "dump.warpfs: %s: %s\n", device.c_str(),
                  why == "no warpfs magic" ? "not a warpfs filesystem"
-                                          : ("the superblock is damaged (" + why + "): fsck.warpfs restores it from its backup").c_str());
+                                          : ("the superblock is damaged (" + why +
+                                             "): fsck.warpfs restores it from its backup")
+                                                .c_str());
     return 1;
   }
   json out;
@@ -268,10 +291,11 @@ int main(int argc, char** argv) {
     // left in the journal: a replay would have to write.
     fs::ReplayResult rr;
     if (!fs::replay_journal(dev, sb, /*dry_run=*/true, &rr).is_ok() || rr.transactions > 0) {
-      std::fprintf(stderr,
-                   "dump.warpfs: %s: the journal holds transactions not yet written home: mount the "
-                   "filesystem once or run fsck.warpfs -y, then look at its inodes\n",
-                   device.c_str());
+      std::fprintf(
+          stderr,
+          "dump.warpfs: %s: the journal holds transactions not yet written home: mount the "
+          "filesystem once or run fsck.warpfs -y, then look at its inodes\n",
+          device.c_str());
       return 1;
     }
     fs::MountOptions mo;
@@ -303,7 +327,8 @@ int main(int argc, char** argv) {
       }
     }
     if (ino > sb.inode_count) {
-      std::fprintf(stderr, "dump.warpfs: inode %" PRIu64 ": the filesystem has %" PRIu64 " inodes\n", ino,
+      std::fprintf(stderr,
+                   "dump.warpfs: inode %" PRIu64 ": the filesystem has %" PRIu64 " inodes\n", ino,
                    sb.inode_count);
       return 1;
     }

@@ -21,23 +21,23 @@ using namespace warpfs;
 namespace {
 
 void usage(FILE* f) {
-  std::fprintf(f,
-               "usage: mkfs.warpfs [options] DEVICE\n"
-               "  DEVICE              emu:PATH or PATH (an image file), or vfio:DDDD:BB:DD.F\n"
-               "  -s, --size SIZE     create a missing image of SIZE bytes (K, M, G, T suffixes)\n"
-               "  -f, --force         overwrite an existing filesystem or data\n"
-               "  -N, --inodes N      number of inodes (default: one per 16 KiB)\n"
-               "  -L, --label LABEL   volume label (up to 63 bytes)\n"
-               "  -J, --journal-size SIZE  journal size (default: 1/64 of the device, 1-128 MiB)\n"
-               "  -m, --reserved PERCENT   data blocks kept for root (0-50, default 5)\n"
-               "      --resuid UID    a user who may use the kept blocks too\n"
-               "      --resgid GID    a group whose members may use them too\n"
-               "  -E resize=SIZE      keep room to grow to SIZE (resize.warpfs; blocks, or bytes\n"
-               "                      with K, M, G, T; default: 1024 times the device, at most 64 TiB)\n"
-               "  -q, --quiet         print nothing but errors\n"
-               "  -V, --version       print the version\n");
+  std::fprintf(
+      f,
+      "usage: mkfs.warpfs [options] DEVICE\n"
+      "  DEVICE              emu:PATH or PATH (an image file), or vfio:DDDD:BB:DD.F\n"
+      "  -s, --size SIZE     create a missing image of SIZE bytes (K, M, G, T suffixes)\n"
+      "  -f, --force         overwrite an existing filesystem or data\n"
+      "  -N, --inodes N      number of inodes (default: one per 16 KiB)\n"
+      "  -L, --label LABEL   volume label (up to 63 bytes)\n"
+      "  -J, --journal-size SIZE  journal size (default: 1/64 of the device, 1-128 MiB)\n"
+      "  -m, --reserved PERCENT   data blocks kept for root (0-50, default 5)\n"
+      "      --resuid UID    a user who may use the kept blocks too\n"
+      "      --resgid GID    a group whose members may use them too\n"
+      "  -E resize=SIZE      keep room to grow to SIZE (resize.warpfs; blocks, or bytes\n"
+      "                      with K, M, G, T; default: 1024 times the device, at most 64 TiB)\n"
+      "  -q, --quiet         print nothing but errors\n"
+      "  -V, --version       print the version\n");
 }
-
 
 std::string human(uint64_t bytes) {
   char buf[32];
@@ -77,7 +77,9 @@ int main(int argc, char** argv) {
           return 2;
         }
         break;
-      case 'f': force = true; break;
+      case 'f':
+        force = true;
+        break;
       case 'E': {
         uint64_t blocks = 0;
         if (std::strncmp(optarg, "resize=", 7) != 0 || !tools::parse_blocks(optarg + 7, &blocks) ||
@@ -106,7 +108,8 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "mkfs.warpfs: bad journal size '%s' (at least 256 KiB)\n", optarg);
           return 2;
         }
-        mo.journal_blocks = static_cast<uint32_t>(std::min<uint64_t>(journal / fs::kBlockSize, 1u << 20));
+        mo.journal_blocks =
+            static_cast<uint32_t>(std::min<uint64_t>(journal / fs::kBlockSize, 1u << 20));
         break;
       case 'm':
         if (!tools::parse_reserved_percent(optarg, &mo.reserved_percent)) {
@@ -118,16 +121,25 @@ int main(int argc, char** argv) {
       case 'G': {
         uint64_t v = 0;
         if (!tools::parse_u64(optarg, UINT32_MAX - 1, &v)) {
-          std::fprintf(stderr, "mkfs.warpfs: bad %s '%s' (a number)\n", c == 'U' ? "uid" : "gid", optarg);
+          std::fprintf(stderr, "mkfs.warpfs: bad %s '%s' (a number)\n", c == 'U' ? "uid" : "gid",
+                       optarg);
           return 2;
         }
         (c == 'U' ? mo.reserved_uid : mo.reserved_gid) = static_cast<uint32_t>(v);
         break;
       }
-      case 'q': quiet = true; break;
-      case 'h': usage(stdout); return 0;
-      case 'V': std::printf("mkfs.warpfs %s\n", WARPFS_VERSION); return 0;
-      default: usage(stderr); return 2;
+      case 'q':
+        quiet = true;
+        break;
+      case 'h':
+        usage(stdout);
+        return 0;
+      case 'V':
+        std::printf("mkfs.warpfs %s\n", WARPFS_VERSION);
+        return 0;
+      default:
+        usage(stderr);
+        return 2;
     }
   }
   if (optind + 1 != argc) {
@@ -144,9 +156,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mkfs.warpfs: %s\n", err.c_str());
     return 2;
   }
-  const bool creating = spec.kind == nvme::DeviceSpec::Kind::kEmulated && access(spec.path.c_str(), F_OK) != 0;
+  const bool creating =
+      spec.kind == nvme::DeviceSpec::Kind::kEmulated && access(spec.path.c_str(), F_OK) != 0;
   if (creating && size == 0) {
-    std::fprintf(stderr, "mkfs.warpfs: %s does not exist; give --size to create it\n", spec.path.c_str());
+    std::fprintf(stderr, "mkfs.warpfs: %s does not exist; give --size to create it\n",
+                 spec.path.c_str());
     return 1;
   }
   fs::StackOptions so;
@@ -158,7 +172,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!creating && size != 0 && !quiet) {
-    std::fprintf(stderr, "mkfs.warpfs: %s exists; --size ignored (it keeps its size)\n", spec.path.c_str());
+    std::fprintf(stderr, "mkfs.warpfs: %s exists; --size ignored (it keeps its size)\n",
+                 spec.path.c_str());
   }
   blockdev::BlockDevice& dev = stack->device();
   if (!creating && !force) {
@@ -182,7 +197,8 @@ int main(int argc, char** argv) {
     std::printf("  journal %u blocks (%s), metadata %" PRIu64 " blocks, label '%s'\n",
                 g.journal_blocks, human(uint64_t{g.journal_blocks} * fs::kBlockSize).c_str(),
                 g.metadata_blocks, mo.label.c_str());
-    std::printf("  %" PRIu64 " blocks (%g %%) kept for root\n", fs::reserved_blocks_for(g.block_count - g.metadata_blocks, mo.reserved_percent),
+    std::printf("  %" PRIu64 " blocks (%g %%) kept for root\n",
+                fs::reserved_blocks_for(g.block_count - g.metadata_blocks, mo.reserved_percent),
                 mo.reserved_percent);
   }
   const bool show_progress = !quiet && g.group_count >= 16 && isatty(STDOUT_FILENO);

@@ -37,10 +37,18 @@ int main(int argc, char** argv) {
   int c;
   while ((c = getopt_long(argc, argv, "qhV", longs, nullptr)) != -1) {
     switch (c) {
-      case 'q': quiet = true; break;
-      case 'h': usage(stdout); return 0;
-      case 'V': std::printf("resize.warpfs %s\n", WARPFS_VERSION); return 0;
-      default: usage(stderr); return 2;
+      case 'q':
+        quiet = true;
+        break;
+      case 'h':
+        usage(stdout);
+        return 0;
+      case 'V':
+        std::printf("resize.warpfs %s\n", WARPFS_VERSION);
+        return 0;
+      default:
+        usage(stderr);
+        return 2;
     }
   }
   if (optind + 1 != argc && optind + 2 != argc) {
@@ -70,7 +78,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!quiet) {
-    std::printf("resize.warpfs: %s: grown from %" PRIu64 " to %" PRIu64 " blocks (%u to %u groups)\n",
+    std::printf("resize.warpfs: %s: grown from %" PRIu64 " to %" PRIu64
+                " blocks (%u to %u groups)\n",
                 device.c_str(), r.old_blocks, r.new_blocks, r.old_groups, r.new_groups);
   }
   return 0;

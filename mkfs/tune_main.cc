@@ -80,7 +80,9 @@ int main(int argc, char** argv) {
   uint64_t v = 0;
   while ((c = getopt_long(argc, argv, "lL:m:r:u:g:c:o:E:hV", longs, nullptr)) != -1) {
     switch (c) {
-      case 'l': show = true; break;
+      case 'l':
+        show = true;
+        break;
       case 'L':
         if (std::strlen(optarg) > 63) {
           std::fprintf(stderr, "tune.warpfs: the label is longer than 63 bytes\n");
@@ -107,14 +109,16 @@ int main(int argc, char** argv) {
       case 'u':
       case 'g':
         if (!tools::parse_u64(optarg, UINT32_MAX - 1, &v)) {
-          std::fprintf(stderr, "tune.warpfs: bad %s '%s' (a number)\n", c == 'u' ? "uid" : "gid", optarg);
+          std::fprintf(stderr, "tune.warpfs: bad %s '%s' (a number)\n", c == 'u' ? "uid" : "gid",
+                       optarg);
           return 2;
         }
         (c == 'u' ? r.reserved_uid : r.reserved_gid) = static_cast<uint32_t>(v);
         break;
       case 'c':
         if (!tools::parse_u64(optarg, 86400, &v)) {
-          std::fprintf(stderr, "tune.warpfs: bad commit interval '%s' (0 to 86400 seconds)\n", optarg);
+          std::fprintf(stderr, "tune.warpfs: bad commit interval '%s' (0 to 86400 seconds)\n",
+                       optarg);
           return 2;
         }
         r.commit_interval_s = static_cast<uint32_t>(v);
@@ -137,9 +141,15 @@ int main(int argc, char** argv) {
         r.mount_opts = opts;
         break;
       }
-      case 'h': usage(stdout); return 0;
-      case 'V': std::printf("tune.warpfs %s\n", WARPFS_VERSION); return 0;
-      default: usage(stderr); return 2;
+      case 'h':
+        usage(stdout);
+        return 0;
+      case 'V':
+        std::printf("tune.warpfs %s\n", WARPFS_VERSION);
+        return 0;
+      default:
+        usage(stderr);
+        return 2;
     }
   }
   if (optind + 1 != argc) {
@@ -165,8 +175,8 @@ int main(int argc, char** argv) {
   }
   fs::Superblock sb;
   if (!change) {
-    if (std::string why = fs::read_tunable_superblock(stack->device(), &sb); !why.empty() &&
-        why.rfind("the filesystem was not cleanly", 0) != 0) {
+    if (std::string why = fs::read_tunable_superblock(stack->device(), &sb);
+        !why.empty() && why.rfind("the filesystem was not cleanly", 0) != 0) {
       std::fprintf(stderr, "tune.warpfs: %s: %s\n", device.c_str(), why.c_str());
       return 1;
     }

@@ -17,6 +17,7 @@ pkgs=(
   groff-base                                   # tests: the man pages render without warnings
   acl                                          # tests: setfacl and getfacl on a mount
   clang libclang-rt-14-dev                     # tests/fuzz: libFuzzer, ASan and UBSan runtimes
+  clang-format                                 # tests: the sources as .clang-format has them
   fuse2fs e2fsprogs gnuplot-nox python3        # bench/run fs: fuse2fs, PNG charts, reports
 )
 missing=()

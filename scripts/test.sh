@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what warpfs needs, builds it three ways and passes every test:
+# Installs what warpfs needs, checks the sources' format, builds it three ways and passes
+# every test:
 #   build/       Release (what users build), all tests, including real FUSE mounts (ctest
 #                label mounted), the concurrent stress harnesses and the VFIO guests
 #   build-asan/  ASan + UBSan, all tests; the mounted stress runs against the ASan daemon
@@ -38,6 +39,21 @@ run_suite() {
   passed=$((passed + total - fails))
   failed=$((failed + fails))
 }
+
+# The sources as the checked-in .clang-format lays them out (clang-format 14, Debian 12's);
+# `git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | xargs clang-format -i` fixes them.
+run_format() {
+  echo "=== format: clang-format --dry-run --Werror"
+  local files
+  mapfile -t files < <(cd "$repo" && git ls-files '*.cc' '*.h' '*.cu' '*.cuh' 2>/dev/null)
+  if ((${#files[@]} == 0)); then echo "format: not a git checkout, not checked"; return; fi
+  if (cd "$repo" && clang-format --dry-run --Werror "${files[@]}"); then
+    echo "format: ${#files[@]} files as .clang-format has them"; passed=$((passed + 1))
+  else
+    echo "format: the files above differ from .clang-format"; failed=$((failed + 1))
+  fi
+}
+run_format
 
 run_suite "release" "$repo/build" "-DCMAKE_BUILD_TYPE=Release -DWARPFS_BUILD_BENCH=ON" ""
 run_suite "asan+ubsan" "$repo/build-asan" \

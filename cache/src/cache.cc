@@ -14,11 +14,11 @@ namespace warpfs::cache {
 namespace {
 
 // The state word (BaM Table 6.1) and line flags: one definition for the CPU and GPU caches.
-using line_state::kAhead;      // filled by read-ahead, not yet used
+using line_state::kAhead;  // filled by read-ahead, not yet used
 using line_state::kBusy;
 using line_state::kCountMask;
 using line_state::kDirty;
-using line_state::kRef;        // clock: referenced since the hand last passed
+using line_state::kRef;  // clock: referenced since the hand last passed
 using line_state::kValid;
 
 enum Stat {

@@ -11,7 +11,7 @@ namespace warpfs::daemon {
 
 class LatencyHistogram {
  public:
-  static constexpr unsigned kSub = 4;                // buckets per power of two
+  static constexpr unsigned kSub = 4;              // buckets per power of two
   static constexpr unsigned kBuckets = 63 * kSub;  // up to 2^64 - 1 ns
 
   // Thread-safe: relaxed atomics (a reader may see a sample in the count before the bucket).
@@ -48,7 +48,8 @@ class LatencyHistogram {
     Snapshot s;
     s.count = count_.load(std::memory_order_relaxed);
     s.max_ns = max_.load(std::memory_order_relaxed);
-    for (unsigned i = 0; i < kBuckets; ++i) s.buckets[i] = buckets_[i].load(std::memory_order_relaxed);
+    for (unsigned i = 0; i < kBuckets; ++i)
+      s.buckets[i] = buckets_[i].load(std::memory_order_relaxed);
     return s;
   }
 

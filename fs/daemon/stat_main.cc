@@ -17,22 +17,22 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 using json = nlohmann::ordered_json;
 
 namespace {
 
 void usage(FILE* f) {
-  std::fprintf(f,
-               "usage: warpfs-stat [--json] [--watch [SECONDS]] [--count N] MOUNTPOINT\n"
-               "  -j, --json          the daemon's JSON object (one line per interval with --watch)\n"
-               "  -w, --watch [S]     again every S seconds (default 1), with rates since the last\n"
-               "  -n, --count N       with --watch: stop after N intervals\n"
-               "  -V, --version       print the version\n");
+  std::fprintf(
+      f,
+      "usage: warpfs-stat [--json] [--watch [SECONDS]] [--count N] MOUNTPOINT\n"
+      "  -j, --json          the daemon's JSON object (one line per interval with --watch)\n"
+      "  -w, --watch [S]     again every S seconds (default 1), with rates since the last\n"
+      "  -n, --count N       with --watch: stop after N intervals\n"
+      "  -V, --version       print the version\n");
 }
 
 // One snapshot from the daemon of the mount at `mnt`: "" or why not.
@@ -58,7 +58,8 @@ std::string fetch(const std::string& mnt, json* out) {
   for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
   ::close(fd);
   *out = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (out->is_discarded() || !out->is_object()) return std::string(path) + ": not the daemon's JSON";
+  if (out->is_discarded() || !out->is_object())
+    return std::string(path) + ": not the daemon's JSON";
   return "";
 }
 
@@ -69,11 +70,13 @@ uint64_t num(const json& j, const char* a, const char* b) {
 
 // One row per member of now[key] that has a count: the count, its rate over the interval
 // (with `before`), the latency percentiles, and for device commands MB/s.
-void print_table(const json& now, const json* before, double seconds, const char* key, const char* what) {
+void print_table(const json& now, const json* before, double seconds, const char* key,
+                 const char* what) {
   if (!now.contains(key)) return;
   const bool with_bytes = std::string(key) == "commands";
-  std::printf("%-12s %12s %10s %10s %10s %10s %10s%s\n", what, "count", before ? "per s" : "", "p50 us",
-              "p99 us", "p99.9 us", "max us", with_bytes ? (before ? "       MB/s" : "         MB") : "");
+  std::printf("%-12s %12s %10s %10s %10s %10s %10s%s\n", what, "count", before ? "per s" : "",
+              "p50 us", "p99 us", "p99.9 us", "max us",
+              with_bytes ? (before ? "       MB/s" : "         MB") : "");
   for (auto it = now[key].begin(); it != now[key].end(); ++it) {
     const json& o = it.value();
     const uint64_t count = o.value("count", uint64_t{0});
@@ -88,35 +91,42 @@ void print_table(const json& now, const json* before, double seconds, const char
     }
     if (with_bytes) {
       const uint64_t bytes = o.value("bytes", uint64_t{0});
-      const double shown = was ? static_cast<double>(bytes - was->value("bytes", uint64_t{0})) / seconds
-                               : static_cast<double>(bytes);
+      const double shown =
+          was ? static_cast<double>(bytes - was->value("bytes", uint64_t{0})) / seconds
+              : static_cast<double>(bytes);
       std::snprintf(mb, sizeof mb, " %10.1f", shown / 1e6);
     }
     const std::string name = with_bytes ? "dev." + it.key() : it.key();  // apart from FUSE's ops
-    std::printf("%-12s %12" PRIu64 " %10s %10.1f %10.1f %10.1f %10.1f%s\n", name.c_str(), count, rate,
-                o.value("p50_ns", uint64_t{0}) / 1e3, o.value("p99_ns", uint64_t{0}) / 1e3,
+    std::printf("%-12s %12" PRIu64 " %10s %10.1f %10.1f %10.1f %10.1f%s\n", name.c_str(), count,
+                rate, o.value("p50_ns", uint64_t{0}) / 1e3, o.value("p99_ns", uint64_t{0}) / 1e3,
                 o.value("p999_ns", uint64_t{0}) / 1e3, o.value("max_ns", uint64_t{0}) / 1e3, mb);
   }
 }
 
 void print_text(const json& now, const json* before, double seconds) {
   const uint64_t hits = num(now, "cache", "hits"), misses = num(now, "cache", "misses");
-  std::printf("cache: %" PRIu64 " hits, %" PRIu64 " misses (%.1f %% hits), %" PRIu64 " locked hits\n", hits,
-              misses, hits + misses ? 100.0 * static_cast<double>(hits) / static_cast<double>(hits + misses) : 0.0,
-              num(now, "cache", "locked_hits"));
-  std::printf("journal: %" PRIu64 " commits; device: %s, %" PRIu64 " I/O queues, %" PRIu64 " resets\n",
+  std::printf(
+      "cache: %" PRIu64 " hits, %" PRIu64 " misses (%.1f %% hits), %" PRIu64 " locked hits\n", hits,
+      misses,
+      hits + misses ? 100.0 * static_cast<double>(hits) / static_cast<double>(hits + misses) : 0.0,
+      num(now, "cache", "locked_hits"));
+  std::printf("journal: %" PRIu64 " commits; device: %s, %" PRIu64 " I/O queues, %" PRIu64
+              " resets\n",
               num(now, "fs", "commits"),
               now.contains("device") ? now["device"].value("transport", "?").c_str() : "?",
               num(now, "device", "io_queues"), num(now, "device", "resets"));
   if (before) {
-    const double rd = static_cast<double>(num(now, "io", "read_bytes") - num(*before, "io", "read_bytes"));
-    const double wr = static_cast<double>(num(now, "io", "written_bytes") - num(*before, "io", "written_bytes"));
+    const double rd =
+        static_cast<double>(num(now, "io", "read_bytes") - num(*before, "io", "read_bytes"));
+    const double wr =
+        static_cast<double>(num(now, "io", "written_bytes") - num(*before, "io", "written_bytes"));
     std::printf("io: %.1f MB/s read, %.1f MB/s written\n", rd / seconds / 1e6, wr / seconds / 1e6);
   } else {
     std::printf("io: %" PRIu64 " bytes read, %" PRIu64 " written\n", num(now, "io", "read_bytes"),
                 num(now, "io", "written_bytes"));
   }
-  if (now.contains("queues") && now["queues"].contains("pairs") && now["queues"]["pairs"].is_array()) {
+  if (now.contains("queues") && now["queues"].contains("pairs") &&
+      now["queues"]["pairs"].is_array()) {
     std::printf("queue pairs (in flight/completed):");
     for (const json& q : now["queues"]["pairs"]) {
       std::printf(" %" PRIu64 ": %" PRIu64 "/%" PRIu64, q.value("qid", uint64_t{0}),
@@ -131,19 +141,19 @@ void print_text(const json& now, const json* before, double seconds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  static const option longs[] = {{"json", no_argument, nullptr, 'j'},
-                                 {"watch", optional_argument, nullptr, 'w'},
-                                 {"count", required_argument, nullptr, 'n'},
-                                 {"help", no_argument, nullptr, 'h'},
-                                 {"version", no_argument, nullptr, 'V'},
-                                 {nullptr, 0, nullptr, 0}};
+  static const option longs[] = {
+      {"json", no_argument, nullptr, 'j'},        {"watch", optional_argument, nullptr, 'w'},
+      {"count", required_argument, nullptr, 'n'}, {"help", no_argument, nullptr, 'h'},
+      {"version", no_argument, nullptr, 'V'},     {nullptr, 0, nullptr, 0}};
   bool as_json = false, watch = false;
   double interval = 1;
   long count = -1;
   int c;
   while ((c = getopt_long(argc, argv, "jw::n:hV", longs, nullptr)) != -1) {
     switch (c) {
-      case 'j': as_json = true; break;
+      case 'j':
+        as_json = true;
+        break;
       case 'w': {
         watch = true;
         if (optarg) {
@@ -165,9 +175,15 @@ int main(int argc, char** argv) {
         }
         break;
       }
-      case 'h': usage(stdout); return 0;
-      case 'V': std::printf("warpfs-stat %s\n", WARPFS_VERSION); return 0;
-      default: usage(stderr); return 2;
+      case 'h':
+        usage(stdout);
+        return 0;
+      case 'V':
+        std::printf("warpfs-stat %s\n", WARPFS_VERSION);
+        return 0;
+      default:
+        usage(stderr);
+        return 2;
     }
   }
   if (optind + 1 != argc) {
@@ -190,7 +206,8 @@ int main(int argc, char** argv) {
       std::printf("%s\n", now.dump().c_str());
     } else {
       if (watch) std::printf("%s--- %s\n", i ? "\n" : "", mnt.c_str());
-      print_text(now, have_before ? &before : nullptr, std::chrono::duration<double>(t - last).count());
+      print_text(now, have_before ? &before : nullptr,
+                 std::chrono::duration<double>(t - last).count());
     }
     std::fflush(stdout);
     if (!watch) break;

@@ -77,7 +77,7 @@ class TimedBlockDevice final : public blockdev::BlockDevice {
   }
 
   blockdev::BlockDevice& d_;
-  LatencyHistogram latency_[kClasses];       // relaxed atomics: every worker adds at once
+  LatencyHistogram latency_[kClasses];          // relaxed atomics: every worker adds at once
   std::atomic<uint64_t> bytes_[kClasses] = {};  // likewise
 };
 

@@ -6,38 +6,36 @@
 // old struct (idle threads 0, clone_fd on): a thread was created, opened /dev/fuse and exited
 // for almost every request.
 #define FUSE_USE_VERSION 312
-#include <fuse_lowlevel.h>
-
 #include <fcntl.h>
+#include <fuse_lowlevel.h>
 #include <linux/fs.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/un.h>
 #include <syslog.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <memory>
 #include <mutex>
-#include <thread>
-#include <chrono>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "latency.h"
 #include "timed_device.h"
@@ -56,7 +54,7 @@ using warpfs::fs::Attr;
 using warpfs::fs::Filesystem;
 using warpfs::fs::Ino;
 
-constexpr unsigned kCommitUnset = ~0u;  // commit= not given: the filesystem's default
+constexpr unsigned kCommitUnset = ~0u;     // commit= not given: the filesystem's default
 constexpr unsigned kMetaCacheUnset = ~0u;  // meta_cache_mb= not given: the superblock's, else 32
 
 struct Options {
@@ -78,23 +76,31 @@ struct Options {
   int version = 0;
 };
 
-#define WARPFS_OPT(t, p) {t, offsetof(Options, p), 1}
+#define WARPFS_OPT(t, p) \
+  { t, offsetof(Options, p), 1 }
 // "ro" and "rw" are seen here and kept for libfuse's mount (FUSE_OPT_KEY_KEEP would hide them
 // from opt_proc altogether).
 enum { kKeyRo = 1, kKeyRw = 2, kKeyDiscard = 3, kKeyNoDiscard = 4 };
-const fuse_opt kOpts[] = {
-    WARPFS_OPT("cache_mb=%u", cache_mb),     WARPFS_OPT("queues=%u", queues),
-    WARPFS_OPT("latency_us=%u", latency_us), WARPFS_OPT("workers=%u", workers),
-    WARPFS_OPT("commit=%u", commit_s),       WARPFS_OPT("stats=%s", stats),
-    FUSE_OPT_KEY("nodiscard", kKeyNoDiscard), FUSE_OPT_KEY("discard", kKeyDiscard),
-    FUSE_OPT_KEY("ro", kKeyRo),
-    WARPFS_OPT("remount", remount),          FUSE_OPT_KEY("rw", kKeyRw),
-    WARPFS_OPT("io_timeout=%u", io_timeout_s), WARPFS_OPT("inline_io=%u", inline_io),
-    WARPFS_OPT("meta_cache_mb=%u", meta_cache_mb),
-    WARPFS_OPT("-h", help),                  WARPFS_OPT("--help", help),
-    WARPFS_OPT("--list-devices", list_devices),
-    WARPFS_OPT("-V", version),               WARPFS_OPT("--version", version),
-    FUSE_OPT_END};
+const fuse_opt kOpts[] = {WARPFS_OPT("cache_mb=%u", cache_mb),
+                          WARPFS_OPT("queues=%u", queues),
+                          WARPFS_OPT("latency_us=%u", latency_us),
+                          WARPFS_OPT("workers=%u", workers),
+                          WARPFS_OPT("commit=%u", commit_s),
+                          WARPFS_OPT("stats=%s", stats),
+                          FUSE_OPT_KEY("nodiscard", kKeyNoDiscard),
+                          FUSE_OPT_KEY("discard", kKeyDiscard),
+                          FUSE_OPT_KEY("ro", kKeyRo),
+                          WARPFS_OPT("remount", remount),
+                          FUSE_OPT_KEY("rw", kKeyRw),
+                          WARPFS_OPT("io_timeout=%u", io_timeout_s),
+                          WARPFS_OPT("inline_io=%u", inline_io),
+                          WARPFS_OPT("meta_cache_mb=%u", meta_cache_mb),
+                          WARPFS_OPT("-h", help),
+                          WARPFS_OPT("--help", help),
+                          WARPFS_OPT("--list-devices", list_devices),
+                          WARPFS_OPT("-V", version),
+                          WARPFS_OPT("--version", version),
+                          FUSE_OPT_END};
 
 int opt_proc(void* data, const char* arg, int key, fuse_args*) {
   auto* o = static_cast<Options*>(data);
@@ -162,8 +168,47 @@ class PageCacheTracker {
 };
 
 // The FUSE operations the live view times (warpfs-stat), in the order of their names.
-enum OpId : unsigned { kOp_lookup, kOp_forget, kOp_forget_multi, kOp_getattr, kOp_setattr, kOp_readlink, kOp_mknod, kOp_mkdir, kOp_unlink, kOp_rmdir, kOp_symlink, kOp_rename, kOp_link, kOp_open, kOp_read, kOp_write, kOp_release, kOp_fsync, kOp_opendir, kOp_readdir, kOp_readdirplus, kOp_releasedir, kOp_fsyncdir, kOp_statfs, kOp_setxattr, kOp_getxattr, kOp_listxattr, kOp_removexattr, kOp_create, kOp_fallocate, kOp_lseek, kOp_ioctl, kOpCount };
-constexpr const char* kOpNames[kOpCount] = {"lookup", "forget", "forget_multi", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink", "rmdir", "symlink", "rename", "link", "open", "read", "write", "release", "fsync", "opendir", "readdir", "readdirplus", "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr", "create", "fallocate", "lseek", "ioctl"};
+enum OpId : unsigned {
+  kOp_lookup,
+  kOp_forget,
+  kOp_forget_multi,
+  kOp_getattr,
+  kOp_setattr,
+  kOp_readlink,
+  kOp_mknod,
+  kOp_mkdir,
+  kOp_unlink,
+  kOp_rmdir,
+  kOp_symlink,
+  kOp_rename,
+  kOp_link,
+  kOp_open,
+  kOp_read,
+  kOp_write,
+  kOp_release,
+  kOp_fsync,
+  kOp_opendir,
+  kOp_readdir,
+  kOp_readdirplus,
+  kOp_releasedir,
+  kOp_fsyncdir,
+  kOp_statfs,
+  kOp_setxattr,
+  kOp_getxattr,
+  kOp_listxattr,
+  kOp_removexattr,
+  kOp_create,
+  kOp_fallocate,
+  kOp_lseek,
+  kOp_ioctl,
+  kOpCount
+};
+constexpr const char* kOpNames[kOpCount] = {
+    "lookup",     "forget",    "forget_multi", "getattr",  "setattr",  "readlink",  "mknod",
+    "mkdir",      "unlink",    "rmdir",        "symlink",  "rename",   "link",      "open",
+    "read",       "write",     "release",      "fsync",    "opendir",  "readdir",   "readdirplus",
+    "releasedir", "fsyncdir",  "statfs",       "setxattr", "getxattr", "listxattr", "removexattr",
+    "create",     "fallocate", "lseek",        "ioctl"};
 
 // What every FUSE worker thread reaches through fuse_req_userdata(). Set up before the
 // session loop starts and torn down after it ends: read-only while the workers run, except
@@ -183,8 +228,12 @@ struct Daemon {
   std::atomic<uint64_t> read_bytes{0}, written_bytes{0};
 };
 
-Daemon* daemon_of(fuse_req_t req) { return static_cast<Daemon*>(fuse_req_userdata(req)); }
-Filesystem& fs_of(fuse_req_t req) { return *daemon_of(req)->fs; }
+Daemon* daemon_of(fuse_req_t req) {
+  return static_cast<Daemon*>(fuse_req_userdata(req));
+}
+Filesystem& fs_of(fuse_req_t req) {
+  return *daemon_of(req)->fs;
+}
 
 void fill_entry(fuse_req_t req, const Attr& a, fuse_entry_param* e) {
   std::memset(e, 0, sizeof *e);
@@ -280,12 +329,16 @@ void op_readlink(fuse_req_t req, fuse_ino_t ino) {
 
 void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   Attr a;
-  reply_entry_or_err(req, fs_of(req).mknod(parent, name, static_cast<uint32_t>(mode), static_cast<uint64_t>(rdev), caller(req), &a), a);
+  reply_entry_or_err(req,
+                     fs_of(req).mknod(parent, name, static_cast<uint32_t>(mode),
+                                      static_cast<uint64_t>(rdev), caller(req), &a),
+                     a);
 }
 
 void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   Attr a;
-  reply_entry_or_err(req, fs_of(req).mkdir(parent, name, static_cast<uint32_t>(mode), caller(req), &a), a);
+  reply_entry_or_err(
+      req, fs_of(req).mkdir(parent, name, static_cast<uint32_t>(mode), caller(req), &a), a);
 }
 
 void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -346,10 +399,12 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   }
 }
 
-void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+               fuse_file_info* fi) {
   Attr a;
   Filesystem& fs = fs_of(req);
-  int rc = fs.mknod(parent, name, S_IFREG | (static_cast<uint32_t>(mode) & 07777), 0, caller(req), &a);
+  int rc =
+      fs.mknod(parent, name, S_IFREG | (static_cast<uint32_t>(mode) & 07777), 0, caller(req), &a);
   if (rc == 0) rc = fs.open(a.ino, fi->flags);
   if (rc) {
     fuse_reply_err(req, rc);
@@ -383,7 +438,8 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
   // The blocks kept for root are not every caller's. A write-back of a shared mapping's pages
   // (fi->writepage) comes from whoever flushes them, often the kernel's flusher as root.
   const warpfs::fs::CallerScope as(caller(req));
-  const int rc = fs_of(req).write(ino, static_cast<uint64_t>(off), size, buf, &written, &dropped_privs);
+  const int rc =
+      fs_of(req).write(ino, static_cast<uint64_t>(off), size, buf, &written, &dropped_privs);
   Daemon* d = daemon_of(req);
   if (dropped_privs) {
     // The kernel clears set-user-ID itself before a buffered write, but not before an
@@ -408,7 +464,6 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
   d->written_bytes.fetch_add(written, std::memory_order_relaxed);
   fuse_reply_write(req, written);
 }
-
 
 void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   release_cache_mode(req, ino, fi);
@@ -439,7 +494,8 @@ void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, bool
       struct stat st {};
       st.st_ino = e.ino;
       st.st_mode = static_cast<mode_t>(e.type) << 12;
-      const size_t need = fuse_add_direntry(req, buf.data() + pos, size - pos, e.name.c_str(), &st, next);
+      const size_t need =
+          fuse_add_direntry(req, buf.data() + pos, size - pos, e.name.c_str(), &st, next);
       if (need > size - pos) return false;
       pos += need;
       return true;
@@ -493,7 +549,8 @@ void op_statfs(fuse_req_t req, fuse_ino_t) {
   fuse_reply_statfs(req, &st);
 }
 
-void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size, int flags) {
+void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
+                 int flags) {
   fuse_reply_err(req, fs_of(req).setxattr(ino, name, value, size, flags));
 }
 
@@ -531,7 +588,8 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
     return;
   }
   const warpfs::fs::CallerScope as(caller(req));  // the root reserve is not every caller's
-  fuse_reply_err(req, fs_of(req).fallocate(ino, mode, static_cast<uint64_t>(off), static_cast<uint64_t>(len)));
+  fuse_reply_err(
+      req, fs_of(req).fallocate(ino, mode, static_cast<uint64_t>(off), static_cast<uint64_t>(len)));
 }
 
 void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
@@ -550,8 +608,8 @@ void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_i
 // chattr/lsattr: the kernel turns FS_IOC_GETFLAGS/SETFLAGS and FS_IOC_FSGETXATTR/FSSETXATTR
 // alike into its fileattr calls, which reach a FUSE daemon as one of these ioctls (an int of
 // FS_*_FL flags, or a struct fsxattr with FS_XFLAG_*); anything else is not for warpfs.
-void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*, unsigned flags,
-              const void* in_buf, size_t in_bufsz, size_t out_bufsz) {
+void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file_info*,
+              unsigned flags, const void* in_buf, size_t in_bufsz, size_t out_bufsz) {
   if (flags & FUSE_IOCTL_COMPAT) {
     fuse_reply_err(req, ENOSYS);
     return;
@@ -583,19 +641,21 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
       return;
     }
     fsxattr fa{};
-    fa.fsx_xflags = (v & FS_IMMUTABLE_FL ? FS_XFLAG_IMMUTABLE : 0u) | (v & FS_APPEND_FL ? FS_XFLAG_APPEND : 0u);
+    fa.fsx_xflags =
+        (v & FS_IMMUTABLE_FL ? FS_XFLAG_IMMUTABLE : 0u) | (v & FS_APPEND_FL ? FS_XFLAG_APPEND : 0u);
     fuse_reply_ioctl(req, 0, &fa, sizeof fa);
     return;
   }
   if (cmd == FS_IOC_FSSETXATTR && in_bufsz >= sizeof(fsxattr)) {
     fsxattr fa;
     std::memcpy(&fa, in_buf, sizeof fa);
-    if (fa.fsx_xflags & ~static_cast<uint32_t>(FS_XFLAG_IMMUTABLE | FS_XFLAG_APPEND) || fa.fsx_extsize ||
-        fa.fsx_projid || fa.fsx_cowextsize) {
+    if (fa.fsx_xflags & ~static_cast<uint32_t>(FS_XFLAG_IMMUTABLE | FS_XFLAG_APPEND) ||
+        fa.fsx_extsize || fa.fsx_projid || fa.fsx_cowextsize) {
       fuse_reply_err(req, EOPNOTSUPP);
       return;
     }
-    v = (fa.fsx_xflags & FS_XFLAG_IMMUTABLE ? FS_IMMUTABLE_FL : 0u) | (fa.fsx_xflags & FS_XFLAG_APPEND ? FS_APPEND_FL : 0u);
+    v = (fa.fsx_xflags & FS_XFLAG_IMMUTABLE ? FS_IMMUTABLE_FL : 0u) |
+        (fa.fsx_xflags & FS_XFLAG_APPEND ? FS_APPEND_FL : 0u);
     const int rc = fs_of(req).set_flags(ino, v);
     if (rc) {
       fuse_reply_err(req, rc);
@@ -809,7 +869,9 @@ std::string unsafe_target(int dirfd, const std::string& dir, const std::string& 
 // directory, then renamed over the target. "" or why not (nothing written).
 std::string write_private_file(const std::string& path, const std::string& text) {
   const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
   if (base.empty()) return path + ": not a file name";
   const int dirfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -817,7 +879,8 @@ std::string write_private_file(const std::string& path, const std::string& text)
   std::string why = unsafe_target(dirfd, dir, base);
   if (why.empty()) {
     const std::string tmp = "." + base + "." + std::to_string(getpid()) + ".tmp";
-    const int fd = openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    const int fd =
+        openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
       why = dir + "/" + tmp + ": " + std::strerror(errno);
     } else {
@@ -843,10 +906,13 @@ std::string write_private_file(const std::string& path, const std::string& text)
 // The stats file's place, checked at mount: "" or why it is refused.
 std::string check_stats_path(const std::string& path) {
   const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
   const int dirfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dirfd < 0) return dir + ": " + std::strerror(errno);
-  std::string why = unsafe_target(dirfd, dir, slash == std::string::npos ? path : path.substr(slash + 1));
+  std::string why =
+      unsafe_target(dirfd, dir, slash == std::string::npos ? path : path.substr(slash + 1));
   ::close(dirfd);
   return why;
 }
@@ -903,7 +969,8 @@ std::string mountinfo_unescape(const std::string& s) {
 
 // Whether the superblock mounted at `mountpoint` is read-only (mountinfo's super options);
 // false with *found = false where no such mount is listed.
-bool mount_is_read_only(const std::string& mountpoint, bool* found, std::string* devno_out = nullptr) {
+bool mount_is_read_only(const std::string& mountpoint, bool* found,
+                        std::string* devno_out = nullptr) {
   std::ifstream in("/proc/self/mountinfo");
   std::string line;
   *found = false;
@@ -951,8 +1018,9 @@ int remount_helper(const char* mountpoint, bool ro) {
   if (sv.f_flag & ST_NODIRATIME) flags |= MS_NODIRATIME;
   if (sv.f_flag & ST_RELATIME) flags |= MS_RELATIME;
   if (::mount(nullptr, mnt.c_str(), nullptr, flags, nullptr) != 0) {
-    std::fprintf(stderr, "warpfs: remount of %s %s: %s%s\n", mnt.c_str(), ro ? "read-only" : "read-write",
-                 std::strerror(errno), errno == EBUSY ? " (files are open for writing)" : "");
+    std::fprintf(stderr, "warpfs: remount of %s %s: %s%s\n", mnt.c_str(),
+                 ro ? "read-only" : "read-write", std::strerror(errno),
+                 errno == EBUSY ? " (files are open for writing)" : "");
     return 1;
   }
   // The daemon follows within milliseconds (it logs "remounted read-only|read-write"); the
@@ -979,8 +1047,10 @@ void follow_remounts(Filesystem& fs, const std::string& mountpoint, int stop) {
     const bool ro = mount_is_read_only(mountpoint, &found);
     if (!found || ro == fs.read_only()) continue;
     const int rc = fs.set_read_only(ro);
-    log_line(rc == 0 ? std::string("remounted ") + (ro ? "read-only: the image is clean" : "read-write")
-                     : std::string("remount ") + (ro ? "read-only" : "read-write") + " failed: " + std::strerror(rc));
+    log_line(rc == 0
+                 ? std::string("remounted ") + (ro ? "read-only: the image is clean" : "read-write")
+                 : std::string("remount ") + (ro ? "read-only" : "read-write") +
+                       " failed: " + std::strerror(rc));
   }
   ::close(mi);
 }
@@ -992,7 +1062,9 @@ void follow_remounts(Filesystem& fs, const std::string& mountpoint, int stop) {
 // thread serves it, waking only for a connection or for the unmount.
 constexpr const char* kRunDir = "/run/warpfs";
 
-std::string live_socket_path(const std::string& devno) { return std::string(kRunDir) + "/" + devno + ".sock"; }
+std::string live_socket_path(const std::string& devno) {
+  return std::string(kRunDir) + "/" + devno + ".sock";
+}
 
 // Listens on the live view's socket of the mount at `mountpoint`; -1 (logged) where it
 // cannot be made safely. *path receives its path.
@@ -1002,12 +1074,15 @@ int open_live_socket(const std::string& mountpoint, std::string* path) {
   mount_is_read_only(mountpoint, &found, &devno);
   if (!found || devno.empty()) return -1;
   if (::mkdir(kRunDir, 0700) != 0 && errno != EEXIST) {
-    log_line(std::string("live view: ") + kRunDir + ": " + std::strerror(errno) + " (warpfs-stat will not connect)");
+    log_line(std::string("live view: ") + kRunDir + ": " + std::strerror(errno) +
+             " (warpfs-stat will not connect)");
     return -1;
   }
   struct stat ds;
-  if (::lstat(kRunDir, &ds) != 0 || !S_ISDIR(ds.st_mode) || ds.st_uid != geteuid() || (ds.st_mode & 077)) {
-    log_line(std::string("live view: ") + kRunDir + " is not a directory of ours closed to others: no socket");
+  if (::lstat(kRunDir, &ds) != 0 || !S_ISDIR(ds.st_mode) || ds.st_uid != geteuid() ||
+      (ds.st_mode & 077)) {
+    log_line(std::string("live view: ") + kRunDir +
+             " is not a directory of ours closed to others: no socket");
     return -1;
   }
   *path = live_socket_path(devno);
@@ -1079,7 +1154,8 @@ void usage(const char* prog) {
       "                  whatever the size\n"
       "  io_timeout=N    reset the controller when a busy queue completes nothing for N\n"
       "                  seconds; the commands in flight fail with EIO (default 30; 0: never)\n"
-      "  stats=FILE      write cache and journal counters as JSON to FILE at unmount and on SIGUSR1\n"
+      "  stats=FILE      write cache and journal counters as JSON to FILE at unmount and on "
+      "SIGUSR1\n"
       "  nodiscard       do not trim freed blocks (discard: do, the default)\n"
       "  ro              read-only (rw: read-write, the default)\n"
       "  ro/rw, discard/nodiscard and meta_cache_mb= not given here come from the filesystem's\n"
@@ -1102,8 +1178,9 @@ int list_devices() {
   std::fputs(warpfs::nvme::pci::format_table(fns).c_str(), stdout);
   return 0;
 #else
-  std::fprintf(stderr, "warpfs: built without libpci: --list-devices is not available (install "
-                       "libpci-dev and rebuild)\n");
+  std::fprintf(stderr,
+               "warpfs: built without libpci: --list-devices is not available (install "
+               "libpci-dev and rebuild)\n");
   return 1;
 #endif
 }
@@ -1171,7 +1248,8 @@ int main(int argc, char** argv) {
   if (named.rfind("vfio:", 0) != 0) {
     std::string path = named.rfind("emu:", 0) == 0 ? named.substr(4) : named;
     std::string ns;
-    if (const size_t c = path.rfind(",ns="); c != std::string::npos) ns = path.substr(c), path.resize(c);
+    if (const size_t c = path.rfind(",ns="); c != std::string::npos)
+      ns = path.substr(c), path.resize(c);
     if (char* abs = realpath(path.c_str(), nullptr)) {
       named = "emu:" + std::string(abs) + ns;
       free(abs);
@@ -1269,7 +1347,8 @@ int main(int argc, char** argv) {
   warpfs::fs::MountOptions mo;
   mo.read_only = o.ro == 1;
   mo.discard = o.discard != 0;
-  mo.commit_interval_ms = o.commit_s == kCommitUnset ? 0 : o.commit_s * 1000;  // 0: the superblock's
+  mo.commit_interval_ms =
+      o.commit_s == kCommitUnset ? 0 : o.commit_s * 1000;  // 0: the superblock's
   mo.meta_cache_mb = o.meta_cache_mb;
   mo.log = log_line;
   d.fs = Filesystem::mount(*dev, mo, &err);
@@ -1339,14 +1418,16 @@ int main(int argc, char** argv) {
           // -o max_threads= / max_idle_threads= was given; passed on as they are, libfuse
           // logs "Ignoring invalid max threads value" at every mount.
           if (cl.max_threads <= 100000) fuse_loop_cfg_set_max_threads(lc, cl.max_threads);
-          if (cl.max_idle_threads <= 100000) fuse_loop_cfg_set_idle_threads(lc, cl.max_idle_threads);
+          if (cl.max_idle_threads <= 100000)
+            fuse_loop_cfg_set_idle_threads(lc, cl.max_idle_threads);
           rc = fuse_session_loop_mt(se, lc);
           fuse_loop_cfg_destroy(lc);
         }
         // A second Ctrl-C or SIGTERM must not cut the unmount below short.
         pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
         const uint64_t stop_one = 1;  // the eventfd stays readable: it stops both threads
-        if (follow_stop >= 0 && ::write(follow_stop, &stop_one, sizeof stop_one) == sizeof stop_one) {
+        if (follow_stop >= 0 &&
+            ::write(follow_stop, &stop_one, sizeof stop_one) == sizeof stop_one) {
           follower.join();  // no remount after this: unmount() comes next
           live.join();
         } else {
@@ -1380,7 +1461,8 @@ int main(int argc, char** argv) {
   const int urc = d.fs->unmount();
   write_stats(d);
   if (urc != 0) {
-    std::fprintf(stderr, "warpfs: %s: unmount failed (%s); run fsck.warpfs\n", o.device, std::strerror(urc));
+    std::fprintf(stderr, "warpfs: %s: unmount failed (%s); run fsck.warpfs\n", o.device,
+                 std::strerror(urc));
     rc = 1;
   }
   d.fs.reset();

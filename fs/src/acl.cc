@@ -2,10 +2,10 @@
 // and writes them through system.posix_acl_access/default; the filesystem's own part is
 // inheritance, when a directory with a default ACL gets a new entry (POSIX.1e, as Linux's
 // posix_acl_create: the umask does not apply, the requested mode masks the inherited ACL).
-#include "internal.h"
-
 #include <algorithm>
 #include <cstring>
+
+#include "internal.h"
 
 namespace warpfs::fs::acl {
 
@@ -49,13 +49,25 @@ bool mode_of(const std::string& access_acl, uint32_t* perms, bool* equivalent) {
   *equivalent = true;
   for (const Entry& x : e) {
     switch (x.tag) {
-      case kUserObj: user_obj = x.perm & 7; break;
-      case kGroupObj: group_obj = x.perm & 7; break;
-      case kMask: mask = x.perm & 7; *equivalent = false; break;
-      case kOther: other = x.perm & 7; break;
+      case kUserObj:
+        user_obj = x.perm & 7;
+        break;
+      case kGroupObj:
+        group_obj = x.perm & 7;
+        break;
+      case kMask:
+        mask = x.perm & 7;
+        *equivalent = false;
+        break;
+      case kOther:
+        other = x.perm & 7;
+        break;
       case kUser:
-      case kGroup: *equivalent = false; break;
-      default: return false;
+      case kGroup:
+        *equivalent = false;
+        break;
+      default:
+        return false;
     }
   }
   if (user_obj < 0 || group_obj < 0 || other < 0) return false;
@@ -66,7 +78,8 @@ bool mode_of(const std::string& access_acl, uint32_t* perms, bool* equivalent) {
 bool chmod(std::string* access_acl, uint32_t mode) {
   std::vector<Entry> e;
   if (!parse(*access_acl, &e)) return false;
-  const bool has_mask = std::any_of(e.begin(), e.end(), [](const Entry& x) { return x.tag == kMask; });
+  const bool has_mask =
+      std::any_of(e.begin(), e.end(), [](const Entry& x) { return x.tag == kMask; });
   for (Entry& x : e) {
     if (x.tag == kUserObj) x.perm = static_cast<uint16_t>((mode >> 6) & 7);
     if (x.tag == (has_mask ? kMask : kGroupObj)) x.perm = static_cast<uint16_t>((mode >> 3) & 7);
@@ -94,11 +107,19 @@ bool inherit(const std::string& default_acl, uint32_t* mode, std::string* access
         x.perm &= m & 7;
         m &= x.perm | 0770;
         break;
-      case kGroupObj: group_obj = &x; break;
-      case kMask: mask = &x; extended = true; break;
+      case kGroupObj:
+        group_obj = &x;
+        break;
+      case kMask:
+        mask = &x;
+        extended = true;
+        break;
       case kUser:
-      case kGroup: extended = true; break;
-      default: return false;
+      case kGroup:
+        extended = true;
+        break;
+      default:
+        return false;
     }
   }
   Entry* g = mask ? mask : group_obj;

@@ -24,9 +24,15 @@ namespace {
 
 constexpr uint32_t kWords = kBlocksPerGroup / 64;
 
-bool test_bit(const uint8_t* bm, uint32_t i) { return (bm[i / 8] >> (i % 8)) & 1; }
-void set_bit(uint8_t* bm, uint32_t i) { bm[i / 8] |= static_cast<uint8_t>(1u << (i % 8)); }
-void clear_bit(uint8_t* bm, uint32_t i) { bm[i / 8] &= static_cast<uint8_t>(~(1u << (i % 8))); }
+bool test_bit(const uint8_t* bm, uint32_t i) {
+  return (bm[i / 8] >> (i % 8)) & 1;
+}
+void set_bit(uint8_t* bm, uint32_t i) {
+  bm[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+}
+void clear_bit(uint8_t* bm, uint32_t i) {
+  bm[i / 8] &= static_cast<uint8_t>(~(1u << (i % 8)));
+}
 
 uint64_t word(const uint8_t* bm, uint32_t w) {
   uint64_t x;
@@ -93,13 +99,15 @@ int FsImpl::load_groups() {
   for (uint32_t g = 0; g < sb_.group_count; ++g) {
     GroupDesc* gd = desc(gdt_, g);
     const uint64_t start = group_start(g);
-    if (gd->block_bitmap != start || gd->inode_bitmap != start + 1 || gd->inode_table != start + 2) {
+    if (gd->block_bitmap != start || gd->inode_bitmap != start + 1 ||
+        gd->inode_table != start + 2) {
       log("group " + std::to_string(g) + ": descriptor points outside its group (run fsck.warpfs)");
       return EIO;
     }
     auto verify = [&](uint64_t want) {
       return [this, want](const MetaBuf& b) -> std::string {
-        return checksum(b.data, kBlockSize, sb_.checksum_seed) == want ? "" : "bitmap checksum mismatch";
+        return checksum(b.data, kBlockSize, sb_.checksum_seed) == want ? ""
+                                                                       : "bitmap checksum mismatch";
       };
     };
     Group& gr = groups_[g];
@@ -146,9 +154,15 @@ namespace {
 thread_local const Caller* t_caller = nullptr;  // CallerScope: this thread's alone
 }  // namespace
 
-CallerScope::CallerScope(const Caller& c) : outer_(t_caller), caller_(c) { t_caller = &caller_; }
-CallerScope::~CallerScope() { t_caller = outer_; }
-const Caller* CallerScope::current() { return t_caller; }
+CallerScope::CallerScope(const Caller& c) : outer_(t_caller), caller_(c) {
+  t_caller = &caller_;
+}
+CallerScope::~CallerScope() {
+  t_caller = outer_;
+}
+const Caller* CallerScope::current() {
+  return t_caller;
+}
 
 bool FsImpl::may_use_root_reserve() const {
   const Caller* c = CallerScope::current();
@@ -167,8 +181,9 @@ int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t
     const uint64_t avail = available_blocks();
     int rc = ENOSPC;
     if (avail > floor + others) {
-      rc = alloc_blocks_from(goal, static_cast<uint32_t>(std::min<uint64_t>(want, avail - floor - others)),
-                             first, got);
+      rc = alloc_blocks_from(
+          goal, static_cast<uint32_t>(std::min<uint64_t>(want, avail - floor - others)), first,
+          got);
     }
     unreserved_in_flight_.fetch_sub(want);
     return rc;
@@ -186,7 +201,8 @@ int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t
 int FsImpl::alloc_blocks_from(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got) {
   const uint64_t first_group = group_start(0);
   uint32_t g0 = group_of_block(goal);
-  uint32_t start_bit = goal >= first_group ? static_cast<uint32_t>((goal - first_group) % kBlocksPerGroup) : 0;
+  uint32_t start_bit =
+      goal >= first_group ? static_cast<uint32_t>((goal - first_group) % kBlocksPerGroup) : 0;
   for (uint32_t k = 0; k < sb_.group_count; ++k) {
     const uint32_t g = (g0 + k) % sb_.group_count;
     Group& gr = groups_[g];
@@ -359,11 +375,13 @@ void FsImpl::finish_commit(std::vector<MetaBuf*>& dirty) {
   for (MetaBuf* b : dirty) {
     switch (b->kind) {
       case MetaKind::kBlockBitmap:
-        desc(gdt_, b->group)->block_bitmap_checksum = checksum(b->data, kBlockSize, sb_.checksum_seed);
+        desc(gdt_, b->group)->block_bitmap_checksum =
+            checksum(b->data, kBlockSize, sb_.checksum_seed);
         gdt_touched[b->group / kGroupDescsPerBlock] = true;
         break;
       case MetaKind::kInodeBitmap:
-        desc(gdt_, b->group)->inode_bitmap_checksum = checksum(b->data, kBlockSize, sb_.checksum_seed);
+        desc(gdt_, b->group)->inode_bitmap_checksum =
+            checksum(b->data, kBlockSize, sb_.checksum_seed);
         gdt_touched[b->group / kGroupDescsPerBlock] = true;
         break;
       case MetaKind::kGdt:

@@ -51,7 +51,9 @@ void for_each_entry(const MetaBuf* b, F f) {
     DirEntryHeader e;
     std::memcpy(&e, b->data + off, sizeof e);
     if (e.rec_len < sizeof e || off + e.rec_len > kBlockSize) return;
-    if (!f(off, e, std::string_view(reinterpret_cast<const char*>(b->data + off + sizeof e), e.name_len))) return;
+    if (!f(off, e,
+           std::string_view(reinterpret_cast<const char*>(b->data + off + sizeof e), e.name_len)))
+      return;
     off += e.rec_len;
   }
 }
@@ -69,13 +71,18 @@ void write_leaf(MetaBuf* b, Ino owner, const std::vector<Entry>& v) {
   std::memset(b->data, 0, kBlockSize);
   size_t off = sizeof(DirLeafHeader);
   for (const Entry& x : v) {
-    DirEntryHeader e{x.hash, x.ino, rec_len(x.name.size()), static_cast<uint8_t>(x.name.size()), x.type};
+    DirEntryHeader e{x.hash, x.ino, rec_len(x.name.size()), static_cast<uint8_t>(x.name.size()),
+                     x.type};
     std::memcpy(b->data + off, &e, sizeof e);
     std::memcpy(b->data + off + sizeof e, x.name.data(), x.name.size());
     off += e.rec_len;
   }
-  DirLeafHeader h{kDirLeafMagic, static_cast<uint16_t>(v.size()),
-                  static_cast<uint16_t>(off - sizeof(DirLeafHeader)), owner, 0, 0};
+  DirLeafHeader h{kDirLeafMagic,
+                  static_cast<uint16_t>(v.size()),
+                  static_cast<uint16_t>(off - sizeof(DirLeafHeader)),
+                  owner,
+                  0,
+                  0};
   std::memcpy(b->data, &h, sizeof h);
 }
 
@@ -86,7 +93,10 @@ uint16_t index_pick(MetaBuf* b, uint64_t hash) {
   uint16_t lo = 1, hi = h.count;
   while (lo < hi) {
     const uint16_t mid = static_cast<uint16_t>((lo + hi) / 2);
-    if (e[mid].hash_low <= hash) lo = static_cast<uint16_t>(mid + 1); else hi = mid;
+    if (e[mid].hash_low <= hash)
+      lo = static_cast<uint16_t>(mid + 1);
+    else
+      hi = mid;
   }
   return static_cast<uint16_t>(lo - 1);
 }
@@ -229,7 +239,8 @@ int FsImpl::dir_add(Node& dir, std::string_view name, Ino ino, uint8_t type) {
     DirLeafHeader lh = leaf_header(leaf);
     if (lh.used + need <= kLeafSpace) {
       std::vector<Entry> v = read_leaf(leaf);
-      auto it = std::upper_bound(v.begin(), v.end(), h, [](uint64_t x, const Entry& e) { return x < e.hash; });
+      auto it = std::upper_bound(v.begin(), v.end(), h,
+                                 [](uint64_t x, const Entry& e) { return x < e.hash; });
       v.insert(it, Entry{h, ino, type, std::string(name)});
       write_leaf(leaf, dir.ino, v);
       journal_->dirty(leaf);
@@ -308,7 +319,8 @@ int FsImpl::dir_remove(Node& dir, std::string_view name) {
   MetaBuf *root, *index, *leaf;
   if (int rc = DirOps::find_path(*this, dir, h, &p, &root, &index, &leaf); rc) return rc;
   std::vector<Entry> v = read_leaf(leaf);
-  auto it = std::find_if(v.begin(), v.end(), [&](const Entry& e) { return e.hash == h && e.name == name; });
+  auto it = std::find_if(v.begin(), v.end(),
+                         [&](const Entry& e) { return e.hash == h && e.name == name; });
   if (it == v.end()) return ENOENT;
   v.erase(it);
   write_leaf(leaf, dir.ino, v);
@@ -348,7 +360,8 @@ int FsImpl::dir_is_empty(Node& dir, bool* empty) {
   });
 }
 
-int FsImpl::dir_readdir(Node& dir, uint64_t offset, const std::function<bool(const DirEntry&)>& emit) {
+int FsImpl::dir_readdir(Node& dir, uint64_t offset,
+                        const std::function<bool(const DirEntry&)>& emit) {
   if (offset == 0 && !emit(DirEntry{".", dir.ino, DT_DIR, 1})) return 0;
   if (offset <= 1 && !emit(DirEntry{"..", dir.disk.parent, DT_DIR, 2})) return 0;
   const uint64_t from = std::max<uint64_t>(offset, 2);
@@ -357,7 +370,8 @@ int FsImpl::dir_readdir(Node& dir, uint64_t offset, const std::function<bool(con
   if (int rc = dir_block(dir, 0, &root); rc) return rc;
   const DirIndexHeader rh = index_header(root);
   std::vector<uint32_t> leaves;
-  std::vector<DirIndexEntry> re(index_entries(root), index_entries(root) + std::min<uint32_t>(rh.count, kDirIndexCapacity));
+  std::vector<DirIndexEntry> re(
+      index_entries(root), index_entries(root) + std::min<uint32_t>(rh.count, kDirIndexCapacity));
   for (size_t i = 0; i < re.size(); ++i) {
     if (i + 1 < re.size() && re[i + 1].hash_low <= from) continue;
     if (rh.depth == 1) {
@@ -382,7 +396,8 @@ int FsImpl::dir_readdir(Node& dir, uint64_t offset, const std::function<bool(con
       if (v[i].hash < from) continue;
       // Colliding hashes share a cookie: all but the last resume at the group's start.
       const bool last_of_group = i + 1 == v.size() || v[i + 1].hash != v[i].hash;
-      if (!emit(DirEntry{v[i].name, v[i].ino, v[i].type, last_of_group ? v[i].hash + 1 : v[i].hash})) {
+      if (!emit(DirEntry{v[i].name, v[i].ino, v[i].type,
+                         last_of_group ? v[i].hash + 1 : v[i].hash})) {
         return 0;
       }
     }

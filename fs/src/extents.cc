@@ -12,11 +12,14 @@ namespace warpfs::fs {
 
 namespace {
 
-uint64_t end_of(const Extent& e) { return uint64_t{e.logical} + e.blocks(); }
+uint64_t end_of(const Extent& e) {
+  return uint64_t{e.logical} + e.blocks();
+}
 
 bool mergeable(const Extent& a, const Extent& b) {
   return a.unwritten() == b.unwritten() && end_of(a) == b.logical &&
-         a.physical + a.blocks() == b.physical && uint64_t{a.blocks()} + b.blocks() < Extent::kUnwritten;
+         a.physical + a.blocks() == b.physical &&
+         uint64_t{a.blocks()} + b.blocks() < Extent::kUnwritten;
 }
 
 Extent make_extent(uint32_t logical, uint32_t blocks, uint64_t physical, bool unwritten) {
@@ -28,7 +31,10 @@ size_t leaf_for(const std::vector<ExtentLeaf>& leaves, uint64_t lblk) {
   size_t lo = 1, hi = leaves.size();
   while (lo < hi) {
     const size_t mid = (lo + hi) / 2;
-    if (leaves[mid].ext.front().logical <= lblk) lo = mid + 1; else hi = mid;
+    if (leaves[mid].ext.front().logical <= lblk)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo - 1;
 }
@@ -104,7 +110,8 @@ int FsImpl::load_map(Node& n) {
     l.ext.assign(d.root.extents, d.root.extents + d.extent_count);
     n.leaves.push_back(std::move(l));
   } else if (d.tree_depth == 1 || d.tree_depth == 2) {
-    if (d.extent_count == 0 || d.extent_count > Inode::kInlineExtents) return bad("root count out of range");
+    if (d.extent_count == 0 || d.extent_count > Inode::kInlineExtents)
+      return bad("root count out of range");
     ExtentIndex root[Inode::kInlineExtents];
     std::memcpy(root, d.root.extents, sizeof root);
     for (uint32_t i = 0; i < d.extent_count; ++i) {
@@ -177,7 +184,9 @@ int FsImpl::map_remove(Node& n, uint32_t l, uint64_t count, std::vector<Extent>*
       }
       touched = true;
       const uint64_t cs = std::max<uint64_t>(es, l), ce = std::min(ee, end);
-      if (es < cs) keep.push_back(make_extent(e.logical, static_cast<uint32_t>(cs - es), e.physical, e.unwritten()));
+      if (es < cs)
+        keep.push_back(
+            make_extent(e.logical, static_cast<uint32_t>(cs - es), e.physical, e.unwritten()));
       removed->push_back(make_extent(static_cast<uint32_t>(cs), static_cast<uint32_t>(ce - cs),
                                      e.physical + (cs - es), e.unwritten()));
       if (ce < ee) {
@@ -231,7 +240,8 @@ uint64_t FsImpl::alloc_goal(Node& n, uint32_t lblk) {
 int FsImpl::alloc_meta_block(Node& n, uint64_t* out) {
   uint32_t got;
   const uint64_t g = group_of_inode(n.ino, sb_.inodes_per_group);
-  if (int rc = alloc_blocks(group_start(static_cast<uint32_t>(g)), 1, out, &got, true); rc) return rc;
+  if (int rc = alloc_blocks(group_start(static_cast<uint32_t>(g)), 1, out, &got, true); rc)
+    return rc;
   n.disk.blocks += 1;
   return 0;
 }
@@ -299,7 +309,8 @@ int FsImpl::map_store(Node& n) {
     }
     ++i;
   }
-  auto write_node = [&](uint64_t block, uint16_t depth, const void* entries, uint16_t count) -> int {
+  auto write_node = [&](uint64_t block, uint16_t depth, const void* entries,
+                        uint16_t count) -> int {
     // Every node block is cached (loaded by load_map, or created this mount), so this
     // never reads: a block created this transaction is returned zeroed, unchecked.
     MetaBuf* b;
@@ -313,13 +324,15 @@ int FsImpl::map_store(Node& n) {
   };
   for (ExtentLeaf& l : n.leaves) {
     if (!l.dirty) continue;
-    if (int rc = write_node(l.block, 0, l.ext.data(), static_cast<uint16_t>(l.ext.size())); rc) return rc;
+    if (int rc = write_node(l.block, 0, l.ext.data(), static_cast<uint16_t>(l.ext.size())); rc)
+      return rc;
     l.dirty = false;
   }
   if (n.index_dirty) {
     Inode& d = n.disk;
     std::vector<ExtentIndex> idx;
-    for (const ExtentLeaf& l : n.leaves) idx.push_back(ExtentIndex{l.ext.front().logical, 0, l.block});
+    for (const ExtentLeaf& l : n.leaves)
+      idx.push_back(ExtentIndex{l.ext.front().logical, 0, l.block});
     idx[0].logical = 0;
     std::memset(d.root.extents, 0, sizeof d.root.extents);
     if (idx.size() <= Inode::kInlineExtents) {
@@ -349,7 +362,9 @@ int FsImpl::map_store(Node& n) {
       const size_t per = (idx.size() + need - 1) / need;
       for (size_t k = 0; k < need; ++k) {
         const size_t from = k * per, to = std::min(idx.size(), from + per);
-        if (int rc = write_node(n.index_blocks[k], 1, idx.data() + from, static_cast<uint16_t>(to - from)); rc) {
+        if (int rc = write_node(n.index_blocks[k], 1, idx.data() + from,
+                                static_cast<uint16_t>(to - from));
+            rc) {
           return rc;
         }
         root[k] = ExtentIndex{idx[from].logical, 0, n.index_blocks[k]};

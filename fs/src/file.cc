@@ -112,7 +112,9 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
     uint64_t phys = m.physical;
     if (m.hole) {
       uint32_t got;
-      if ((rc = alloc_blocks(alloc_goal(n, static_cast<uint32_t>(b)), static_cast<uint32_t>(run), &phys, &got))) break;
+      if ((rc = alloc_blocks(alloc_goal(n, static_cast<uint32_t>(b)), static_cast<uint32_t>(run),
+                             &phys, &got)))
+        break;
       run = got;
       if ((rc = map_insert(n, Extent{static_cast<uint32_t>(b), got, phys}))) {
         free_blocks(phys, got);
@@ -244,7 +246,8 @@ int FsImpl::set_size(Node& n, uint64_t size) {
 int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
   if (int rc = check_writable(); rc) return rc;
   if (len == 0) return EINVAL;
-  if (mode & ~(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE)) return EOPNOTSUPP;
+  if (mode & ~(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE))
+    return EOPNOTSUPP;
   if ((mode & FALLOC_FL_PUNCH_HOLE) && !(mode & FALLOC_FL_KEEP_SIZE)) return EINVAL;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
@@ -303,8 +306,11 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
         }
         uint64_t phys;
         uint32_t got;
-        if ((rc = alloc_blocks(alloc_goal(*n, static_cast<uint32_t>(b)), static_cast<uint32_t>(run), &phys, &got))) break;
-        if ((rc = map_insert(*n, Extent{static_cast<uint32_t>(b), got | Extent::kUnwritten, phys}))) {
+        if ((rc = alloc_blocks(alloc_goal(*n, static_cast<uint32_t>(b)), static_cast<uint32_t>(run),
+                               &phys, &got)))
+          break;
+        if ((rc = map_insert(*n,
+                             Extent{static_cast<uint32_t>(b), got | Extent::kUnwritten, phys}))) {
           free_blocks(phys, got);
           break;
         }

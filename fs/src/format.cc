@@ -6,7 +6,9 @@
 
 namespace warpfs::fs {
 
-uint64_t checksum(const void* data, size_t len, uint64_t seed) { return XXH64(data, len, seed); }
+uint64_t checksum(const void* data, size_t len, uint64_t seed) {
+  return XXH64(data, len, seed);
+}
 
 uint64_t block_checksum(const void* block, size_t field_offset, uint64_t seed) {
   // Hash the block in three pieces around the zeroed checksum field, without copying it.
@@ -37,7 +39,7 @@ uint64_t inode_checksum(const Inode& ino, uint64_t ino_number, uint64_t seed) {
 
 uint64_t name_hash(const char* name, size_t len, uint64_t dir_seed) {
   const uint64_t h = XXH64(name, len, dir_seed) & ~(1ull << 63);
-  if (h < 2) return h + 2;                  // 0 and 1 are "." and ".."
+  if (h < 2) return h + 2;                   // 0 and 1 are "." and ".."
   return h == kMaxNameHash + 1 ? h - 1 : h;  // readdir's cookie h + 1 must fit in an off_t
 }
 

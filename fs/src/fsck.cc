@@ -32,7 +32,6 @@
 //  - Regular files may be sparse: FORMAT.md's "size <= mapped range" is checked for
 //    directories (size = blocks x 4096) and symlinks only.
 #include "warpfs/fs/fsck.h"
-#include "warpfs/fs/layout.h"
 
 #include <sys/stat.h>
 
@@ -48,6 +47,7 @@
 #include <vector>
 
 #include "warpfs/fs/format.h"
+#include "warpfs/fs/layout.h"
 #include "warpfs/fs/replay.h"
 
 namespace warpfs::fs {
@@ -169,14 +169,16 @@ std::string superblock_problem(const Superblock& sb, uint64_t dev_blocks) {
   }
   if (sb.root_inode != kRootInode) return "root inode " + num(sb.root_inode) + ", not 1";
   if (sb.state != kStateClean && sb.state != kStateDirty) return "unknown state " + num(sb.state);
-  if (sb.reserved_blocks > sb.block_count / 2) {  // FORMAT.md "Reserved blocks": mkfs keeps at most 50 %
+  if (sb.reserved_blocks >
+      sb.block_count / 2) {  // FORMAT.md "Reserved blocks": mkfs keeps at most 50 %
     return num(sb.reserved_blocks) + " reserved blocks, more than half of " + num(sb.block_count);
   }
   // FORMAT.md "Layout": the groups follow the descriptor table and end at the backup.
   if ((sb.gdt_blocks != 0) != ((sb.features & kFeatureGdtRoom) != 0) ||
       (sb.gdt_blocks != 0 && (sb.gdt_blocks < div_up(sb.group_count, kGroupDescsPerBlock) ||
-                             sb.gdt_blocks > kMaxGdtBlocks))) {
-    return "descriptor table of " + num(sb.gdt_blocks) + " blocks for " + num(sb.group_count) + " groups";
+                              sb.gdt_blocks > kMaxGdtBlocks))) {
+    return "descriptor table of " + num(sb.gdt_blocks) + " blocks for " + num(sb.group_count) +
+           " groups";
   }
   const uint64_t first = sb.gdt_start + gdt_blocks_of(sb);
   if (sb.block_count < first + 2) return "the block count leaves no room for the groups";
@@ -199,7 +201,6 @@ bool same_filesystem(const Superblock& a, const Superblock& b) {
          a.journal_blocks == b.journal_blocks && a.gdt_start == b.gdt_start &&
          a.checksum_seed == b.checksum_seed && std::memcmp(a.uuid, b.uuid, sizeof a.uuid) == 0;
 }
-
 
 // A device whose writes stay in memory: check mode replays the journal into it, so the
 // check sees the replayed metadata and the real device is never written.

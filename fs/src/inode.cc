@@ -31,7 +31,8 @@ int FsImpl::with_slot(Ino ino, const std::function<void(MetaBuf*, size_t)>& f) {
   const uint64_t g = group_of_inode(ino, sb_.inodes_per_group);
   std::lock_guard<std::mutex> lk(slot_mu(block));
   MetaBuf* buf;
-  if (int rc = journal_->get(block, MetaKind::kInodeTable, static_cast<uint32_t>(g), &buf); rc) return rc;
+  if (int rc = journal_->get(block, MetaKind::kInodeTable, static_cast<uint32_t>(g), &buf); rc)
+    return rc;
   f(buf, off);
   return 0;
 }
@@ -50,9 +51,10 @@ int FsImpl::get_node(Ino ino, NodeRef* out) {
       epoch = table_epoch_;
     }
     auto n = std::make_shared<Node>(ino);
-    if (int rc = with_slot(ino, [&](MetaBuf* buf, size_t off) {
-          std::memcpy(&n->disk, buf->data + off, sizeof(Inode));
-        });
+    if (int rc = with_slot(ino,
+                           [&](MetaBuf* buf, size_t off) {
+                             std::memcpy(&n->disk, buf->data + off, sizeof(Inode));
+                           });
         rc) {
       return rc;
     }
@@ -79,10 +81,11 @@ int FsImpl::get_node(Ino ino, NodeRef* out) {
 
 int FsImpl::store(Node& n) {
   n.disk.checksum = inode_checksum(n.disk, n.ino, sb_.checksum_seed);
-  if (int rc = with_slot(n.ino, [&](MetaBuf* buf, size_t off) {
-        std::memcpy(buf->data + off, &n.disk, sizeof(Inode));
-        journal_->dirty(buf);
-      });
+  if (int rc = with_slot(n.ino,
+                         [&](MetaBuf* buf, size_t off) {
+                           std::memcpy(buf->data + off, &n.disk, sizeof(Inode));
+                           journal_->dirty(buf);
+                         });
       rc) {
     return rc;
   }
@@ -122,9 +125,8 @@ int FsImpl::new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out) {
   Ino ino;
   if (int rc = alloc_inode(parent, S_ISDIR(mode), &ino); rc) return rc;
   Inode old;
-  if (int rc = with_slot(ino, [&](MetaBuf* buf, size_t off) {
-        std::memcpy(&old, buf->data + off, sizeof old);
-      });
+  if (int rc = with_slot(
+          ino, [&](MetaBuf* buf, size_t off) { std::memcpy(&old, buf->data + off, sizeof old); });
       rc) {
     free_inode_bit(ino, S_ISDIR(mode));
     return rc;

@@ -1,11 +1,11 @@
 // The filesystem core's private types. See filesystem.h for the contract and lock order.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdint>
-#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "journal.h"
-#include "warpfs/fs/layout.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/format.h"
+#include "warpfs/fs/layout.h"
 
 namespace warpfs::fs {
 
@@ -33,7 +33,7 @@ struct Group {
   std::mutex mu;  // leaf: the bitmap bits, this group's descriptor fields, held, freed, hints
   MetaBuf* block_bitmap = nullptr;  // pinned for the mount (set at mount, then read-only)
   MetaBuf* inode_bitmap = nullptr;  // pinned likewise
-  std::vector<uint64_t> held;  // mu: 512 words
+  std::vector<uint64_t> held;       // mu: 512 words
   std::vector<std::pair<uint32_t, uint32_t>> freed;  // mu: (first, count) freed this transaction
   // Exact under mu; read without it (relaxed) as a hint and for statfs.
   std::atomic<uint32_t> free_blocks{0}, free_inodes{0};
@@ -47,9 +47,15 @@ struct Group {
 // EOPNOTSUPP for a command the device lacks, else EIO; 0 for ok.
 int errno_of(const blockdev::Status& st);
 
-inline bool immutable(const Inode& d) { return (d.flags & Inode::kFlagImmutable) != 0; }
-inline bool append_only(const Inode& d) { return (d.flags & Inode::kFlagAppend) != 0; }
-inline bool pinned(const Inode& d) { return immutable(d) || append_only(d); }
+inline bool immutable(const Inode& d) {
+  return (d.flags & Inode::kFlagImmutable) != 0;
+}
+inline bool append_only(const Inode& d) {
+  return (d.flags & Inode::kFlagAppend) != 0;
+}
+inline bool pinned(const Inode& d) {
+  return immutable(d) || append_only(d);
+}
 
 // The POSIX ACLs' names in the system. namespace (kXattrSystem; acl.cc).
 inline constexpr uint64_t kNoBlock = uint64_t{1} << 32;  // one past the last logical block
@@ -126,6 +132,7 @@ class NodeLocks {
     nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
     for (Node* n : nodes) locks_.emplace_back(n->rw);
   }
+
  private:
   std::vector<std::unique_lock<std::shared_mutex>> locks_;
 };
@@ -180,7 +187,8 @@ class FsImpl final : public Filesystem {
   // One attribute of a node whose rw this thread holds (or that nobody can reach yet); the
   // setter inside a transaction. ENODATA, ENOSPC (the block is full).
   int xattr_get_locked(Node& n, uint8_t index, std::string_view short_name, std::string* value);
-  int xattr_set_locked(Node& n, uint8_t index, std::string_view short_name, const std::string& value);
+  int xattr_set_locked(Node& n, uint8_t index, std::string_view short_name,
+                       const std::string& value);
   int drop_capability_locked(Node& n);
   int statfs(struct statvfs* out) override;
   int sync() override;
@@ -226,7 +234,7 @@ class FsImpl final : public Filesystem {
   void ref(Node& n, uint64_t lookups, uint32_t opens);
   // Frees an inode whose links, lookups and opens are all zero. REQUIRES: namespace_mu_.
   int reclaim(const NodeRef& n);
-  int orphan_add(Node& n);     // REQUIRES: namespace_mu_, n.rw exclusive, in a transaction
+  int orphan_add(Node& n);  // REQUIRES: namespace_mu_, n.rw exclusive, in a transaction
   // The node before `n` on the orphan list (null: n is the head or not on it).
   // REQUIRES: namespace_mu_.
   int orphan_pred(const Node& n, NodeRef* pred);
@@ -270,7 +278,7 @@ class FsImpl final : public Filesystem {
   struct Mapping {
     bool hole;
     uint32_t logical, length;  // the run starting at lblk
-    uint64_t physical;        // hole: 0
+    uint64_t physical;         // hole: 0
     bool unwritten;
   };
   Mapping map_lookup(Node& n, uint32_t lblk);
@@ -293,7 +301,7 @@ class FsImpl final : public Filesystem {
   // --- directories (dir.cc); REQUIRES: dir rw held
   int dir_find(Node& dir, std::string_view name, Ino* ino, uint8_t* type);
   int dir_add(Node& dir, std::string_view name, Ino ino, uint8_t type);  // in a transaction
-  int dir_remove(Node& dir, std::string_view name);                     // in a transaction
+  int dir_remove(Node& dir, std::string_view name);                      // in a transaction
   int dir_set(Node& dir, std::string_view name, Ino ino, uint8_t type);  // replace target
   int dir_is_empty(Node& dir, bool* empty);
   int dir_init(Node& dir, Ino parent);  // a new directory's index root and first leaf
@@ -328,9 +336,9 @@ class FsImpl final : public Filesystem {
   // after its commits, and at once when the journal reports pressure.
   void evict_metadata();
   bool forgotten_inode_block(uint64_t block);  // REQUIRES: table_mu_
-  size_t meta_cap_ = 0;                      // buffers (MountOptions::meta_cache_mb)
-  std::mutex evict_mu_;                      // one evict_metadata() at a time (outermost)
-  bool evict_wanted_ = false;                // committer_mu_
+  size_t meta_cap_ = 0;                        // buffers (MountOptions::meta_cache_mb)
+  std::mutex evict_mu_;                        // one evict_metadata() at a time (outermost)
+  bool evict_wanted_ = false;                  // committer_mu_
   // Blocks freed by transactions not yet committed are not allocatable (FORMAT.md: reusing
   // them earlier could let a crash resurrect their old owner over new data), so a full disk
   // may only look full. After ENOSPC: commits if such blocks exist (they become free at
@@ -406,14 +414,14 @@ class FsImpl final : public Filesystem {
   static constexpr int kSlotLocks = 64;
   std::mutex slot_mus_[kSlotLocks];
   std::mutex& slot_mu(uint64_t block) { return slot_mus_[block % kSlotLocks]; }
-  std::mutex orphan_mu_;     // leaf: orphan_head in sb_buf_ (also under namespace_mu_)
+  std::mutex orphan_mu_;  // leaf: orphan_head in sb_buf_ (also under namespace_mu_)
 
   // Blocks freed by the transaction being committed: trimmed, then reusable. Touched only by
   // the journal's precommit and committed hooks, which run inside Journal::commit under its
   // commit_mu_ (one commit at a time).
   std::vector<std::pair<uint64_t, uint64_t>> committing_freed_;
 
-  std::thread committer_;  // started at mount, joined by unmount()/abandon()
+  std::thread committer_;    // started at mount, joined by unmount()/abandon()
   std::mutex committer_mu_;  // leaf: stopping_, evict_wanted_
   std::condition_variable committer_cv_;
   bool stopping_ = false;

@@ -218,10 +218,11 @@ int Journal::commit() {
     dirty.insert(dirty.end(), dirty_.begin(), dirty_.end());
     dirty_.clear();
     dirty_count_.store(0, std::memory_order_relaxed);
-    dirty.erase(std::remove_if(dirty.begin(), dirty.end(), [](MetaBuf* b) {
-                  b->dirty = false;
-                  return b->dead;
-                }),
+    dirty.erase(std::remove_if(dirty.begin(), dirty.end(),
+                               [](MetaBuf* b) {
+                                 b->dirty = false;
+                                 return b->dead;
+                               }),
                 dirty.end());
   }
   // The buffers this transaction killed: no list points at them any more (the dirty list
@@ -316,8 +317,8 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
   // Write in contiguous runs up to the ring's end, then from position 1.
   uint64_t p = pos_;
   for (uint32_t i = 0; i < n + 2;) {
-    const uint32_t run = static_cast<uint32_t>(
-        std::min<uint64_t>(n + 2 - i, sb_.journal_blocks - p));
+    const uint32_t run =
+        static_cast<uint32_t>(std::min<uint64_t>(n + 2 - i, sb_.journal_blocks - p));
     if (auto st = dev_.write(jblock(p), run, ring.data() + i * size_t{kBlockSize}); !st.is_ok()) {
       return fail("journal write", st);
     }

@@ -27,8 +27,8 @@ enum class MetaKind : uint8_t {
   kGdt,          // group descriptor table block: a checksum per descriptor
   kBlockBitmap,  // checksummed in the group descriptor
   kInodeBitmap,
-  kInodeTable,   // a checksum per inode
-  kHeader,       // directory, extent-tree and xattr blocks: checksum at byte 24
+  kInodeTable,  // a checksum per inode
+  kHeader,      // directory, extent-tree and xattr blocks: checksum at byte 24
 };
 
 // One cached metadata block. Who may touch `data` (the rules eviction relies on, see
@@ -111,6 +111,7 @@ class Journal {
     }
     Txn(const Txn&) = delete;
     Txn& operator=(const Txn&) = delete;
+
    private:
     Journal* j_;
   };
@@ -182,7 +183,7 @@ class Journal {
   size_t sweep_shard_ = 0;          // eviction_candidates' clock hand (one evictor at a time)
   std::atomic<bool> failed_{false};
 
-  std::mutex dirty_mu_;  // leaf: dirty_, and MetaBuf::dirty, dead, home_seq
+  std::mutex dirty_mu_;          // leaf: dirty_, and MetaBuf::dirty, dead, home_seq
   std::vector<MetaBuf*> dirty_;  // the running transaction's buffers (may include dead ones)
   std::atomic<uint32_t> dirty_count_{0};  // dirty_.size(), read without the lock by enter()
 

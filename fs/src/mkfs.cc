@@ -1,5 +1,4 @@
 #include "warpfs/fs/mkfs.h"
-#include "warpfs/fs/layout.h"
 
 #include <sys/stat.h>
 
@@ -8,6 +7,8 @@
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include "warpfs/fs/layout.h"
 
 namespace warpfs::fs {
 
@@ -19,7 +20,7 @@ namespace {
 constexpr uint64_t kMinBlocks = 512;  // 2 MiB
 constexpr uint32_t kMinJournal = 64;
 constexpr uint32_t kMaxInodesPerGroup = kBlockSize * 8;  // one inode bitmap block
-constexpr uint32_t kRootDirBlocks = 2;  // index root + one empty leaf
+constexpr uint32_t kRootDirBlocks = 2;                   // index root + one empty leaf
 
 // The descriptor table: the groups' descriptors and room for those of a filesystem grown to
 // the resize limit (MkfsOptions::resize_max_blocks), as mke2fs reserves descriptor blocks.
@@ -64,9 +65,10 @@ bool plan_geometry(uint64_t device_blocks, const MkfsOptions& o, Geometry* g, st
     return false;
   }
   Geometry r;
-  r.journal_blocks = o.journal_blocks
-                         ? o.journal_blocks
-                         : static_cast<uint32_t>(std::clamp<uint64_t>(device_blocks / 64, 256, 32768));
+  r.journal_blocks =
+      o.journal_blocks
+          ? o.journal_blocks
+          : static_cast<uint32_t>(std::clamp<uint64_t>(device_blocks / 64, 256, 32768));
   r.journal_blocks = std::min<uint32_t>(r.journal_blocks, static_cast<uint32_t>(device_blocks / 4));
   if (r.journal_blocks < kMinJournal) {
     *error = "the journal must have at least " + std::to_string(kMinJournal) + " blocks";
@@ -116,7 +118,8 @@ bool plan_geometry(uint64_t device_blocks, const MkfsOptions& o, Geometry* g, st
   r.block_count = r.first_group_block + span + 1;
   r.inode_count = uint64_t{groups} * r.inodes_per_group;
   if (o.inodes > r.inode_count) {
-    *error = "too many inodes requested for this device (at most " + std::to_string(r.inode_count) + ")";
+    *error =
+        "too many inodes requested for this device (at most " + std::to_string(r.inode_count) + ")";
     return false;
   }
   r.metadata_blocks = r.first_group_block + uint64_t{groups} * overhead + 1;
@@ -140,7 +143,8 @@ Existing probe_existing(blockdev::BlockDevice& dev, std::string* what) {
   std::memcpy(&sb, buf.data(), sizeof sb);
   if (sb.magic == kMagic) {
     *what = "a warpfs filesystem";
-    if (sb.label[0] != '\0') *what += " labelled '" + std::string(sb.label, strnlen(sb.label, sizeof sb.label)) + "'";
+    if (sb.label[0] != '\0')
+      *what += " labelled '" + std::string(sb.label, strnlen(sb.label, sizeof sb.label)) + "'";
     return Existing::kWarpfs;
   }
   uint16_t ext_magic = 0;
@@ -216,7 +220,8 @@ Status format(blockdev::BlockDevice& dev, const MkfsOptions& o, const Geometry& 
     std::memset(block.data(), 0, kBlockSize);
     for (uint32_t k = 0; k < kGroupDescsPerBlock; ++k) {
       const uint64_t gi = uint64_t{b} * kGroupDescsPerBlock + k;
-      if (gi < gds.size()) std::memcpy(block.data() + k * sizeof(GroupDesc), &gds[gi], sizeof(GroupDesc));
+      if (gi < gds.size())
+        std::memcpy(block.data() + k * sizeof(GroupDesc), &gds[gi], sizeof(GroupDesc));
     }
     if (Status s = write_block(1 + g.journal_blocks + b, block.data()); !s.is_ok()) return s;
   }

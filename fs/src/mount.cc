@@ -15,23 +15,27 @@ std::string validate_superblock(const Superblock& sb, uint64_t dev_blocks) {
   if (sb.magic != kMagic) return "no warpfs magic";
   if (sb.checksum != superblock_checksum(sb)) return "superblock checksum mismatch";
   if (sb.version != kVersion) return "unsupported version " + std::to_string(sb.version);
-  if (!features_supported(sb.features)) return "unsupported feature flags " + std::to_string(sb.features);
-  if (sb.block_size != kBlockSize || sb.blocks_per_group != kBlocksPerGroup) return "unsupported block geometry";
+  if (!features_supported(sb.features))
+    return "unsupported feature flags " + std::to_string(sb.features);
+  if (sb.block_size != kBlockSize || sb.blocks_per_group != kBlocksPerGroup)
+    return "unsupported block geometry";
   if (sb.block_count > dev_blocks) {
     return "the filesystem has " + std::to_string(sb.block_count) + " blocks but the device only " +
            std::to_string(dev_blocks);
   }
   if ((sb.gdt_blocks != 0) != ((sb.features & kFeatureGdtRoom) != 0) ||
       (sb.gdt_blocks != 0 && (sb.gdt_blocks < div_up(sb.group_count, kGroupDescsPerBlock) ||
-                             sb.gdt_blocks > kMaxGdtBlocks))) {
+                              sb.gdt_blocks > kMaxGdtBlocks))) {
     return "inconsistent descriptor table size";
   }
   const uint64_t gdt_blocks = gdt_blocks_of(sb);
   if (sb.group_count == 0 || sb.inodes_per_group == 0 || sb.inodes_per_group % kInodesPerBlock ||
       sb.inodes_per_group > kBlockSize * 8 || sb.journal_blocks < 8 ||
       sb.gdt_start != 1 + uint64_t{sb.journal_blocks} ||
-      sb.gdt_start + gdt_blocks + uint64_t{sb.group_count - 1} * kBlocksPerGroup >= sb.block_count ||
-      sb.inode_count != uint64_t{sb.group_count} * sb.inodes_per_group || sb.root_inode != kRootInode) {
+      sb.gdt_start + gdt_blocks + uint64_t{sb.group_count - 1} * kBlocksPerGroup >=
+          sb.block_count ||
+      sb.inode_count != uint64_t{sb.group_count} * sb.inodes_per_group ||
+      sb.root_inode != kRootInode) {
     return "inconsistent geometry";
   }
   if (sb.reserved_blocks > sb.block_count / 2) return "more than half of the blocks reserved";
@@ -68,7 +72,8 @@ bool read_sb(blockdev::BlockDevice& dev, uint64_t block, Superblock* sb) {
 std::unique_ptr<Filesystem> Filesystem::mount(blockdev::BlockDevice& dev, const MountOptions& o,
                                               std::string* error) {
   if (dev.block_bytes() != kBlockSize) {
-    *error = "the device's block size is " + std::to_string(dev.block_bytes()) + ", warpfs needs 4096";
+    *error =
+        "the device's block size is " + std::to_string(dev.block_bytes()) + ", warpfs needs 4096";
     return nullptr;
   }
   auto log = o.log ? o.log : [](const std::string& s) { std::cerr << "warpfs: " << s << "\n"; };
@@ -85,7 +90,8 @@ std::unique_ptr<Filesystem> Filesystem::mount(blockdev::BlockDevice& dev, const 
     auto backup = std::make_unique<Superblock>();
     bool found = false;
     std::vector<uint8_t> chunk(256 * size_t{kBlockSize});
-    for (uint64_t end = dev_blocks; end > 1 && dev_blocks - end <= kBlocksPerGroup + 256 && !found;) {
+    for (uint64_t end = dev_blocks;
+         end > 1 && dev_blocks - end <= kBlocksPerGroup + 256 && !found;) {
       const uint64_t n = std::min<uint64_t>(256, end - 1);
       if (!dev.read(end - n, static_cast<uint32_t>(n), chunk.data()).is_ok()) break;
       for (uint64_t i = n; i-- > 0;) {
@@ -99,18 +105,21 @@ std::unique_ptr<Filesystem> Filesystem::mount(blockdev::BlockDevice& dev, const 
       end -= n;
     }
     if (!found) {
-      *error = why == "no warpfs magic" ? "not a warpfs filesystem (no warpfs superblock)"
-                                        : "the superblock is damaged (" + why + ") and no valid backup was found";
+      *error = why == "no warpfs magic"
+                   ? "not a warpfs filesystem (no warpfs superblock)"
+                   : "the superblock is damaged (" + why + ") and no valid backup was found";
       return nullptr;
     }
     log("primary superblock damaged (" + why + "): using the backup at block " +
         std::to_string(backup->block_count - 1) + "; run fsck.warpfs");
     sb = std::move(backup);
   }
-  if (sb->state == kStateDirty) log("the filesystem was not cleanly unmounted: replaying the journal");
+  if (sb->state == kStateDirty)
+    log("the filesystem was not cleanly unmounted: replaying the journal");
   ReplayResult rr;
   if (blockdev::Status st = replay_journal(dev, *sb, false, &rr); !st.is_ok()) {
-    *error = "journal replay failed: " + st.to_string() + (rr.stopped.empty() ? "" : " (" + rr.stopped + ")");
+    *error = "journal replay failed: " + st.to_string() +
+             (rr.stopped.empty() ? "" : " (" + rr.stopped + ")");
     return nullptr;
   }
   if (rr.transactions > 0) {
@@ -122,8 +131,10 @@ std::unique_ptr<Filesystem> Filesystem::mount(blockdev::BlockDevice& dev, const 
   }
   MountOptions mo = o;
   mo.log = log;
-  if (mo.commit_interval_ms == 0) {  // the filesystem's own default (tune.warpfs --commit), else 5 s
-    mo.commit_interval_ms = sb->commit_interval_s != 0 ? std::min(sb->commit_interval_s, 86400u) * 1000 : 5000;
+  if (mo.commit_interval_ms ==
+      0) {  // the filesystem's own default (tune.warpfs --commit), else 5 s
+    mo.commit_interval_ms =
+        sb->commit_interval_s != 0 ? std::min(sb->commit_interval_s, 86400u) * 1000 : 5000;
   }
   auto fs = std::make_unique<FsImpl>(dev, *sb, mo);
   if (fs->start(rr.next_pos, rr.next_seq, rr.transactions, error) != 0) {
@@ -180,7 +191,8 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
       NodeRef n;
       const Ino ino = s->orphan_head;
       if (int rc = get_node(ino, &n); rc) {
-        log("orphan list: inode " + std::to_string(ino) + " unreadable; the list is dropped (run fsck.warpfs)");
+        log("orphan list: inode " + std::to_string(ino) +
+            " unreadable; the list is dropped (run fsck.warpfs)");
         Journal::Txn t(*journal_);
         s->orphan_head = 0;
         journal_->dirty(sb_buf_);
@@ -237,7 +249,9 @@ void FsImpl::commit_loop() {
   }
 }
 
-FsImpl::~FsImpl() { unmount(); }
+FsImpl::~FsImpl() {
+  unmount();
+}
 
 void FsImpl::abandon() {
   {

@@ -15,7 +15,9 @@ namespace warpfs::fs {
 
 namespace {
 
-uint8_t dtype(uint32_t mode) { return static_cast<uint8_t>((mode >> 12) & 017); }
+uint8_t dtype(uint32_t mode) {
+  return static_cast<uint8_t>((mode >> 12) & 017);
+}
 constexpr uint32_t kMaxLinks = 65000;
 constexpr size_t kMaxSymlink = kBlockSize - 1;
 
@@ -24,7 +26,8 @@ constexpr size_t kMaxSymlink = kBlockSize - 1;
 int FsImpl::check_name(std::string_view name) {
   if (name.empty()) return ENOENT;
   if (name.size() > kMaxName) return ENAMETOOLONG;
-  if (name.find('/') != std::string_view::npos || name.find('\0') != std::string_view::npos) return EINVAL;
+  if (name.find('/') != std::string_view::npos || name.find('\0') != std::string_view::npos)
+    return EINVAL;
   return 0;
 }
 
@@ -100,6 +103,7 @@ class Reclaiming {
     }
     cv_.notify_all();
   }
+
  private:
   std::mutex& mu_;
   std::condition_variable& cv_;
@@ -259,7 +263,8 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
       }
     }
   }
-  if (rc == 0 && !access_acl.empty()) rc = xattr_set_locked(*n, kXattrSystem, kAclAccess, access_acl);
+  if (rc == 0 && !access_acl.empty())
+    rc = xattr_set_locked(*n, kXattrSystem, kAclAccess, access_acl);
   if (rc == 0 && S_ISDIR(mode) && !default_acl.empty()) {
     rc = xattr_set_locked(*n, kXattrSystem, kAclDefault, default_acl);
   }
@@ -320,7 +325,8 @@ int FsImpl::readlink(Ino ino, std::string* target) {
   const Mapping m = map_lookup(*n, 0);
   if (m.hole) return EIO;
   std::vector<uint8_t> block(kBlockSize);
-  if (const blockdev::Status st = dev_.read(m.physical, 1, block.data()); !st.is_ok()) return errno_of(st);
+  if (const blockdev::Status st = dev_.read(m.physical, 1, block.data()); !st.is_ok())
+    return errno_of(st);
   target->assign(reinterpret_cast<const char*>(block.data()), d.size);
   return 0;
 }
@@ -414,8 +420,12 @@ int FsImpl::unlink_common(Ino parent, std::string_view name, bool rmdir) {
   return 0;
 }
 
-int FsImpl::unlink(Ino parent, std::string_view name) { return unlink_common(parent, name, false); }
-int FsImpl::rmdir(Ino parent, std::string_view name) { return unlink_common(parent, name, true); }
+int FsImpl::unlink(Ino parent, std::string_view name) {
+  return unlink_common(parent, name, false);
+}
+int FsImpl::rmdir(Ino parent, std::string_view name) {
+  return unlink_common(parent, name, true);
+}
 
 int FsImpl::rename(Ino parent, std::string_view name, Ino new_parent, std::string_view new_name,
                    unsigned flags) {
@@ -549,7 +559,8 @@ int FsImpl::get_flags(Ino ino, uint32_t* fs_flags) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
   std::shared_lock<std::shared_mutex> lk(n->rw);
-  *fs_flags = (immutable(n->disk) ? FS_IMMUTABLE_FL : 0u) | (append_only(n->disk) ? FS_APPEND_FL : 0u);
+  *fs_flags =
+      (immutable(n->disk) ? FS_IMMUTABLE_FL : 0u) | (append_only(n->disk) ? FS_APPEND_FL : 0u);
   return 0;
 }
 
@@ -579,7 +590,8 @@ int FsImpl::open(Ino ino, int flags) {
     std::shared_lock<std::shared_mutex> lk(n->rw);
     const bool writing = (flags & O_ACCMODE) != O_RDONLY;
     if (immutable(n->disk) && (writing || (flags & O_TRUNC))) return EPERM;
-    if (append_only(n->disk) && ((writing && !(flags & O_APPEND)) || (flags & O_TRUNC))) return EPERM;
+    if (append_only(n->disk) && ((writing && !(flags & O_APPEND)) || (flags & O_TRUNC)))
+      return EPERM;
   }
   if ((flags & O_TRUNC) && (flags & O_ACCMODE) != O_RDONLY) {
     // libfuse asks for atomic O_TRUNC: the truncate is ours, and like Linux it always

@@ -46,8 +46,8 @@ bool FsImpl::plan_growth(uint64_t blocks, Superblock* out, std::string* error) c
     span -= last;
   }
   if (groups > L_.max_groups()) {
-    *error = "the descriptor table has room for " + std::to_string(L_.max_groups()) +
-             " groups (" + std::to_string(L_.max_groups() * kBlocksPerGroup * kBlockSize >> 30) +
+    *error = "the descriptor table has room for " + std::to_string(L_.max_groups()) + " groups (" +
+             std::to_string(L_.max_groups() * kBlocksPerGroup * kBlockSize >> 30) +
              " GiB), this size needs " + std::to_string(groups) +
              " (mkfs.warpfs -E resize= keeps more room)";
     return false;
@@ -109,7 +109,8 @@ int FsImpl::grow(uint64_t blocks, std::string* error) {
     // Inode tables are deallocated, as mkfs leaves them: they read back as zeroes.
     if (!dev_.write(start, 1, bb.data()).is_ok() || !dev_.write(start + 1, 1, ib.data()).is_ok() ||
         !dev_.trim(start + 2, L_.itb).is_ok()) {
-      *error = "cannot write group " + std::to_string(g) + "'s bitmaps (I/O error); nothing changed";
+      *error =
+          "cannot write group " + std::to_string(g) + "'s bitmaps (I/O error); nothing changed";
       return EIO;
     }
   }
@@ -205,8 +206,9 @@ std::string grow(blockdev::BlockDevice& dev, uint64_t blocks, const ResizeOption
   if (dev.block_bytes() != kBlockSize) return "the device's block size is not 4096";
   if (!dev.read(0, 1, &sb).is_ok()) return "cannot read the superblock (I/O error)";
   if (std::string why = validate_superblock(sb, dev.block_count()); !why.empty()) {
-    return why == "no warpfs magic" ? "not a warpfs filesystem"
-                                    : "the superblock is damaged (" + why + "): run fsck.warpfs -y first";
+    return why == "no warpfs magic"
+               ? "not a warpfs filesystem"
+               : "the superblock is damaged (" + why + "): run fsck.warpfs -y first";
   }
   if (sb.state != kStateClean) {
     return "the filesystem was not cleanly unmounted: run fsck.warpfs first";

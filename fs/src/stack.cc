@@ -5,15 +5,14 @@
 #include <unistd.h>
 
 #include <cctype>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
-#include "warpfs/nvme/emulated.h"
-
 #include "warpfs/fs/format.h"
+#include "warpfs/nvme/emulated.h"
 
 namespace warpfs::fs {
 
@@ -50,8 +49,10 @@ void wait_for_release(const std::string& path, unsigned seconds, bool read_only,
   while (!nvme::BackingStore::lock_image(fd, !read_only) &&
          std::chrono::steady_clock::now() < until) {
     if (!said && log) {
-      log(path + " is held by a process that has no mount of it (a warpfs daemon finishing "
-                 "its unmount?): waiting up to " + std::to_string(seconds) + " s");
+      log(path +
+          " is held by a process that has no mount of it (a warpfs daemon finishing "
+          "its unmount?): waiting up to " +
+          std::to_string(seconds) + " s");
     }
     said = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -93,7 +94,8 @@ std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const 
       *error = spec.path + ": mounted on " + where + " (unmount it first)";
       return nullptr;
     }
-    if (o.wait_for_release_s > 0) wait_for_release(spec.path, o.wait_for_release_s, o.emulated.read_only, o.log);
+    if (o.wait_for_release_s > 0)
+      wait_for_release(spec.path, o.wait_for_release_s, o.emulated.read_only, o.log);
   }
   nvme::VfioOptions vfio = o.vfio;
   vfio.max_vectors = static_cast<uint16_t>(o.io_queues + 1);  // admin + one per I/O queue
@@ -107,8 +109,7 @@ std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const 
       char mode[8];
       std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
       o.log("warning: " + spec.path + " has mode " + mode + ": users other than its owner can " +
-            ((st.st_mode & 044) ? ((st.st_mode & 022) ? "read and change" : "read")
-                                : "change") +
+            ((st.st_mode & 044) ? ((st.st_mode & 022) ? "read and change" : "read") : "change") +
             " every file's data in it; chmod 600 " + spec.path);
     }
   }

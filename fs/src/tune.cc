@@ -1,11 +1,11 @@
 #include "warpfs/fs/tune.h"
 
-#include "warpfs/fs/mkfs.h"
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+
+#include "warpfs/fs/mkfs.h"
 
 namespace warpfs::fs {
 
@@ -13,8 +13,9 @@ std::string read_tunable_superblock(blockdev::BlockDevice& dev, Superblock* sb) 
   if (dev.block_bytes() != kBlockSize) return "the device's block size is not 4096";
   if (!dev.read(0, 1, sb).is_ok()) return "cannot read the superblock (I/O error)";
   if (std::string why = validate_superblock(*sb, dev.block_count()); !why.empty()) {
-    return why == "no warpfs magic" ? "not a warpfs filesystem"
-                                    : "the superblock is damaged (" + why + "): run fsck.warpfs -y first";
+    return why == "no warpfs magic"
+               ? "not a warpfs filesystem"
+               : "the superblock is damaged (" + why + "): run fsck.warpfs -y first";
   }
   if (sb->state != kStateClean) {
     return "the filesystem was not cleanly unmounted: mount it once or run fsck.warpfs first "
@@ -45,7 +46,8 @@ std::string parse_default_mount_options(const std::string& s, DefaultMountOption
       }
       o.meta_cache_mb = static_cast<uint32_t>(n);
     } else {
-      return "\"" + opt + "\" is not a filesystem mount option (ro, rw, discard, nodiscard, meta_cache_mb=N)";
+      return "\"" + opt +
+             "\" is not a filesystem mount option (ro, rw, discard, nodiscard, meta_cache_mb=N)";
     }
   }
   *out = o;
@@ -66,7 +68,8 @@ std::string tune(blockdev::BlockDevice& dev, const TuneRequest& r, Superblock* o
     std::memcpy(sb.label, r.label->data(), r.label->size());
   }
   if (r.reserved_percent) {
-    if (!(*r.reserved_percent >= 0 && *r.reserved_percent <= 50)) return "the reserved percentage must be 0 to 50";
+    if (!(*r.reserved_percent >= 0 && *r.reserved_percent <= 50))
+      return "the reserved percentage must be 0 to 50";
     sb.reserved_blocks = reserved_blocks_for(data_blocks(sb), *r.reserved_percent);
   }
   if (r.reserved_blocks) {
@@ -97,7 +100,8 @@ std::string tune(blockdev::BlockDevice& dev, const TuneRequest& r, Superblock* o
     return "cannot write the backup superblock (I/O error); nothing changed in the primary";
   }
   if (!dev.write(0, 1, &sb).is_ok() || !dev.flush().is_ok()) {
-    return "cannot write the superblock (I/O error): run fsck.warpfs, which restores it from the backup";
+    return "cannot write the superblock (I/O error): run fsck.warpfs, which restores it from the "
+           "backup";
   }
   if (out) *out = sb;
   return "";

@@ -27,7 +27,8 @@ constexpr struct {
 // Splits "user.foo" into (kXattrUser, "foo"). Of system.*, only the POSIX ACLs, which the
 // kernel writes and enforces (FUSE_CAP_POSIX_ACL; acl.cc).
 int split_name(std::string_view full, uint8_t* index, std::string_view* name) {
-  if (full.substr(0, 7) == "system." && full.substr(7) != kAclAccess && full.substr(7) != kAclDefault) {
+  if (full.substr(0, 7) == "system." && full.substr(7) != kAclAccess &&
+      full.substr(7) != kAclDefault) {
     return EOPNOTSUPP;
   }
   for (const auto& p : kPrefixes) {
@@ -66,7 +67,8 @@ std::vector<Xattr> parse(const MetaBuf* b) {
     const size_t sz = entry_size(e.name_len, e.value_len);
     if (off + sz > kBlockSize) break;
     const char* p = reinterpret_cast<const char*>(b->data + off + sizeof e);
-    v.push_back(Xattr{e.name_index, std::string(p, e.name_len), std::string(p + e.name_len, e.value_len)});
+    v.push_back(
+        Xattr{e.name_index, std::string(p, e.name_len), std::string(p + e.name_len, e.value_len)});
     off += sz;
   }
   return v;
@@ -82,14 +84,19 @@ void serialize(MetaBuf* b, Ino owner, const std::vector<Xattr>& v) {
   std::memset(b->data, 0, kBlockSize);
   size_t off = sizeof(XattrHeader);
   for (const Xattr& x : v) {
-    XattrEntryHeader e{static_cast<uint8_t>(x.name.size()), x.index, static_cast<uint16_t>(x.value.size())};
+    XattrEntryHeader e{static_cast<uint8_t>(x.name.size()), x.index,
+                       static_cast<uint16_t>(x.value.size())};
     std::memcpy(b->data + off, &e, sizeof e);
     std::memcpy(b->data + off + sizeof e, x.name.data(), x.name.size());
     std::memcpy(b->data + off + sizeof e + x.name.size(), x.value.data(), x.value.size());
     off += entry_size(x.name.size(), x.value.size());
   }
-  XattrHeader h{kXattrMagic, static_cast<uint16_t>(v.size()),
-                static_cast<uint16_t>(off - sizeof(XattrHeader)), owner, 0, 0};
+  XattrHeader h{kXattrMagic,
+                static_cast<uint16_t>(v.size()),
+                static_cast<uint16_t>(off - sizeof(XattrHeader)),
+                owner,
+                0,
+                0};
   std::memcpy(b->data, &h, sizeof h);
 }
 
@@ -120,7 +127,8 @@ int FsImpl::setxattr_once(Ino ino, std::string_view name, const void* value, siz
   MetaBuf* b;
   if (int rc = xattr_load(*n, &b); rc) return rc;
   std::vector<Xattr> v = b ? parse(b) : std::vector<Xattr>{};
-  auto it = std::find_if(v.begin(), v.end(), [&](const Xattr& x) { return x.index == index && x.name == short_name; });
+  auto it = std::find_if(v.begin(), v.end(),
+                         [&](const Xattr& x) { return x.index == index && x.name == short_name; });
   if ((flags & XATTR_CREATE) && it != v.end()) return EEXIST;
   if ((flags & XATTR_REPLACE) && it == v.end()) return ENODATA;
   const std::string val(static_cast<const char*>(value), size);
@@ -144,11 +152,13 @@ int FsImpl::setxattr_once(Ino ino, std::string_view name, const void* value, siz
   return store(*n);
 }
 
-int FsImpl::xattr_set_locked(Node& n, uint8_t index, std::string_view short_name, const std::string& value) {
+int FsImpl::xattr_set_locked(Node& n, uint8_t index, std::string_view short_name,
+                             const std::string& value) {
   MetaBuf* b;
   if (int rc = xattr_load(n, &b); rc) return rc;
   std::vector<Xattr> v = b ? parse(b) : std::vector<Xattr>{};
-  auto it = std::find_if(v.begin(), v.end(), [&](const Xattr& x) { return x.index == index && x.name == short_name; });
+  auto it = std::find_if(v.begin(), v.end(),
+                         [&](const Xattr& x) { return x.index == index && x.name == short_name; });
   if (it != v.end()) {
     it->value = value;
   } else {
@@ -166,7 +176,8 @@ int FsImpl::xattr_set_locked(Node& n, uint8_t index, std::string_view short_name
   return 0;
 }
 
-int FsImpl::xattr_get_locked(Node& n, uint8_t index, std::string_view short_name, std::string* value) {
+int FsImpl::xattr_get_locked(Node& n, uint8_t index, std::string_view short_name,
+                             std::string* value) {
   MetaBuf* b;
   if (int rc = xattr_load(n, &b); rc) return rc;
   if (!b) return ENODATA;
@@ -225,7 +236,8 @@ int FsImpl::remove_xattr_locked(Node& n, uint8_t index, std::string_view short_n
   if (int rc = xattr_load(n, &b); rc) return rc;
   if (!b) return ENODATA;
   std::vector<Xattr> v = parse(b);
-  auto it = std::find_if(v.begin(), v.end(), [&](const Xattr& x) { return x.index == index && x.name == short_name; });
+  auto it = std::find_if(v.begin(), v.end(),
+                         [&](const Xattr& x) { return x.index == index && x.name == short_name; });
   if (it == v.end()) return ENODATA;
   v.erase(it);
   if (v.empty()) {

@@ -1,5 +1,4 @@
 #include "warpfs/gpu/cache.cuh"
-
 #include "warpfs/gpu/check.h"
 
 namespace warpfs::gpu {
@@ -32,8 +31,9 @@ __global__ void flush_device_kernel(IoView io, uint16_t* status) {
 std::unique_ptr<GpuCache> GpuCache::create(Rig& rig, const GpuCacheOptions& o, std::string* error) {
   if (!port::is_pow2(o.sets) || o.ways == 0 || o.ways > 64 || o.line_bytes % rig.lba_bytes() != 0 ||
       o.line_bytes > 8192 || o.line_bytes < 16) {
-    *error = "gpu cache: sets must be a power of two, ways 1..64, lines a multiple of the LBA "
-             "size up to 8 KiB";
+    *error =
+        "gpu cache: sets must be a power of two, ways 1..64, lines a multiple of the LBA "
+        "size up to 8 KiB";
     return nullptr;
   }
   std::unique_ptr<GpuCache> g(new GpuCache());
@@ -102,7 +102,8 @@ GpuCacheStats GpuCache::stats() const {
   port::Padded<DevAtomic64> h[kGpuStats];
   WARPFS_CUDA_CHECK(cudaMemcpy(h, v_.stats, sizeof h, cudaMemcpyDeviceToHost));
   auto get = [&](int i) { return h[i].value.unsafe_ref(); };
-  return GpuCacheStats{get(kMisses), get(kEvictions), get(kWritebacks), get(kSetFull), get(kErrors)};
+  return GpuCacheStats{get(kMisses), get(kEvictions), get(kWritebacks), get(kSetFull),
+                       get(kErrors)};
 }
 
 void GpuCache::reset_stats() {

@@ -1,7 +1,7 @@
-#include "warpfs/gpu/check.h"
-
 #include <chrono>
 #include <thread>
+
+#include "warpfs/gpu/check.h"
 
 namespace warpfs::gpu {
 
@@ -13,8 +13,10 @@ void sync_or_die(const char* what, double seconds) {
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) cuda_fail(e, what, __FILE__, __LINE__);
     if (std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "%s did not finish within %.0f s (a hang: lost completion or "
-                   "deadlock)\n", what, seconds);
+      std::fprintf(stderr,
+                   "%s did not finish within %.0f s (a hang: lost completion or "
+                   "deadlock)\n",
+                   what, seconds);
       std::fflush(stdout);
       std::fflush(stderr);
       std::_Exit(1);  // no destructors: they would wait for the stuck kernel

@@ -1,10 +1,9 @@
-#include "warpfs/gpu/rig.cuh"
-
 #include <algorithm>
 #include <cstring>
 #include <new>
 
 #include "warpfs/gpu/check.h"
+#include "warpfs/gpu/rig.cuh"
 
 namespace warpfs::gpu {
 namespace {
@@ -96,8 +95,8 @@ std::unique_ptr<Rig> Rig::open(const RigOptions& o, std::shared_ptr<nvme::Backin
   if (!r->register_host(reinterpret_cast<void*>(lo), hi - lo, &db_dev, error)) return nullptr;
   auto db = [&](const nvme::Doorbell& d) {
     nvme::Doorbell g;
-    g.reg = reinterpret_cast<port::Atomic<uint32_t>*>(
-        db_dev + (reinterpret_cast<uintptr_t>(d.reg) - lo));
+    g.reg = reinterpret_cast<port::Atomic<uint32_t>*>(db_dev +
+                                                      (reinterpret_cast<uintptr_t>(d.reg) - lo));
     g.kick = nullptr;  // nothing to wake: the workers poll
     g.mmio = false;    // a store the host thread observes, not a device register
     return g;

@@ -1,14 +1,13 @@
 #include "emu_store.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/falloc.h>
-#include <sys/mman.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
-
-#include <dirent.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -171,8 +170,8 @@ std::shared_ptr<BackingStore> BackingStore::open_file(const std::string& path,
   if (read_only) create_bytes = 0;
   // A new image is the owner's only (0600: it holds every file's data, whatever the files'
   // own modes), and is never created through a symlink (root runs mkfs in shared directories).
-  int flags = (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC |
-              (create_bytes > 0 ? O_CREAT | O_NOFOLLOW : 0);
+  int flags =
+      (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC | (create_bytes > 0 ? O_CREAT | O_NOFOLLOW : 0);
   int fd = open(path.c_str(), flags, 0600);
   if (fd < 0) {
     *error = path + ": " + std::strerror(errno) +

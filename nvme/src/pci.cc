@@ -3,14 +3,14 @@
 // (driver_override, drivers_probe, unbind) and sysfs-kernel-iommu_groups.
 #include "warpfs/nvme/pci.h"
 
-#include "sysfs.h"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "sysfs.h"
 
 // libpci 3.9's header has no extern "C" of its own.
 extern "C" {
@@ -26,10 +26,9 @@ extern "C" {
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 extern char** environ;
 

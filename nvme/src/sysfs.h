@@ -65,7 +65,8 @@ inline int iommu_group_of(const std::string& dev_dir) {
 inline std::vector<std::string> group_blockers(const std::string& sysfs_root, int group,
                                                const std::string& bdf) {
   std::vector<std::string> blockers;
-  const std::string gdir = sysfs_root + "/kernel/iommu_groups/" + std::to_string(group) + "/devices";
+  const std::string gdir =
+      sysfs_root + "/kernel/iommu_groups/" + std::to_string(group) + "/devices";
   for (const std::string& peer : entries(gdir)) {
     if (peer == bdf) continue;
     const std::string drv = link_name(sysfs_root + "/bus/pci/devices/" + peer + "/driver");

@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "warpfs/nvme/spec.h"
 #include "sysfs.h"
+#include "warpfs/nvme/spec.h"
 
 namespace warpfs::nvme {
 namespace {
@@ -160,8 +160,8 @@ class IovaSpace {
       }
     }
     while (range_ < ranges_.size()) {
-      const uint64_t start = std::max<uint64_t>((next_ + align - 1) / align * align,
-                                                (ranges_[range_].first + align - 1) / align * align);
+      const uint64_t start = std::max<uint64_t>(
+          (next_ + align - 1) / align * align, (ranges_[range_].first + align - 1) / align * align);
       const uint64_t end = ranges_[range_].second;
       if (start >= next_ && start <= end && end - start >= bytes - 1) {
         *iova = start;
@@ -281,15 +281,18 @@ int vfio_precheck(const std::string& sysfs, const std::string& bdf, std::string*
   }
   const std::string driver = sysfs::link_name(dir + "/driver");
   if (driver != "vfio-pci") {
-    *error = where + (driver.empty() ? "not bound to any driver"
-                                     : "bound to the '" + driver + "' driver, not vfio-pci") +
-             "; run `warpfs-pci bind " + bdf + " vfio-pci` (it refuses while filesystems on "
+    *error = where +
+             (driver.empty() ? "not bound to any driver"
+                             : "bound to the '" + driver + "' driver, not vfio-pci") +
+             "; run `warpfs-pci bind " + bdf +
+             " vfio-pci` (it refuses while filesystems on "
              "the device are mounted)";
     return -1;
   }
   const int group = sysfs::iommu_group_of(dir);
   if (group < 0) {
-    *error = where + "the device has no IOMMU group: the IOMMU is off. Enable VT-d / AMD-Vi "
+    *error = where +
+             "the device has no IOMMU group: the IOMMU is off. Enable VT-d / AMD-Vi "
              "in the firmware and boot with intel_iommu=on (or amd_iommu=on)";
     return -1;
   }
@@ -309,15 +312,17 @@ bool VfioTransport::Impl::open_container_and_group(std::string* error) {
   if (ioctl(container, VFIO_CHECK_EXTENSION, type) != 1) {
     type = VFIO_TYPE1_IOMMU;
     if (ioctl(container, VFIO_CHECK_EXTENSION, type) != 1)
-      return fail(error, "the kernel's VFIO has no type1 IOMMU backend (modprobe vfio_iommu_type1)");
+      return fail(error,
+                  "the kernel's VFIO has no type1 IOMMU backend (modprobe vfio_iommu_type1)");
   }
   const std::string gpath = "/dev/vfio/" + std::to_string(group_no);
   group = ::open(gpath.c_str(), O_RDWR | O_CLOEXEC);
   if (group < 0) {
     const int e = errno;
     if (e == EBUSY)
-      return fail(error, gpath + " is in use by another process (another warpfs, mkfs.warpfs "
-                         "or fsck.warpfs on this device?)");
+      return fail(error, gpath +
+                             " is in use by another process (another warpfs, mkfs.warpfs "
+                             "or fsck.warpfs on this device?)");
     if (e == EACCES || e == EPERM)
       return fail(error, "permission denied opening " + gpath +
                              ": run as root or give this user access to " + gpath);
@@ -333,7 +338,8 @@ bool VfioTransport::Impl::open_container_and_group(std::string* error) {
       others += (others.empty() ? "" : ", ") + b;
     return fail(error, "IOMMU group " + std::to_string(group_no) +
                            " is not viable: every device in it must be bound to vfio-pci or to "
-                           "no driver" + (others.empty() ? "" : "; still bound: " + others));
+                           "no driver" +
+                           (others.empty() ? "" : "; still bound: " + others));
   }
   if (ioctl(group, VFIO_GROUP_SET_CONTAINER, &container) != 0)
     return fail(error, "VFIO_GROUP_SET_CONTAINER: " + errno_text(errno));
@@ -350,8 +356,7 @@ bool VfioTransport::Impl::read_iova_ranges(std::string* error) {
   info->argsz = sizeof *info;
   if (ioctl(container, VFIO_IOMMU_GET_INFO, info) != 0)
     return fail(error, "VFIO_IOMMU_GET_INFO: " + errno_text(errno));
-  if (!(info->iova_pgsizes & kPage))
-    return fail(error, "the IOMMU cannot map 4 KiB pages");
+  if (!(info->iova_pgsizes & kPage)) return fail(error, "the IOMMU cannot map 4 KiB pages");
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   if (info->argsz > sizeof *info) {
     buf.assign((info->argsz + 7) / 8, 0);
@@ -691,8 +696,8 @@ Status VfioTransport::dma_alloc(size_t bytes, DmaRegion* out) {
   Impl& m = *impl_;
   std::lock_guard<std::mutex> g(m.dma_mu);
   bool huge = m.o.hugepages && !m.hugepages_missing && bytes >= (1u << 20);
-  uint64_t len = huge ? (bytes + kHugePage - 1) / kHugePage * kHugePage
-                      : (bytes + kPage - 1) / kPage * kPage;
+  uint64_t len =
+      huge ? (bytes + kHugePage - 1) / kHugePage * kHugePage : (bytes + kPage - 1) / kPage * kPage;
   void* p = MAP_FAILED;
   if (huge) {
     p = mmap(nullptr, len, PROT_READ | PROT_WRITE,
@@ -703,7 +708,8 @@ Status VfioTransport::dma_alloc(size_t bytes, DmaRegion* out) {
       len = (bytes + kPage - 1) / kPage * kPage;
     }
   }
-  if (p == MAP_FAILED) p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return Status::error(Code::kNoMemory, "DMA memory: mmap failed");
   // A child of fork() must not get copy-on-write views of pinned pages.
   if (madvise(p, len, MADV_DONTFORK) != 0) {
@@ -757,7 +763,8 @@ void VfioTransport::dma_free(const DmaRegion& region) {
   u.argsz = sizeof u;
   u.iova = it->first;
   u.size = it->second.bytes;
-  const bool unmapped = ioctl(m.container, VFIO_IOMMU_UNMAP_DMA, &u) == 0 && u.size == it->second.bytes;
+  const bool unmapped =
+      ioctl(m.container, VFIO_IOMMU_UNMAP_DMA, &u) == 0 && u.size == it->second.bytes;
   munmap(it->second.vaddr, it->second.bytes);
   m.dma_bytes -= it->second.bytes;
   if (it->second.huge) m.huge_bytes -= it->second.bytes;

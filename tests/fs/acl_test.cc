@@ -38,7 +38,8 @@ uint32_t perms(Rig& r, Ino ino) {
 }
 
 TEST(Acl, InheritMasksTheModeAndTheAcl) {
-  const std::string dflt = acl_value({{kUserObj, 7, 0}, {kUser, 7, 65534}, {kGroupObj, 5, 0}, {kMask, 7, 0}, {kOther, 5, 0}});
+  const std::string dflt = acl_value(
+      {{kUserObj, 7, 0}, {kUser, 7, 65534}, {kGroupObj, 5, 0}, {kMask, 7, 0}, {kOther, 5, 0}});
   uint32_t mode = S_IFREG | 0666;
   std::string access;
   ASSERT_TRUE(acl::inherit(dflt, &mode, &access));
@@ -50,11 +51,13 @@ TEST(Acl, InheritMasksTheModeAndTheAcl) {
   EXPECT_FALSE(eq);
   // Only the three base entries: the mode says it all, no access ACL.
   mode = S_IFREG | 0640;
-  ASSERT_TRUE(acl::inherit(acl_value({{kUserObj, 7, 0}, {kGroupObj, 7, 0}, {kOther, 0, 0}}), &mode, &access));
+  ASSERT_TRUE(acl::inherit(acl_value({{kUserObj, 7, 0}, {kGroupObj, 7, 0}, {kOther, 0, 0}}), &mode,
+                           &access));
   EXPECT_EQ(mode, S_IFREG | 0640u);
   EXPECT_TRUE(access.empty());
   EXPECT_FALSE(acl::inherit("junk", &mode, &access));
-  std::string a = acl_value({{kUserObj, 6, 0}, {kUser, 4, 65534}, {kGroupObj, 0, 0}, {kMask, 4, 0}, {kOther, 0, 0}});
+  std::string a = acl_value(
+      {{kUserObj, 6, 0}, {kUser, 4, 65534}, {kGroupObj, 0, 0}, {kMask, 4, 0}, {kOther, 0, 0}});
   ASSERT_TRUE(acl::chmod(&a, 0751));
   ASSERT_TRUE(acl::mode_of(a, &p, &eq));
   EXPECT_EQ(p, 0751u) << "owner, mask and other follow chmod";
@@ -64,7 +67,8 @@ TEST(Acl, ModeFollowsTheAccessAclAndChmodTheAcl) {
   auto r = Rig::make(64);
   ASSERT_TRUE(r);
   const Ino f = r->create(kRootInode, "f", 0600);
-  const std::string a = acl_value({{kUserObj, 6, 0}, {kUser, 4, 65534}, {kGroupObj, 0, 0}, {kMask, 4, 0}, {kOther, 0, 0}});
+  const std::string a = acl_value(
+      {{kUserObj, 6, 0}, {kUser, 4, 65534}, {kGroupObj, 0, 0}, {kMask, 4, 0}, {kOther, 0, 0}});
   ASSERT_EQ(r->fs->setxattr(f, "system.posix_acl_access", a.data(), a.size(), 0), 0);
   EXPECT_EQ(perms(*r, f), 0640u) << "the mask shows as the group bits";
   SetAttr s;
@@ -92,7 +96,8 @@ TEST(Acl, DefaultAclIsInheritedAndTheUmaskIgnored) {
   auto r = Rig::make(64);
   ASSERT_TRUE(r);
   const Ino d = r->mkdir(kRootInode, "d");
-  const std::string dflt = acl_value({{kUserObj, 7, 0}, {kUser, 7, 65534}, {kGroupObj, 5, 0}, {kMask, 7, 0}, {kOther, 5, 0}});
+  const std::string dflt = acl_value(
+      {{kUserObj, 7, 0}, {kUser, 7, 65534}, {kGroupObj, 5, 0}, {kMask, 7, 0}, {kOther, 5, 0}});
   ASSERT_EQ(r->fs->setxattr(d, "system.posix_acl_default", dflt.data(), dflt.size(), 0), 0);
   Caller c;
   c.umask = 077;
@@ -101,7 +106,8 @@ TEST(Acl, DefaultAclIsInheritedAndTheUmaskIgnored) {
   EXPECT_EQ(a.mode & 07777, 0664u) << "the default ACL, not the umask";
   std::string got;
   EXPECT_EQ(r->fs->getxattr(a.ino, "system.posix_acl_access", &got), 0);
-  EXPECT_EQ(r->fs->getxattr(a.ino, "system.posix_acl_default", &got), ENODATA) << "files get no default ACL";
+  EXPECT_EQ(r->fs->getxattr(a.ino, "system.posix_acl_default", &got), ENODATA)
+      << "files get no default ACL";
   ASSERT_EQ(r->fs->mkdir(d, "sub", 0777, c, &a), 0);
   EXPECT_EQ(a.mode & 07777, 0775u);
   ASSERT_EQ(r->fs->getxattr(a.ino, "system.posix_acl_default", &got), 0);
@@ -118,8 +124,10 @@ TEST(Acl, CreatesRacingDefaultAclChanges) {
   auto r = Rig::make(64);
   ASSERT_TRUE(r);
   const Ino d = r->mkdir(kRootInode, "d");
-  const std::string one = acl_value({{kUserObj, 7, 0}, {kUser, 7, 1000}, {kGroupObj, 5, 0}, {kMask, 7, 0}, {kOther, 5, 0}});
-  const std::string two = acl_value({{kUserObj, 6, 0}, {kGroup, 6, 2000}, {kGroupObj, 4, 0}, {kMask, 6, 0}, {kOther, 0, 0}});
+  const std::string one = acl_value(
+      {{kUserObj, 7, 0}, {kUser, 7, 1000}, {kGroupObj, 5, 0}, {kMask, 7, 0}, {kOther, 5, 0}});
+  const std::string two = acl_value(
+      {{kUserObj, 6, 0}, {kGroup, 6, 2000}, {kGroupObj, 4, 0}, {kMask, 6, 0}, {kOther, 0, 0}});
   ASSERT_EQ(r->fs->setxattr(d, "system.posix_acl_default", one.data(), one.size(), 0), 0);
   std::atomic<bool> stop{false};
   std::atomic<int> bad{0};
@@ -146,7 +154,8 @@ TEST(Acl, CreatesRacingDefaultAclChanges) {
           uint32_t p;
           bool eq;
           // From `one`: 0664 (mask rw-); from `two`: 0660.
-          if (!acl::mode_of(got, &p, &eq) || (p != 0664 && p != 0660) || (a.mode & 0777) != p) bad++;
+          if (!acl::mode_of(got, &p, &eq) || (p != 0664 && p != 0660) || (a.mode & 0777) != p)
+            bad++;
         }
         r->fs->forget(a.ino, 1);
       }

@@ -56,7 +56,8 @@ class CutDevice final : public blockdev::BlockDevice {
   }
   blockdev::Status flush() override {
     if (cut_) return dead();
-    const bool chosen = flushes_.fetch_add(1, std::memory_order_relaxed) + 1 == cut_at_flush_.load();
+    const bool chosen =
+        flushes_.fetch_add(1, std::memory_order_relaxed) + 1 == cut_at_flush_.load();
     if (arrive() || chosen) {
       cut_ = true;
       return dead();
@@ -71,7 +72,9 @@ class CutDevice final : public blockdev::BlockDevice {
   uint64_t trimmed() const { return trims_.load(); }
 
  private:
-  static blockdev::Status dead() { return blockdev::Status::error(blockdev::Code::kIoError, "cut off"); }
+  static blockdev::Status dead() {
+    return blockdev::Status::error(blockdev::Code::kIoError, "cut off");
+  }
   // Counts a mutating call; true (and cut from now on) if it is the one cut_at() chose.
   bool arrive() {
     const uint64_t k = mutations_.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -83,7 +86,8 @@ class CutDevice final : public blockdev::BlockDevice {
     uint64_t x = (tear_seed_ ^ 0x9e3779b97f4a7c15ull) | 1;  // xorshift's state is never 0
     for (uint32_t i = 0; i < n; ++i) {
       x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
-      if (x & 1) (void)d_.write(b + i, 1, static_cast<const char*>(buf) + size_t{i} * d_.block_bytes());
+      if (x & 1)
+        (void)d_.write(b + i, 1, static_cast<const char*>(buf) + size_t{i} * d_.block_bytes());
     }
   }
   blockdev::BlockDevice& d_;
@@ -173,7 +177,8 @@ struct Rig {
     FsckOptions o;
     std::string out;
     FsckResult r = warpfs::fs::fsck(*dev, o, [&](const std::string& s) { out += s + "\n"; });
-    if (r.exit_code != kFsckClean) return "exit " + std::to_string(r.exit_code) + ":\n" + out + r.error;
+    if (r.exit_code != kFsckClean)
+      return "exit " + std::to_string(r.exit_code) + ":\n" + out + r.error;
     return "";
   }
   std::string check_and_remount() {

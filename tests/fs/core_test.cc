@@ -23,13 +23,16 @@ std::set<std::string> list(Filesystem& fs, Ino dir) {
   uint64_t off = 0;
   for (;;) {
     size_t n = 0;
-    EXPECT_EQ(fs.readdir(dir, off, [&](const DirEntry& e) {
-      if (n == 7) return false;  // small batches: resume by cookie, as the kernel does
-      ++n;
-      EXPECT_TRUE(names.insert(e.name).second) << "duplicate " << e.name;
-      off = e.next_offset;
-      return true;
-    }), 0);
+    EXPECT_EQ(fs.readdir(dir, off,
+                         [&](const DirEntry& e) {
+                           if (n == 7)
+                             return false;  // small batches: resume by cookie, as the kernel does
+                           ++n;
+                           EXPECT_TRUE(names.insert(e.name).second) << "duplicate " << e.name;
+                           off = e.next_offset;
+                           return true;
+                         }),
+              0);
     if (n == 0) break;
   }
   return names;
@@ -186,7 +189,8 @@ TEST(Core, FragmentedFilesUseExtentTreesOfDepthOneAndTwo) {
   const Ino f = r->create(kRootInode, "frag");
   // Every other block: each write is its own extent. 2 * 254 * 8 + a bit needs depth 2.
   const uint32_t n = 4300;
-  for (uint32_t i = 0; i < n; ++i) ASSERT_EQ(r->write(f, uint64_t{i} * 2 * 4096, pattern(i, 0, 4096)), 0) << i;
+  for (uint32_t i = 0; i < n; ++i)
+    ASSERT_EQ(r->write(f, uint64_t{i} * 2 * 4096, pattern(i, 0, 4096)), 0) << i;
   EXPECT_EQ(r->check_and_remount(), "");
   for (uint32_t i = 0; i < n; i += 97) {
     EXPECT_EQ(r->read(f, uint64_t{i} * 2 * 4096, 4096), pattern(i, 0, 4096)) << i;
@@ -213,12 +217,14 @@ TEST(Core, LargeDirectoryLookupsReadFewBlocks) {
   const int n = 30000;
   for (int i = 0; i < n; ++i) {
     Attr a;
-    ASSERT_EQ(r->fs->mknod(d, "file-" + std::to_string(i), S_IFREG | 0600, 0, Caller{}, &a), 0) << i;
+    ASSERT_EQ(r->fs->mknod(d, "file-" + std::to_string(i), S_IFREG | 0600, 0, Caller{}, &a), 0)
+        << i;
     r->fs->forget(a.ino, 1);
   }
   EXPECT_EQ(r->check_and_remount(), "");
   const FsStats before = r->fs->stats();
-  for (int i = 0; i < 200; ++i) EXPECT_EQ(r->lookup(d, "file-" + std::to_string(i * 131 % n)), 0) << r->log;
+  for (int i = 0; i < 200; ++i)
+    EXPECT_EQ(r->lookup(d, "file-" + std::to_string(i * 131 % n)), 0) << r->log;
   const FsStats after = r->fs->stats();
   // Cold cache: index root + index block + leaf + inode table block per lookup at most.
   EXPECT_LE(after.meta_reads - before.meta_reads, 200u * 4);
@@ -237,20 +243,25 @@ TEST(Core, ReaddirOffsetsSurviveConcurrentChanges) {
   // Read half, then add and remove entries, then read on from the cookie.
   std::set<std::string> seen;
   uint64_t off = 0;
-  ASSERT_EQ(r->fs->readdir(d, 0, [&](const DirEntry& e) {
-    seen.insert(e.name);
-    off = e.next_offset;
-    return seen.size() < 1000;
-  }), 0);
+  ASSERT_EQ(r->fs->readdir(d, 0,
+                           [&](const DirEntry& e) {
+                             seen.insert(e.name);
+                             off = e.next_offset;
+                             return seen.size() < 1000;
+                           }),
+            0);
   for (int i = 0; i < 2000; i += 3) {
     if (!seen.count("n" + std::to_string(i))) continue;
     ASSERT_EQ(r->fs->unlink(d, "n" + std::to_string(i)), 0);  // already returned: no effect
   }
   for (int i = 0; i < 500; ++i) r->create(d, "new" + std::to_string(i));
-  ASSERT_EQ(r->fs->readdir(d, off, [&](const DirEntry& e) {
-    EXPECT_TRUE(seen.insert(e.name).second) << "returned twice: " << e.name;
-    return true;
-  }), 0);
+  ASSERT_EQ(r->fs->readdir(d, off,
+                           [&](const DirEntry& e) {
+                             EXPECT_TRUE(seen.insert(e.name).second)
+                                 << "returned twice: " << e.name;
+                             return true;
+                           }),
+            0);
   for (int i = 0; i < 2000; ++i) EXPECT_TRUE(seen.count("n" + std::to_string(i))) << i;
 }
 
@@ -498,8 +509,8 @@ TEST(Core, ConcurrentCreatorsWritersAndRenamers) {
         const std::string data = pattern(t * 1000 + i, 0, 5000 + i);
         if (r->fs->write(a.ino, 0, data.size(), data.data(), &w) != 0) ++failures;
         // Move every third file to the next thread's directory, under a unique name.
-        if (i % 3 == 0 &&
-            r->fs->rename(dirs[t], name, dirs[(t + 1) % threads], "m" + std::to_string(t) + "-" + name, 0) != 0) {
+        if (i % 3 == 0 && r->fs->rename(dirs[t], name, dirs[(t + 1) % threads],
+                                        "m" + std::to_string(t) + "-" + name, 0) != 0) {
           ++failures;
         }
         r->fs->forget(a.ino, 1);

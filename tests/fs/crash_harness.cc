@@ -184,8 +184,8 @@ void model_zero(MNode& n, uint64_t off, uint64_t len) {
     const uint64_t b = pos / kB, bs = b * kB, e = std::min(bs + kB, end);
     if (n.blocks[b]) {
       auto blk = std::make_shared<std::string>(*n.blocks[b]);
-      std::fill(blk->begin() + static_cast<long>(pos - bs), blk->begin() + static_cast<long>(e - bs),
-                '\0');
+      std::fill(blk->begin() + static_cast<long>(pos - bs),
+                blk->begin() + static_cast<long>(e - bs), '\0');
       n.blocks[b] = std::move(blk);
     }
     pos = e;
@@ -217,7 +217,8 @@ std::string check_read(const MNode& n, uint64_t off, const std::string& got) {
   for (uint64_t i = 0; i < got.size(); ++i) {
     const uint64_t pos = off + i;
     const uint64_t b = pos / kB;
-    const char want = pos < n.size && b < n.blocks.size() && n.blocks[b] ? (*n.blocks[b])[pos % kB] : '\0';
+    const char want =
+        pos < n.size && b < n.blocks.size() && n.blocks[b] ? (*n.blocks[b])[pos % kB] : '\0';
     if (got[i] != want) {
       char w[64];
       std::snprintf(w, sizeof w, "byte %llu is 0x%02x, expected 0x%02x",
@@ -513,7 +514,9 @@ std::string Op::describe() const {
     case OpKind::kWrite:
       return "write " + who() + " off " + std::to_string(off) + " len " + std::to_string(len) +
              " seed " + std::to_string(seed) +
-             (via == Via::kDirect ? " direct" : via == Via::kMmap ? " mmap" : "");
+             (via == Via::kDirect ? " direct"
+              : via == Via::kMmap ? " mmap"
+                                  : "");
     case OpKind::kTruncate:
       return "truncate " + who() + " to " + std::to_string(off);
     case OpKind::kChmod:
@@ -544,11 +547,13 @@ std::string Op::describe() const {
     case OpKind::kRelease:
       return "release " + who();
     case OpKind::kFallocate:
-      return "fallocate " + who() + " mode " + std::to_string(flags) + " off " + std::to_string(off) +
-             " len " + std::to_string(len);
+      return "fallocate " + who() + " mode " + std::to_string(flags) + " off " +
+             std::to_string(off) + " len " + std::to_string(len);
     case OpKind::kRead:
       return "read " + who() + " off " + std::to_string(off) + " len " + std::to_string(len) +
-             (via == Via::kDirect ? " direct" : via == Via::kMmap ? " mmap" : "");
+             (via == Via::kDirect ? " direct"
+              : via == Via::kMmap ? " mmap"
+                                  : "");
   }
   return "?";
 }
@@ -598,8 +603,9 @@ Op next_op(const Model& m, std::mt19937_64& rng) {
     op = Op{};
     const uint64_t r = below(110);
     if (r >= 100 && r < 104) {  // fallocate: allocate, keep size, punch a hole, zero a range
-      static const int kModes[] = {0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                                   FALLOC_FL_ZERO_RANGE, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE};
+      static const int kModes[] = {0, FALLOC_FL_KEEP_SIZE,
+                                   FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE,
+                                   FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE};
       if (files.empty()) continue;
       op.kind = OpKind::kFallocate;
       op.id = pick_id(files);
@@ -1249,7 +1255,8 @@ std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut,
       if (*rc || is_cut()) return "";  // a read of a cut device proves nothing
       const MNode& n = *m.node(op.id);
       const uint64_t want = op.off >= n.size ? 0 : std::min<uint64_t>(op.len, n.size - op.off);
-      if (got != want) return "read " + std::to_string(got) + " bytes, expected " + std::to_string(want);
+      if (got != want)
+        return "read " + std::to_string(got) + " bytes, expected " + std::to_string(want);
       buf.resize(got);
       if (std::string bad = check_read(n, op.off, buf); !bad.empty()) return "read back: " + bad;
       return "";

@@ -241,7 +241,6 @@ std::string check_stamped_block(const uint8_t* b, Ino ino, uint64_t lblk);  // "
 // violation.
 std::string check_invariants(const Observed& o, Ino stamped);
 
-
 // Runs `op` on the filesystem (in-process) and on the model. The model changes when the call
 // succeeded, or when `cut` (may be null) was cut while it ran: then the operation may or may
 // not have happened, and its states become possible. "" or a mismatch of what the operation

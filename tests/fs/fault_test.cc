@@ -209,13 +209,17 @@ namespace {
 TEST(ErrnoOf, MapsEachDeviceStatusOnce) {
   using nvme::make_status;
   EXPECT_EQ(errno_of(blockdev::Status::ok()), 0);
-  EXPECT_EQ(errno_of(blockdev::Status::nvme(make_status(nvme::sct::kGeneric, nvme::sc::kCapacityExceeded))),
+  EXPECT_EQ(errno_of(blockdev::Status::nvme(
+                make_status(nvme::sct::kGeneric, nvme::sc::kCapacityExceeded))),
             ENOSPC);
-  EXPECT_EQ(errno_of(blockdev::Status::nvme(make_status(nvme::sct::kGeneric, nvme::sc::kCapacityExceeded, false))),
+  EXPECT_EQ(errno_of(blockdev::Status::nvme(
+                make_status(nvme::sct::kGeneric, nvme::sc::kCapacityExceeded, false))),
             ENOSPC);
-  EXPECT_EQ(errno_of(blockdev::Status::nvme(make_status(nvme::sct::kGeneric, nvme::sc::kInvalidOpcode))),
-            EOPNOTSUPP);
-  EXPECT_EQ(errno_of(blockdev::Status::nvme(make_status(nvme::sct::kMedia, nvme::sc::kUnrecoveredReadError))),
+  EXPECT_EQ(
+      errno_of(blockdev::Status::nvme(make_status(nvme::sct::kGeneric, nvme::sc::kInvalidOpcode))),
+      EOPNOTSUPP);
+  EXPECT_EQ(errno_of(blockdev::Status::nvme(
+                make_status(nvme::sct::kMedia, nvme::sc::kUnrecoveredReadError))),
             EIO);
   EXPECT_EQ(errno_of(blockdev::Status::error(blockdev::Code::kIoError, "cut off")), EIO);
   EXPECT_EQ(errno_of(blockdev::Status::error(blockdev::Code::kInvalidArgument, "range")), EIO);

@@ -17,8 +17,8 @@
 #include <sstream>
 
 #include "fs/core_rig.h"
-#include "warpfs/fs/layout.h"
 #include "warpfs/fs/format.h"
+#include "warpfs/fs/layout.h"
 
 namespace warpfs::fs::test {
 namespace {
@@ -72,9 +72,7 @@ struct Raw {
     std::memcpy(b.data() + (g % kGroupDescsPerBlock) * sizeof d, &d, sizeof d);
     put(sb.gdt_start + g / kGroupDescsPerBlock, b.data());
   }
-  uint64_t first_group() const {
-    return Layout(sb).first_group;
-  }
+  uint64_t first_group() const { return Layout(sb).first_group; }
 
   uint64_t inode_block(uint64_t ino) {
     const auto g = static_cast<uint32_t>((ino - 1) / sb.inodes_per_group);

@@ -11,15 +11,16 @@ namespace warpfs::daemon {
 namespace {
 
 TEST(Latency, BucketsCoverEveryValueWithinAQuarterOfItsPowerOfTwo) {
-  for (uint64_t v : {0ull, 1ull, 3ull, 4ull, 5ull, 7ull, 8ull, 1000ull, 1023ull, 1024ull, 123456789ull,
-                     ~0ull >> 1, ~0ull}) {
+  for (uint64_t v : {0ull, 1ull, 3ull, 4ull, 5ull, 7ull, 8ull, 1000ull, 1023ull, 1024ull,
+                     123456789ull, ~0ull >> 1, ~0ull}) {
     const unsigned b = LatencyHistogram::bucket_of(v);
     ASSERT_LT(b, LatencyHistogram::kBuckets) << v;
     EXPECT_LE(v, LatencyHistogram::upper_of(b)) << v;
     if (b > 0) {
       EXPECT_GT(v, LatencyHistogram::upper_of(b - 1)) << v;
     }
-    EXPECT_LE(static_cast<double>(LatencyHistogram::upper_of(b)), static_cast<double>(v) * 1.25 + 1) << v;
+    EXPECT_LE(static_cast<double>(LatencyHistogram::upper_of(b)), static_cast<double>(v) * 1.25 + 1)
+        << v;
   }
 }
 

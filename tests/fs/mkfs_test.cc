@@ -1,6 +1,8 @@
 // The on-disk format as mkfs writes it: geometry for many device sizes, every structure of a
 // fresh filesystem read back and checked against fs/FORMAT.md's invariants, the overwrite
 // guard, and the mkfs.warpfs program's behaviour and exit codes.
+#include "warpfs/fs/mkfs.h"
+
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,7 +16,6 @@
 #include "cache/cache_rig.h"
 #include "warpfs/blockdev/devices.h"
 #include "warpfs/fs/format.h"
-#include "warpfs/fs/mkfs.h"
 
 namespace warpfs::fs::test {
 namespace {
@@ -53,9 +54,11 @@ TEST(Geometry, CoversTheDeviceForManySizes) {
     Geometry g;
     std::string err;
     ASSERT_TRUE(plan_geometry(blocks, tight, &g, &err)) << blocks << ": " << err;
-    ASSERT_EQ(g.gdt_blocks, (g.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock) << blocks;
+    ASSERT_EQ(g.gdt_blocks, (g.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock)
+        << blocks;
     ASSERT_EQ(g.first_group_block, 1 + g.journal_blocks + g.gdt_blocks) << blocks;
-    ASSERT_EQ(group_start(g, g.group_count - 1) + group_blocks(g, g.group_count - 1), g.block_count - 1);
+    ASSERT_EQ(group_start(g, g.group_count - 1) + group_blocks(g, g.group_count - 1),
+              g.block_count - 1);
   }
   Geometry g;
   std::string err;
@@ -81,8 +84,10 @@ std::string verify_fresh(blockdev::BlockDevice& dev) {
   if (!rd(sb.block_count - 1)) return "backup unreadable";
   std::memcpy(&backup, b.data(), sizeof backup);
   if (std::memcmp(&sb, &backup, sizeof sb) != 0) return "backup differs from primary";
-  if (sb.state != kStateClean || sb.features != (kFeaturesV1 | kFeatureGdtRoom)) return "state/features";
-  if (sb.gdt_blocks < (sb.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock) return "gdt_blocks";
+  if (sb.state != kStateClean || sb.features != (kFeaturesV1 | kFeatureGdtRoom))
+    return "state/features";
+  if (sb.gdt_blocks < (sb.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock)
+    return "gdt_blocks";
   const uint64_t seed = sb.checksum_seed;
   const uint32_t itb = sb.inodes_per_group / kInodesPerBlock;
   uint64_t free_blocks = 0, free_inodes = 0;
@@ -92,15 +97,19 @@ std::string verify_fresh(blockdev::BlockDevice& dev) {
     std::memcpy(&gd, b.data() + (gi % kGroupDescsPerBlock) * sizeof gd, sizeof gd);
     if (gd.checksum != group_checksum(gd, seed)) return "group " + std::to_string(gi) + " checksum";
     if (!rd(gd.block_bitmap)) return "block bitmap unreadable";
-    if (gd.block_bitmap_checksum != checksum(b.data(), kBlockSize, seed)) return "block bitmap checksum";
+    if (gd.block_bitmap_checksum != checksum(b.data(), kBlockSize, seed))
+      return "block bitmap checksum";
     uint64_t used = 0;
     for (uint8_t x : b) used += static_cast<uint64_t>(std::popcount(x));
-    if (kBlocksPerGroup - used != gd.free_blocks) return "group " + std::to_string(gi) + " free blocks";
+    if (kBlocksPerGroup - used != gd.free_blocks)
+      return "group " + std::to_string(gi) + " free blocks";
     if (!rd(gd.inode_bitmap)) return "inode bitmap unreadable";
-    if (gd.inode_bitmap_checksum != checksum(b.data(), kBlockSize, seed)) return "inode bitmap checksum";
+    if (gd.inode_bitmap_checksum != checksum(b.data(), kBlockSize, seed))
+      return "inode bitmap checksum";
     uint64_t iused = 0;
     for (uint8_t x : b) iused += static_cast<uint64_t>(std::popcount(x));
-    if (kBlockSize * 8 - iused != gd.free_inodes) return "group " + std::to_string(gi) + " free inodes";
+    if (kBlockSize * 8 - iused != gd.free_inodes)
+      return "group " + std::to_string(gi) + " free inodes";
     free_blocks += gd.free_blocks;
     free_inodes += gd.free_inodes;
     // Every inode but the root is free (all zero).
@@ -112,7 +121,8 @@ std::string verify_fresh(blockdev::BlockDevice& dev) {
         std::memcpy(&in, b.data() + k * kInodeSize, sizeof in);
         if (ino == kRootInode) {
           if (in.checksum != inode_checksum(in, ino, seed)) return "root inode checksum";
-          if (in.mode != 040755 || in.links != 2 || in.extent_count != 1) return "root inode fields";
+          if (in.mode != 040755 || in.links != 2 || in.extent_count != 1)
+            return "root inode fields";
           continue;
         }
         const auto* raw = b.data() + k * kInodeSize;
@@ -122,7 +132,8 @@ std::string verify_fresh(blockdev::BlockDevice& dev) {
       }
     }
   }
-  if (free_blocks != sb.free_blocks || free_inodes != sb.free_inodes) return "superblock free counts";
+  if (free_blocks != sb.free_blocks || free_inodes != sb.free_inodes)
+    return "superblock free counts";
   // The root directory: an index root with one leaf, both checksummed, the leaf empty.
   GroupDesc gd0;
   if (!rd(sb.gdt_start)) return "gdt unreadable";
@@ -134,19 +145,23 @@ std::string verify_fresh(blockdev::BlockDevice& dev) {
   if (!rd(e.physical)) return "root index unreadable";
   DirIndexHeader ih;
   std::memcpy(&ih, b.data(), sizeof ih);
-  if (ih.magic != kDirIndexMagic || ih.count != 1 || ih.owner != kRootInode) return "root index header";
-  if (ih.checksum != block_checksum(b.data(), offsetof(DirIndexHeader, checksum), seed)) return "root index checksum";
+  if (ih.magic != kDirIndexMagic || ih.count != 1 || ih.owner != kRootInode)
+    return "root index header";
+  if (ih.checksum != block_checksum(b.data(), offsetof(DirIndexHeader, checksum), seed))
+    return "root index checksum";
   if (!rd(e.physical + 1)) return "root leaf unreadable";
   DirLeafHeader lh;
   std::memcpy(&lh, b.data(), sizeof lh);
   if (lh.magic != kDirLeafMagic || lh.count != 0) return "root leaf header";
-  if (lh.checksum != block_checksum(b.data(), offsetof(DirLeafHeader, checksum), seed)) return "root leaf checksum";
+  if (lh.checksum != block_checksum(b.data(), offsetof(DirLeafHeader, checksum), seed))
+    return "root leaf checksum";
   // The root's blocks are marked used in group 0's bitmap (they follow the inode table).
   if (e.physical != gd0.inode_table + itb) return "root directory blocks misplaced";
   if (!rd(1)) return "journal header unreadable";
   JournalHeader jh;
   std::memcpy(&jh, b.data(), sizeof jh);
-  if (jh.magic != kJournalHeaderMagic || jh.checksum != block_checksum(b.data(), offsetof(JournalHeader, checksum), seed))
+  if (jh.magic != kJournalHeaderMagic ||
+      jh.checksum != block_checksum(b.data(), offsetof(JournalHeader, checksum), seed))
     return "journal header";
   return "";
 }

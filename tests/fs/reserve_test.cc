@@ -92,7 +92,8 @@ TEST(Reserve, AUserStopsShortOfTheReserveAndRootWritesOn) {
   EXPECT_EQ(r->write(root_file, 0, std::string(reserved / 2 * kBlockSize, 'r')), 0) << r->log;
   {
     CallerScope as(Caller{0, 0});
-    EXPECT_EQ(r->write(root_file, reserved / 2 * kBlockSize, std::string(64 << 10, 'r')), 0) << r->log;
+    EXPECT_EQ(r->write(root_file, reserved / 2 * kBlockSize, std::string(64 << 10, 'r')), 0)
+        << r->log;
   }
   // Freeing the user's data gives the user room again.
   ASSERT_EQ(r->fs->unlink(kRootInode, "user"), 0);
@@ -157,10 +158,12 @@ TEST(Reserve, UsersRacingForTheLastBlocksLeaveTheReserve) {
   }
   for (auto& t : ts) t.join();
   EXPECT_EQ(other.load(), 0) << r->log;
-  EXPECT_EQ(root_rc, 0) << "root could not write a quarter of its reserve beside the users\n" << r->log;
+  EXPECT_EQ(root_rc, 0) << "root could not write a quarter of its reserve beside the users\n"
+                        << r->log;
   // What is left: at least the reserve less what root took of it.
   EXPECT_GE(space(*r->fs).free + root_pieces * root_piece.size() / kBlockSize, reserved);
-  EXPECT_EQ(r->read(root_file, (root_pieces - 1) * root_piece.size(), root_piece.size()), root_piece);
+  EXPECT_EQ(r->read(root_file, (root_pieces - 1) * root_piece.size(), root_piece.size()),
+            root_piece);
   EXPECT_EQ(r->check_and_remount(), "");
 }
 
@@ -174,7 +177,8 @@ TEST(Reserve, ImagesWithoutTheFieldReserveNothing) {
   int rc = 0;
   const uint64_t wrote = fill(*r, r->create(kRootInode, "user"), 0, &rc);
   EXPECT_EQ(rc, ENOSPC);
-  EXPECT_GE(wrote / kBlockSize + 1, before.avail) << "a user could not fill what df said was available";
+  EXPECT_GE(wrote / kBlockSize + 1, before.avail)
+      << "a user could not fill what df said was available";
 }
 
 }  // namespace

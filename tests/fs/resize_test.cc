@@ -97,7 +97,7 @@ TEST(Grow, AFullLastGroupGrowsByNewGroupsOnly) {
   MkfsOptions mo;
   mo.seed = 7;
   mo.resize_max_blocks = 1 << 20;  // the descriptor table's size, whatever the device's
-  mo.journal_blocks = 256;          // and the journal's
+  mo.journal_blocks = 256;         // and the journal's
   ASSERT_TRUE(plan_geometry(40000, mo, &g, &err)) << err;
   const uint64_t whole = g.first_group_block + kBlocksPerGroup + 1;
   auto r = small_fs_on_big_device(512, whole, mo);
@@ -118,8 +118,8 @@ TEST(Grow, RefusesWhatItCannotDoAndWritesNothing) {
   auto r = small_fs_on_big_device(96, 10240);
   ASSERT_TRUE(r);
   const Superblock sb = r->superblock_at(0);
-  EXPECT_NE(grow(*r->dev, sb.block_count, {}, nullptr), "");      // no larger
-  EXPECT_NE(grow(*r->dev, sb.block_count - 100, {}, nullptr), "");  // smaller
+  EXPECT_NE(grow(*r->dev, sb.block_count, {}, nullptr), "");             // no larger
+  EXPECT_NE(grow(*r->dev, sb.block_count - 100, {}, nullptr), "");       // smaller
   EXPECT_NE(grow(*r->dev, r->dev->block_count() + 1, {}, nullptr), "");  // past the device
   EXPECT_EQ(r->superblock_at(0).block_count, sb.block_count);
   // Not cleanly unmounted: refused until fsck or a mount.

@@ -30,7 +30,9 @@ Ino big_file(Rig& r, const std::string& name, uint64_t bytes) {
 }
 
 // Most of the free space, in bytes: two of these never fit at once.
-uint64_t most(Rig& r) { return avail_blocks(*r.fs) * 3 / 4 * kBlockSize; }
+uint64_t most(Rig& r) {
+  return avail_blocks(*r.fs) * 3 / 4 * kBlockSize;
+}
 
 TEST(Space, FallocateRightAfterUnlinkOfAFileAsBig) {
   auto r = Rig::make(64);
@@ -114,8 +116,10 @@ TEST(Space, ThreadsTakingTurnsWithMostOfTheDiskNeverSeeEnospc) {
           if (rc == 0 && w != data.size()) rc = ENOSPC;
         }
       }
-      if (rc == ENOSPC) enospc++;
-      else if (rc) other++;
+      if (rc == ENOSPC)
+        enospc++;
+      else if (rc)
+        other++;
       if (r->fs->unlink(kRootInode, name) != 0) other++;
     }
   };
@@ -138,19 +142,25 @@ TEST(Space, PunchOfAFragmentedFileFitsTheJournal) {
   const Ino f = r->create(kRootInode, "f");
   constexpr uint64_t kBlocks = 34048;  // 17024 one-block extents: 67 leaves of 255
   const std::string mib(1 << 20, 'd');
-  for (uint64_t off = 0; off < kBlocks * kBlockSize; off += mib.size()) ASSERT_EQ(r->write(f, off, mib), 0);
+  for (uint64_t off = 0; off < kBlocks * kBlockSize; off += mib.size())
+    ASSERT_EQ(r->write(f, off, mib), 0);
   for (uint64_t b = 1; b < kBlocks; b += 2) {
-    ASSERT_EQ(r->fs->fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, b * kBlockSize, kBlockSize), 0);
+    ASSERT_EQ(
+        r->fs->fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, b * kBlockSize, kBlockSize),
+        0);
   }
   fs::InodeReport rep;
   ASSERT_EQ(r->fs->inspect(f, &rep), 0);
   ASSERT_GT(rep.extents.size(), 61u * kExtentNodeCapacity / 2) << "not fragmented enough to test";
-  ASSERT_EQ(r->fs->fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, kBlocks * kBlockSize), 0)
+  ASSERT_EQ(
+      r->fs->fallocate(f, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, kBlocks * kBlockSize), 0)
       << r->log;
   ASSERT_EQ(r->fs->sync(), 0) << r->log;
   EXPECT_FALSE(r->fs->read_only()) << r->log;
   ASSERT_EQ(r->fs->inspect(f, &rep), 0);
-  EXPECT_TRUE(rep.extents.empty()) << rep.extents.size() << " extents left, the first at " << (rep.extents.empty() ? 0 : rep.extents[0].logical) << "+" << (rep.extents.empty() ? 0 : rep.extents[0].blocks());
+  EXPECT_TRUE(rep.extents.empty()) << rep.extents.size() << " extents left, the first at "
+                                   << (rep.extents.empty() ? 0 : rep.extents[0].logical) << "+"
+                                   << (rep.extents.empty() ? 0 : rep.extents[0].blocks());
   EXPECT_EQ(r->check_and_remount(), "");
 }
 

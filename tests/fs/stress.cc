@@ -41,7 +41,6 @@ std::string errno_name(int rc) {
   return rc == 0 ? "0" : std::string(strerrorname_np(rc) ? strerrorname_np(rc) : "?");
 }
 
-
 // The device stack of one power-on: controller, driver, optional cache, and the CutDevice
 // the filesystem sees.
 struct Machine {
@@ -104,7 +103,8 @@ struct Machine {
   std::string fsck(const char* when) {
     FsckOptions fo;  // check only
     std::string out;
-    FsckResult r = warpfs::fs::fsck(*cut, fo, [&](const std::string& s) { out += "  " + s + "\n"; });
+    FsckResult r =
+        warpfs::fs::fsck(*cut, fo, [&](const std::string& s) { out += "  " + s + "\n"; });
     if (r.exit_code == kFsckClean) return "";
     return std::string("fsck ") + when + ": exit " + std::to_string(r.exit_code) + " " + r.error +
            "\n" + out;
@@ -292,7 +292,9 @@ void Run::sharer_loop(int index, uint64_t seed) {
     *dir = a.ino;  // may be removed before it is used: its operations then see ENOENT
     return 0;
   };
-  auto name = [&] { return below(4) == 0 ? "d" + std::to_string(below(3)) : "s" + std::to_string(below(10)); };
+  auto name = [&] {
+    return below(4) == 0 ? "d" + std::to_string(below(3)) : "s" + std::to_string(below(10));
+  };
   std::vector<std::pair<Ino, uint32_t>> held;  // inodes opened and not released
   auto fail = [&](const std::string& what, int rc) {
     failure_.set("sharer " + std::to_string(index) + ": " + what + " returned " + errno_name(rc) +
@@ -301,8 +303,8 @@ void Run::sharer_loop(int index, uint64_t seed) {
   std::vector<uint8_t> buf(16 * kB);
   // Racing with a removal of the directory itself: ENOENT; with a rename over a directory
   // being emptied: ENOTEMPTY; and so on.
-  const std::initializer_list<int> kNameRaces = {ENOENT, EEXIST, ENOTEMPTY, EISDIR, ENOTDIR,
-                                                  EINVAL, EPERM, EMLINK};
+  const std::initializer_list<int> kNameRaces = {ENOENT,  EEXIST, ENOTEMPTY, EISDIR,
+                                                 ENOTDIR, EINVAL, EPERM,     EMLINK};
   while (!stop() && !cut()) {
     other_ops_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t r = below(100);
@@ -359,7 +361,8 @@ void Run::sharer_loop(int index, uint64_t seed) {
         const uint64_t blk = below(48), nb = 1 + below(4);
         const uint64_t what = below(10);
         if (what < 4) {
-          for (uint64_t i = 0; i < nb; ++i) crash::stamp_block(buf.data() + i * kB, ino, blk + i, rng());
+          for (uint64_t i = 0; i < nb; ++i)
+            crash::stamp_block(buf.data() + i * kB, ino, blk + i, rng());
           size_t w = 0;
           rc = fs.write(ino, blk * kB, nb * kB, reinterpret_cast<const char*>(buf.data()), &w);
         } else if (what < 7) {
@@ -367,7 +370,8 @@ void Run::sharer_loop(int index, uint64_t seed) {
           rc = fs.read(ino, blk * kB, nb * kB, reinterpret_cast<char*>(buf.data()), &got);
           if (rc == 0 && !cut()) {
             for (uint64_t i = 0; i * kB < got; ++i) {
-              if (std::string e = crash::check_stamped_block(buf.data() + i * kB, ino, blk + i); !e.empty()) {
+              if (std::string e = crash::check_stamped_block(buf.data() + i * kB, ino, blk + i);
+                  !e.empty()) {
                 fs.forget(ino, 1);
                 failure_.set("sharer " + std::to_string(index) + ": read of " + n + ": " + e);
                 return;
@@ -497,10 +501,12 @@ void Run::phase(uint64_t ops, bool allow_cut) {
   const uint64_t c0 = m_.fs->stats().commits;
   std::vector<std::thread> others;
   for (int k = 0; k < o_.sharers; ++k)
-    others.emplace_back([this, k] { sharer_loop(k, crash::mix(o_.seed * 31 + static_cast<uint64_t>(k))); });
+    others.emplace_back(
+        [this, k] { sharer_loop(k, crash::mix(o_.seed * 31 + static_cast<uint64_t>(k))); });
   if (o_.observer) others.emplace_back([this] { observer_loop(o_.seed); });
   std::vector<std::thread> ws;
-  for (Worker& w : workers_) ws.emplace_back([this, &w, ops, allow_cut] { worker_loop(w, ops, allow_cut); });
+  for (Worker& w : workers_)
+    ws.emplace_back([this, &w, ops, allow_cut] { worker_loop(w, ops, allow_cut); });
   for (auto& t : ws) t.join();
   done_ = true;
   for (auto& t : others) t.join();
@@ -527,7 +533,6 @@ std::string Run::release_all() {
   }
   return "";
 }
-
 
 std::string Run::check_all(const char* when, bool after_crash) {
   Observed o;
@@ -568,7 +573,8 @@ Report Run::go() {
   auto fail = [&](const std::string& e) {
     r_.failure = e;
     for (const Worker& w : workers_) {
-      for (const std::string& t : w.trace) r_.trace.push_back("w" + std::to_string(w.index) + ": " + t);
+      for (const std::string& t : w.trace)
+        r_.trace.push_back("w" + std::to_string(w.index) + ": " + t);
     }
     return r_;
   };

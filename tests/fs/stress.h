@@ -47,17 +47,17 @@ namespace warpfs::fs::stress {
 
 struct Options {
   uint64_t seed = 1;
-  int workers = 4;        // threads with a subtree and a model of their own
-  int sharers = 2;        // threads on /shared (invariants only)
-  bool observer = true;   // a thread reading the others' directories
-  uint64_t ops = 300;     // operations per worker; the sharers and the observer run as long
-  bool cut = false;       // a power cut among the operations, then recovery
-  uint32_t cache_mb = 0;  // a CachedBlockDevice (the daemon's software cache) of this size
-  uint32_t commit_ms = 20;  // the committer thread's interval
-  bool commit_each = false;  // MountOptions::commit_every_transaction
+  int workers = 4;             // threads with a subtree and a model of their own
+  int sharers = 2;             // threads on /shared (invariants only)
+  bool observer = true;        // a thread reading the others' directories
+  uint64_t ops = 300;          // operations per worker; the sharers and the observer run as long
+  bool cut = false;            // a power cut among the operations, then recovery
+  uint32_t cache_mb = 0;       // a CachedBlockDevice (the daemon's software cache) of this size
+  uint32_t commit_ms = 20;     // the committer thread's interval
+  bool commit_each = false;    // MountOptions::commit_every_transaction
   uint32_t meta_cache_mb = 0;  // MountOptions::meta_cache_mb; 0: 1 MiB or 32 MiB by the seed
-  uint64_t mib = 512;     // the emulated namespace (RAM)
-  bool verbose = false;   // trace each worker's operations (the last 40 of each, on failure)
+  uint64_t mib = 512;          // the emulated namespace (RAM)
+  bool verbose = false;        // trace each worker's operations (the last 40 of each, on failure)
   // Test-only: after the workload, change one byte of a worker's model behind the
   // filesystem's back; the check must then fail (the harness's own test).
   bool tamper_model = false;
@@ -66,9 +66,9 @@ struct Options {
 struct Report {
   bool passed = false;
   std::string failure;
-  uint64_t ops = 0;        // operations run by every thread together
-  uint64_t commits = 0;    // journal commits during the workload
-  uint64_t cut_call = 0;   // cut: the device call that was cut (0: after the workload)
+  uint64_t ops = 0;       // operations run by every thread together
+  uint64_t commits = 0;   // journal commits during the workload
+  uint64_t cut_call = 0;  // cut: the device call that was cut (0: after the workload)
   size_t durable_states = 0, reached_states = 0, matched_states = 0;  // summed over workers
   std::vector<std::string> trace;
 };

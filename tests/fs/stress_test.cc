@@ -1,12 +1,13 @@
 // The filesystem core under concurrent load (tests/fs/stress.h), bounded for CI: these run
 // in the optimised, ASan+UBSan and TSan builds. The journal's commit race that the
 // concurrent stress found has a deterministic regression test of its own here.
+#include "fs/stress.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 
 #include "fs/core_rig.h"
-#include "fs/stress.h"
 #include "journal.h"
 #include "warpfs/fs/replay.h"
 

@@ -30,7 +30,9 @@ using gpu::test::mix;
 constexpr double kTimeout = 120;
 constexpr uint32_t kUnwritten = 0xefefefefu;
 
-__host__ __device__ uint64_t written(uint64_t e, uint32_t round) { return mix(e * 131 + round + 1) | 1; }
+__host__ __device__ uint64_t written(uint64_t e, uint32_t round) {
+  return mix(e * 131 + round + 1) | 1;
+}
 
 enum class ReadMode { kCoalesced, kUncoalesced, kRef };
 
@@ -66,7 +68,8 @@ __global__ void write_round(gpu::array<uint64_t> a, uint64_t w_until, uint32_t r
   const uint64_t T = uint64_t{gridDim.x} * blockDim.x;
   if (chunked) {
     gpu::array_ref<uint64_t> r(a);
-    for (uint64_t e = tid * chunk; e < (tid + 1) * chunk && e < w_until; ++e) r.write(e, written(e, round));
+    for (uint64_t e = tid * chunk; e < (tid + 1) * chunk && e < w_until; ++e)
+      r.write(e, written(e, round));
   } else {
     for (uint64_t e = tid; e < w_until; e += T) a.write(e, written(e, round));
   }
@@ -112,18 +115,23 @@ int run(const Sizes& z, uint64_t seed) {
   WARPFS_CUDA_CHECK(cudaMalloc(&d_result, z.threads * sizeof(uint32_t)));
   std::vector<uint32_t> result(z.threads);
   const uint32_t block = std::min<uint32_t>(128, z.threads), grid = z.threads / block;
-  auto poison = [&] { WARPFS_CUDA_CHECK(cudaMemset(d_result, 0xef, z.threads * sizeof(uint32_t))); };
+  auto poison = [&] {
+    WARPFS_CUDA_CHECK(cudaMemset(d_result, 0xef, z.threads * sizeof(uint32_t)));
+  };
   auto summary = [&](const char* what) {
-    WARPFS_CUDA_CHECK(cudaMemcpy(result.data(), d_result, z.threads * sizeof(uint32_t),
-                                 cudaMemcpyDeviceToHost));
+    WARPFS_CUDA_CHECK(
+        cudaMemcpy(result.data(), d_result, z.threads * sizeof(uint32_t), cudaMemcpyDeviceToHost));
     uint64_t bad = 0, unwritten = 0;
     for (uint32_t v : result) {
-      if (v == kUnwritten) ++unwritten;
-      else bad += v;
+      if (v == kUnwritten)
+        ++unwritten;
+      else
+        bad += v;
     }
-    tally.check(bad == 0 && unwritten == 0, (std::string(what) + " (" + std::to_string(bad) +
-                                             " wrong elements, " + std::to_string(unwritten) +
-                                             " threads without a result)").c_str());
+    tally.check(bad == 0 && unwritten == 0,
+                (std::string(what) + " (" + std::to_string(bad) + " wrong elements, " +
+                 std::to_string(unwritten) + " threads without a result)")
+                    .c_str());
   };
   const struct {
     ReadMode m;
@@ -147,16 +155,19 @@ int run(const Sizes& z, uint64_t seed) {
   }
   const auto last = static_cast<int32_t>(z.rounds - 1);
   poison();
-  read_check<<<grid, block>>>(a, seed, ReadMode::kCoalesced, n, w_until, last, false, rchunk, d_result);
+  read_check<<<grid, block>>>(a, seed, ReadMode::kCoalesced, n, w_until, last, false, rchunk,
+                              d_result);
   gpu::sync_or_die("read_check after writes", kTimeout);
   summary("reads through the cache see the last round's values");
   bool flushed = cache->flush(&err);
   tally.check(flushed, flushed ? "flush (write-back + NVMe Flush)" : err.c_str());
   const gpu::GpuCacheStats st = cache->stats();
-  std::printf("  stats: misses %llu, evictions %llu, write-backs %llu, set-full retries %llu, "
-              "errors %llu\n", (unsigned long long)st.misses, (unsigned long long)st.evictions,
-              (unsigned long long)st.writebacks, (unsigned long long)st.set_full,
-              (unsigned long long)st.errors);
+  std::printf(
+      "  stats: misses %llu, evictions %llu, write-backs %llu, set-full retries %llu, "
+      "errors %llu\n",
+      (unsigned long long)st.misses, (unsigned long long)st.evictions,
+      (unsigned long long)st.writebacks, (unsigned long long)st.set_full,
+      (unsigned long long)st.errors);
   tally.check(st.errors == 0, "no I/O errors");
   tally.check(st.evictions > 0 && st.writebacks > 0, "the run evicted and wrote back lines");
   WARPFS_CUDA_CHECK(cudaFree(d_result));
@@ -168,11 +179,13 @@ int run(const Sizes& z, uint64_t seed) {
   (void)store->read(0, words.data(), n * 8);
   uint64_t wrong = 0;
   for (uint64_t e = 0; e < n; ++e) {
-    const uint64_t want = e < w_until ? written(e, static_cast<uint32_t>(last)) : image_word(seed, e);
+    const uint64_t want =
+        e < w_until ? written(e, static_cast<uint32_t>(last)) : image_word(seed, e);
     wrong += words[e] != want;
   }
   tally.check(wrong == 0, ("the backing image equals the CPU model (" + std::to_string(wrong) +
-                           " wrong elements of " + std::to_string(n) + ")").c_str());
+                           " wrong elements of " + std::to_string(n) + ")")
+                              .c_str());
   return tally.failed;
 }
 

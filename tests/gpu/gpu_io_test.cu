@@ -7,8 +7,8 @@
 // every command succeeds; blocks written by GPU threads read back through the GPU and, after
 // a controller shutdown, sit in the backing store exactly as the model says, with every other
 // block untouched; with several queue pairs, every command was routed through the queue
-// mapper's tables in GPU memory. Per-thread results are poisoned before each kernel, so a thread that never
-// wrote its result fails the check.
+// mapper's tables in GPU memory. Per-thread results are poisoned before each kernel, so a thread
+// that never wrote its result fails the check.
 //
 // Usage: gpu_io_test [--small]   (--small: fewer threads and LBAs, for compute-sanitizer)
 // Exit: 0 all passed, 1 a check failed or a CUDA call failed, 77 no GPU (skipped).
@@ -47,9 +47,8 @@ struct Target {
 __device__ uint16_t do_rw(const Target& t, bool write, uint64_t offset, uint32_t bytes,
                           uint64_t iova) {
   if (t.via == Via::kVirtual) return gpu::rw(t.io, write, offset, bytes, iova);
-  const nvme::SubmissionEntry c =
-      gpu::make_rw(write ? nvme::io::kWrite : nvme::io::kRead, t.io.nsid, offset / kLba,
-                   bytes / kLba, iova, bytes);
+  const nvme::SubmissionEntry c = gpu::make_rw(write ? nvme::io::kWrite : nvme::io::kRead,
+                                               t.io.nsid, offset / kLba, bytes / kLba, iova, bytes);
   return t.lq->execute(c);
 }
 
@@ -57,9 +56,9 @@ __device__ uint16_t do_rw(const Target& t, bool write, uint64_t offset, uint32_t
 // false; with `wide`, 8 LBAs (4 KiB) from LBA (i * 8 + r * 8T) placed at byte offset
 // 512 * (i % 8) of its slot, so that 7 of 8 transfers cross a page boundary (PRP2).
 // `seed_of(lba)`: blocks in [w_first, w_end) hold the written seed.
-__global__ void read_verify(Target t, uint8_t* buf, uint64_t buf_iova, uint64_t lbas,
-                            uint64_t seed, uint64_t wseed, uint64_t w_first, uint64_t w_end,
-                            bool wide, uint32_t* result) {
+__global__ void read_verify(Target t, uint8_t* buf, uint64_t buf_iova, uint64_t lbas, uint64_t seed,
+                            uint64_t wseed, uint64_t w_first, uint64_t w_end, bool wide,
+                            uint32_t* result) {
   const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x;
   const uint32_t nthreads = gridDim.x * blockDim.x;
   const uint32_t off = wide ? kLba * (tid % 8) : 0;
@@ -76,7 +75,8 @@ __global__ void read_verify(Target t, uint8_t* buf, uint64_t buf_iova, uint64_t 
     const auto* w = reinterpret_cast<const uint64_t*>(mine);
     for (uint32_t i = 0; i < nlb * kLba / 8; ++i) {
       const uint64_t b = lba + i / (kLba / 8);
-      const uint64_t want = image_word(b >= w_first && b < w_end ? wseed : seed, b * (kLba / 8) + i % (kLba / 8));
+      const uint64_t want =
+          image_word(b >= w_first && b < w_end ? wseed : seed, b * (kLba / 8) + i % (kLba / 8));
       if (w[i] != want) bad |= kBadData;
     }
   }
@@ -172,7 +172,8 @@ void run(const Config& cfg, uint64_t seed, gpu::test::Tally* tally) {
   uint32_t unwritten = fetch();
   tally->check(unwritten == 0 && count_bad(result) == 0,
                ("every LBA read by GPU threads is intact (" + std::to_string(count_bad(result)) +
-                " bad threads, " + std::to_string(unwritten) + " unwritten)").c_str());
+                " bad threads, " + std::to_string(unwritten) + " unwritten)")
+                   .c_str());
   // 2. 4 KiB reads across page boundaries of the buffer.
   poison();
   read_verify<<<grid, block>>>(t, buf.dev, buf.iova, cfg.lbas, seed, wseed, 0, 0, true, d_result);
@@ -180,7 +181,8 @@ void run(const Config& cfg, uint64_t seed, gpu::test::Tally* tally) {
   unwritten = fetch();
   tally->check(unwritten == 0 && count_bad(result) == 0,
                ("4 KiB reads crossing a page (PRP2) are intact (" +
-                std::to_string(count_bad(result)) + " bad threads)").c_str());
+                std::to_string(count_bad(result)) + " bad threads)")
+                   .c_str());
   if (can_write) {
     // 3. Writes, read back through the GPU.
     poison();
@@ -189,8 +191,8 @@ void run(const Config& cfg, uint64_t seed, gpu::test::Tally* tally) {
     unwritten = fetch();
     tally->check(unwritten == 0 && count_bad(result) == 0, "GPU writes complete with success");
     poison();
-    read_verify<<<grid, block>>>(t, buf.dev, buf.iova, cfg.lbas, seed, wseed, w_first, w_end,
-                                 false, d_result);
+    read_verify<<<grid, block>>>(t, buf.dev, buf.iova, cfg.lbas, seed, wseed, w_first, w_end, false,
+                                 d_result);
     gpu::sync_or_die("read_verify after writes", kTimeout);
     unwritten = fetch();
     tally->check(unwritten == 0 && count_bad(result) == 0,
@@ -203,8 +205,8 @@ void run(const Config& cfg, uint64_t seed, gpu::test::Tally* tally) {
     const uint64_t commands =
         cfg.lbas + cfg.lbas / 8 + (can_write ? uint64_t{cfg.threads} + cfg.lbas : 0);
     auto tables = std::make_unique<nvme::QueueMapper::Tables>();
-    WARPFS_CUDA_CHECK(cudaMemcpy(tables.get(), rig->io().mapper, sizeof *tables,
-                                 cudaMemcpyDeviceToHost));
+    WARPFS_CUDA_CHECK(
+        cudaMemcpy(tables.get(), rig->io().mapper, sizeof *tables, cudaMemcpyDeviceToHost));
     nvme::QueueMapper::Class& bulk = tables->cls[static_cast<int>(nvme::Priority::kBulk)];
     std::vector<uint32_t> owned(bulk.nqueues, 0);
     bool in_range = bulk.nqueues == cfg.queues;
@@ -217,11 +219,12 @@ void run(const Config& cfg, uint64_t seed, gpu::test::Tally* tally) {
     for (uint32_t q = 0; q < bulk.nqueues && counts; ++q) {
       counts = owned[q] == bulk.mapped[q].value.unsafe_ref();
     }
-    tally->check(bulk.ticket.value.unsafe_ref() == commands,
-                 ("every GPU command was routed by the queue mapper (" +
-                  std::to_string(bulk.ticket.value.unsafe_ref()) + " of " +
-                  std::to_string(commands) + ", " +
-                  std::to_string(tables->remaps.value.unsafe_ref()) + " slot moves)").c_str());
+    tally->check(
+        bulk.ticket.value.unsafe_ref() == commands,
+        ("every GPU command was routed by the queue mapper (" +
+         std::to_string(bulk.ticket.value.unsafe_ref()) + " of " + std::to_string(commands) + ", " +
+         std::to_string(tables->remaps.value.unsafe_ref()) + " slot moves)")
+            .c_str());
     tally->check(counts, "the mapper's slot map is consistent after the run");
   }
   if (t.lq != nullptr) gpu::LockedQueueGpu::destroy(t.lq);
@@ -237,8 +240,9 @@ void run(const Config& cfg, uint64_t seed, gpu::test::Tally* tally) {
       const uint64_t b = i / (kLba / 8);
       wrong += words[i] != image_word(b >= w_first && b < w_end ? wseed : seed, i);
     }
-    tally->check(wrong == 0, ("the backing store matches the model (" + std::to_string(wrong) +
-                              " wrong words)").c_str());
+    tally->check(wrong == 0,
+                 ("the backing store matches the model (" + std::to_string(wrong) + " wrong words)")
+                     .c_str());
   }
   rig.reset();
 }

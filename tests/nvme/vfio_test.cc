@@ -1,6 +1,8 @@
 // The parts of the VFIO transport that can be checked without a device: DEVICE names, and
 // the sysfs checks that turn a wrong setup into a message saying what to do. (The transport
 // itself runs against QEMU's NVMe device in tests/vfio/.)
+#include "warpfs/nvme/vfio.h"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,7 +13,6 @@
 #include <string>
 
 #include "warpfs/nvme/device.h"
-#include "warpfs/nvme/vfio.h"
 
 namespace warpfs::nvme {
 namespace {
@@ -41,9 +42,9 @@ TEST(DeviceName, EmulatedVfioAndNamespaceSuffix) {
 
 TEST(DeviceName, BadNamesAreRefusedWithTheExpectedForm) {
   DeviceSpec s;
-  for (const char* bad : {"", "vfio:", "vfio:01:00.0", "vfio:0000:01:00", "vfio:0000:0g:00.0",
-                          "vfio:0000:01:00.0,ns=0", "vfio:0000:01:00.0,ns=x", "emu:",
-                          "vfio:0000:01:00.0,ns="}) {
+  for (const char* bad :
+       {"", "vfio:", "vfio:01:00.0", "vfio:0000:01:00", "vfio:0000:0g:00.0",
+        "vfio:0000:01:00.0,ns=0", "vfio:0000:01:00.0,ns=x", "emu:", "vfio:0000:01:00.0,ns="}) {
     std::string err;
     EXPECT_FALSE(parse_device(bad, &s, &err)) << bad;
     EXPECT_FALSE(err.empty()) << bad;

@@ -40,7 +40,8 @@ class FlagsTest : public PosixTest {
 TEST_F(FlagsTest, ImmutableRefusesEveryChangeUntilCleared) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs CAP_LINUX_IMMUTABLE";
   write_file(path("f"), "fixed");
-  if (int rc = set(path("f"), FS_IMMUTABLE_FL); rc == ENOTTY || rc == EOPNOTSUPP) GTEST_SKIP() << "no inode flags here";
+  if (int rc = set(path("f"), FS_IMMUTABLE_FL); rc == ENOTTY || rc == EOPNOTSUPP)
+    GTEST_SKIP() << "no inode flags here";
   ASSERT_EQ(set(path("f"), FS_IMMUTABLE_FL), 0);
   EXPECT_EQ(get(path("f")) & (FS_IMMUTABLE_FL | FS_APPEND_FL), FS_IMMUTABLE_FL);
   EXPECT_EQ(read_file(path("f")), "fixed") << "reading stays";
@@ -72,7 +73,8 @@ TEST_F(FlagsTest, ImmutableRefusesEveryChangeUntilCleared) {
 TEST_F(FlagsTest, AppendOnlyTakesAppendsAndNothingElse) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs CAP_LINUX_IMMUTABLE";
   write_file(path("a"), "log:");
-  if (int rc = set(path("a"), FS_APPEND_FL); rc == ENOTTY || rc == EOPNOTSUPP) GTEST_SKIP() << "no inode flags here";
+  if (int rc = set(path("a"), FS_APPEND_FL); rc == ENOTTY || rc == EOPNOTSUPP)
+    GTEST_SKIP() << "no inode flags here";
   ASSERT_EQ(set(path("a"), FS_APPEND_FL), 0);
   EXPECT_EQ(get(path("a")) & (FS_IMMUTABLE_FL | FS_APPEND_FL), FS_APPEND_FL);
   EXPECT_ERRNO(EPERM, ::open(path("a").c_str(), O_WRONLY));

@@ -443,7 +443,8 @@ TEST_F(IoTest, BufferedReaderInAnotherProcessSeesEachDirectWriteOnceItReturns) {
     std::memset(aligned.get(), byte, 4096);
     const long n = i % 2 ? aio.pwrite(direct.get(), aligned.get(), 4096, block * 4096)
                          : ::pwrite(direct.get(), aligned.get(), 4096, block * 4096);
-    ASSERT_EQ(n, 4096) << (n < 0 ? std::strerror(static_cast<int>(-n)) : "short write") << " at " << i;
+    ASSERT_EQ(n, 4096) << (n < 0 ? std::strerror(static_cast<int>(-n)) : "short write") << " at "
+                       << i;
     const unsigned char q[2] = {block, byte};
     ASSERT_EQ(::write(ask[1], q, 2), 2);
     char a = 0;

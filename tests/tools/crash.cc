@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
       verbose = true;
     } else if (a == "--commit-each") {
       commit_each = true;
-    } else if ((a == "--cuts" || a == "--seed" || a == "--ops" || a == "--threads") && i + 1 < argc) {
+    } else if ((a == "--cuts" || a == "--seed" || a == "--ops" || a == "--threads") &&
+               i + 1 < argc) {
       uint64_t v;
       if (!warpfs::fs::crash::parse_number(argv[++i], &v)) return usage();
       (a == "--cuts" ? cuts : a == "--seed" ? seed : a == "--ops" ? ops : threads) = v;
@@ -70,20 +71,23 @@ int main(int argc, char** argv) {
     if (r.passed) {
       ++passed;
       if (verbose) {
-        std::printf("ok seed=%llu threads=%llu ops=%llu cut=%llu states durable/reached/matched %zu/%zu/%zu\n",
-                    static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(threads),
-                    static_cast<unsigned long long>(r.ops), static_cast<unsigned long long>(r.cut_call),
-                    r.durable_states, r.reached_states, r.matched_states);
+        std::printf(
+            "ok seed=%llu threads=%llu ops=%llu cut=%llu states durable/reached/matched "
+            "%zu/%zu/%zu\n",
+            static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(threads),
+            static_cast<unsigned long long>(r.ops), static_cast<unsigned long long>(r.cut_call),
+            r.durable_states, r.reached_states, r.matched_states);
       }
       continue;
     }
     ++failed;
-    std::printf("FAIL seed=%llu (rerun: warpfs-crash --seed %llu --cuts 1 --ops %llu --threads %llu%s "
-                "--verbose, several times: the threads' interleaving varies): %s\n",
-                static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(o.seed),
-                static_cast<unsigned long long>(ops), static_cast<unsigned long long>(threads),
-                commit_each ? " --commit-each" : "",
-                warpfs::fs::crash::one_line(r.failure, verbose ? 0 : 600).c_str());
+    std::printf(
+        "FAIL seed=%llu (rerun: warpfs-crash --seed %llu --cuts 1 --ops %llu --threads %llu%s "
+        "--verbose, several times: the threads' interleaving varies): %s\n",
+        static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(o.seed),
+        static_cast<unsigned long long>(ops), static_cast<unsigned long long>(threads),
+        commit_each ? " --commit-each" : "",
+        warpfs::fs::crash::one_line(r.failure, verbose ? 0 : 600).c_str());
     for (const std::string& t : r.trace) std::printf("  %s\n", t.c_str());
     std::fflush(stdout);
   }

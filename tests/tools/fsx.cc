@@ -59,19 +59,19 @@ enum Op : int {
 };
 
 const char* const kOpNames[kNumOps] = {
-    "write", "read",      "truncate", "mapread",   "mapwrite",  "falloc",    "falloc_keep",
-    "punch", "fsync",     "fdatasync", "reopen",   "seek_data", "seek_hole", "inject",
+    "write", "read",  "truncate",  "mapread", "mapwrite",  "falloc",    "falloc_keep",
+    "punch", "fsync", "fdatasync", "reopen",  "seek_data", "seek_hole", "inject",
 };
 
 // Relative frequencies of the randomly chosen operations.
 constexpr unsigned kWeights[kNumRandomOps] = {
-    /*write*/ 20, /*read*/ 18,  /*truncate*/ 4,  /*mapread*/ 7, /*mapwrite*/ 7,
-    /*falloc*/ 3, /*keep*/ 3,   /*punch*/ 5,     /*fsync*/ 1,   /*fdatasync*/ 1,
+    /*write*/ 20, /*read*/ 18,     /*truncate*/ 4,  /*mapread*/ 7, /*mapwrite*/ 7,
+    /*falloc*/ 3, /*keep*/ 3,      /*punch*/ 5,     /*fsync*/ 1,   /*fdatasync*/ 1,
     /*reopen*/ 1, /*seek_data*/ 4, /*seek_hole*/ 4,
 };
 
-constexpr size_t kLogShown = 20;       // ops printed on failure
-constexpr size_t kHistory = 1 << 16;   // ops remembered for explaining a mismatch
+constexpr size_t kLogShown = 20;      // ops printed on failure
+constexpr size_t kHistory = 1 << 16;  // ops remembered for explaining a mismatch
 
 struct Options {
   uint64_t nops = 100000;
@@ -136,7 +136,9 @@ uint64_t first_nonzero(const uint8_t* p, uint64_t n) {
   return n;
 }
 
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+uint64_t round_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
 
 // SIGBUS while touching a mapping (an I/O error on a page fault, or a mapping past
 // EOF) is turned into a reported error instead of killing the checker silently.
@@ -276,8 +278,9 @@ class Fsx {
 // Failure reporting
 
 std::string Fsx::replay_line() const {
-  std::string s = "warpfs-fsx -N " + std::to_string(opt_.nops) + " -S " + std::to_string(opt_.seed) +
-                  " -l " + std::to_string(opt_.maxlen) + " -o " + std::to_string(opt_.maxop);
+  std::string s = "warpfs-fsx -N " + std::to_string(opt_.nops) + " -S " +
+                  std::to_string(opt_.seed) + " -l " + std::to_string(opt_.maxlen) + " -o " +
+                  std::to_string(opt_.maxop);
   if (opt_.closeprob) s += " -c " + std::to_string(opt_.closeprob);
   if (opt_.check_every != 1000) s += " --check-every " + std::to_string(opt_.check_every);
   if (opt_.no_mmap) s += " --no-mmap";
@@ -294,13 +297,18 @@ void Fsx::print_log(FILE* f) const {
                static_cast<unsigned long long>(n));
   for (uint64_t i = n; i > 0; --i) {
     const Record& r = history_[(nrec_ - i) % kHistory];
-    std::fprintf(f, "  op %-8llu %-11s off 0x%-8llx len 0x%-6llx size 0x%llx", static_cast<unsigned long long>(r.opnum),
-                 kOpNames[r.op], static_cast<unsigned long long>(r.off), static_cast<unsigned long long>(r.len),
+    std::fprintf(f, "  op %-8llu %-11s off 0x%-8llx len 0x%-6llx size 0x%llx",
+                 static_cast<unsigned long long>(r.opnum), kOpNames[r.op],
+                 static_cast<unsigned long long>(r.off), static_cast<unsigned long long>(r.len),
                  static_cast<unsigned long long>(r.size_before));
-    if (r.size_after != r.size_before) std::fprintf(f, " -> 0x%llx", static_cast<unsigned long long>(r.size_after));
+    if (r.size_after != r.size_before)
+      std::fprintf(f, " -> 0x%llx", static_cast<unsigned long long>(r.size_after));
     if (r.op == kSeekData || r.op == kSeekHole) {
       if (r.result < 0)
-        std::fprintf(f, "  => %s", strerrorname_np(static_cast<int>(-r.result)) ? strerrorname_np(static_cast<int>(-r.result)) : "error");
+        std::fprintf(f, "  => %s",
+                     strerrorname_np(static_cast<int>(-r.result))
+                         ? strerrorname_np(static_cast<int>(-r.result))
+                         : "error");
       else
         std::fprintf(f, "  => 0x%llx", static_cast<unsigned long long>(r.result));
     }
@@ -309,9 +317,11 @@ void Fsx::print_log(FILE* f) const {
 }
 
 void Fsx::print_json_failure(const char* result) const {
-  std::printf("{\"tool\":\"fsx\",\"ops\":%llu,\"seed\":%llu,\"result\":\"%s\",\"failed_op\":%llu,\"op_type\":\"%s\"}\n",
-              static_cast<unsigned long long>(opt_.nops), static_cast<unsigned long long>(opt_.seed), result,
-              static_cast<unsigned long long>(opnum_), cur_op_);
+  std::printf(
+      "{\"tool\":\"fsx\",\"ops\":%llu,\"seed\":%llu,\"result\":\"%s\",\"failed_op\":%llu,\"op_"
+      "type\":\"%s\"}\n",
+      static_cast<unsigned long long>(opt_.nops), static_cast<unsigned long long>(opt_.seed),
+      result, static_cast<unsigned long long>(opnum_), cur_op_);
   std::fflush(stdout);
 }
 
@@ -324,10 +334,11 @@ void Fsx::fail_errno(const char* call, int err) {
 
 void Fsx::fail_error(const std::string& what) {
   std::fflush(stdout);
-  std::fprintf(stderr, "\nwarpfs-fsx: ERROR at op %llu (%s): %s\n", static_cast<unsigned long long>(opnum_), cur_op_,
-               what.c_str());
-  std::fprintf(stderr, "seed %llu, file %s, model size 0x%llx\n", static_cast<unsigned long long>(opt_.seed),
-               opt_.path.c_str(), static_cast<unsigned long long>(size_));
+  std::fprintf(stderr, "\nwarpfs-fsx: ERROR at op %llu (%s): %s\n",
+               static_cast<unsigned long long>(opnum_), cur_op_, what.c_str());
+  std::fprintf(stderr, "seed %llu, file %s, model size 0x%llx\n",
+               static_cast<unsigned long long>(opt_.seed), opt_.path.c_str(),
+               static_cast<unsigned long long>(size_));
   print_log(stderr);
   std::fprintf(stderr, "replay: %s\n", replay_line().c_str());
   print_json_failure("error");
@@ -336,10 +347,11 @@ void Fsx::fail_error(const std::string& what) {
 
 void Fsx::fail_mismatch(const std::string& what) {
   std::fflush(stdout);
-  std::fprintf(stderr, "\nwarpfs-fsx: MISMATCH at op %llu (%s): %s\n", static_cast<unsigned long long>(opnum_),
-               cur_op_, what.c_str());
-  std::fprintf(stderr, "seed %llu, file %s, model size 0x%llx\n", static_cast<unsigned long long>(opt_.seed),
-               opt_.path.c_str(), static_cast<unsigned long long>(size_));
+  std::fprintf(stderr, "\nwarpfs-fsx: MISMATCH at op %llu (%s): %s\n",
+               static_cast<unsigned long long>(opnum_), cur_op_, what.c_str());
+  std::fprintf(stderr, "seed %llu, file %s, model size 0x%llx\n",
+               static_cast<unsigned long long>(opt_.seed), opt_.path.c_str(),
+               static_cast<unsigned long long>(size_));
   print_log(stderr);
   std::fprintf(stderr, "replay: %s\n", replay_line().c_str());
   print_json_failure("mismatch");
@@ -359,23 +371,27 @@ void Fsx::explain_byte(FILE* f, uint64_t x, const uint8_t* actual, uint64_t avai
       case kMapWrite:
         if (covers) {
           std::fprintf(f, "  expected byte was written by op %llu (%s off 0x%llx len 0x%llx)\n",
-                       static_cast<unsigned long long>(r.opnum), kOpNames[r.op], static_cast<unsigned long long>(r.off),
+                       static_cast<unsigned long long>(r.opnum), kOpNames[r.op],
+                       static_cast<unsigned long long>(r.off),
                        static_cast<unsigned long long>(r.len));
           found = true;
         }
         break;
       case kTruncate:
         if (r.size_before > x && r.size_after <= x) {
-          std::fprintf(f, "  expected zero: offset was cut off by op %llu (truncate 0x%llx -> 0x%llx)\n",
-                       static_cast<unsigned long long>(r.opnum), static_cast<unsigned long long>(r.size_before),
-                       static_cast<unsigned long long>(r.size_after));
+          std::fprintf(
+              f, "  expected zero: offset was cut off by op %llu (truncate 0x%llx -> 0x%llx)\n",
+              static_cast<unsigned long long>(r.opnum),
+              static_cast<unsigned long long>(r.size_before),
+              static_cast<unsigned long long>(r.size_after));
           found = true;
         }
         break;
       case kPunch:
         if (covers && x < r.size_before) {
           std::fprintf(f, "  expected zero: hole punched by op %llu (off 0x%llx len 0x%llx)\n",
-                       static_cast<unsigned long long>(r.opnum), static_cast<unsigned long long>(r.off),
+                       static_cast<unsigned long long>(r.opnum),
+                       static_cast<unsigned long long>(r.off),
                        static_cast<unsigned long long>(r.len));
           found = true;
         }
@@ -406,9 +422,11 @@ void Fsx::explain_byte(FILE* f, uint64_t x, const uint8_t* actual, uint64_t avai
     uint64_t k = 0;
     while (k < w && x + k < r.off + r.len && pattern_byte(r.opnum, x + k) == actual[k]) ++k;
     if (k == std::min<uint64_t>(w, r.off + r.len - x)) {
-      std::fprintf(f, "  actual bytes match op %llu's data for this offset (%s off 0x%llx len 0x%llx): stale data?\n",
-                   static_cast<unsigned long long>(r.opnum), kOpNames[r.op], static_cast<unsigned long long>(r.off),
-                   static_cast<unsigned long long>(r.len));
+      std::fprintf(f,
+                   "  actual bytes match op %llu's data for this offset (%s off 0x%llx len "
+                   "0x%llx): stale data?\n",
+                   static_cast<unsigned long long>(r.opnum), kOpNames[r.op],
+                   static_cast<unsigned long long>(r.off), static_cast<unsigned long long>(r.len));
       ++shown;
     }
   }
@@ -425,9 +443,10 @@ void Fsx::explain_byte(FILE* f, uint64_t x, const uint8_t* actual, uint64_t avai
       uint64_t k = 0;
       while (k < w && pattern_byte(r.opnum, y + k) == actual[k]) ++k;
       if (k == w) {
-        std::fprintf(f, "  actual bytes match op %llu's data for offset 0x%llx (displaced by %+lld bytes)\n",
-                     static_cast<unsigned long long>(r.opnum), static_cast<unsigned long long>(y),
-                     static_cast<long long>(x) - static_cast<long long>(y));
+        std::fprintf(
+            f, "  actual bytes match op %llu's data for offset 0x%llx (displaced by %+lld bytes)\n",
+            static_cast<unsigned long long>(r.opnum), static_cast<unsigned long long>(y),
+            static_cast<long long>(x) - static_cast<long long>(y));
         ++shown;
       }
     }
@@ -445,16 +464,20 @@ void Fsx::fail_data(const char* what, uint64_t file_off, const uint8_t* actual, 
     }
   }
   std::fflush(stdout);
-  std::fprintf(stderr, "\nwarpfs-fsx: MISMATCH at op %llu (%s): %s of 0x%llx bytes at 0x%llx differs from the model\n",
-               static_cast<unsigned long long>(opnum_), cur_op_, what, static_cast<unsigned long long>(len),
-               static_cast<unsigned long long>(file_off));
-  std::fprintf(stderr, "seed %llu, file %s, model size 0x%llx\n", static_cast<unsigned long long>(opt_.seed),
-               opt_.path.c_str(), static_cast<unsigned long long>(size_));
+  std::fprintf(stderr,
+               "\nwarpfs-fsx: MISMATCH at op %llu (%s): %s of 0x%llx bytes at 0x%llx differs from "
+               "the model\n",
+               static_cast<unsigned long long>(opnum_), cur_op_, what,
+               static_cast<unsigned long long>(len), static_cast<unsigned long long>(file_off));
+  std::fprintf(stderr, "seed %llu, file %s, model size 0x%llx\n",
+               static_cast<unsigned long long>(opt_.seed), opt_.path.c_str(),
+               static_cast<unsigned long long>(size_));
   if (first < len) {
     std::fprintf(stderr, "first differing offset 0x%llx (%llu): expected 0x%02x, actual 0x%02x\n",
-                 static_cast<unsigned long long>(file_off + first), static_cast<unsigned long long>(file_off + first),
-                 expect[first], actual[first]);
-    std::fprintf(stderr, "%llu differing bytes, last at 0x%llx\n", static_cast<unsigned long long>(ndiff),
+                 static_cast<unsigned long long>(file_off + first),
+                 static_cast<unsigned long long>(file_off + first), expect[first], actual[first]);
+    std::fprintf(stderr, "%llu differing bytes, last at 0x%llx\n",
+                 static_cast<unsigned long long>(ndiff),
                  static_cast<unsigned long long>(file_off + last));
     // Rows of 16 aligned on file offsets, from the row holding the first difference.
     const uint64_t row = std::max(file_off, (file_off + first) & ~uint64_t{15}) - file_off;
@@ -462,7 +485,8 @@ void Fsx::fail_data(const char* what, uint64_t file_off, const uint8_t* actual, 
     std::fprintf(stderr, "  offset      expected / actual (* differs)\n");
     for (uint64_t r = row; r < row_end; r += 16) {
       std::fprintf(stderr, "  0x%08llx ", static_cast<unsigned long long>(file_off + r));
-      for (uint64_t i = r; i < std::min<uint64_t>(row_end, r + 16); ++i) std::fprintf(stderr, " %02x", expect[i]);
+      for (uint64_t i = r; i < std::min<uint64_t>(row_end, r + 16); ++i)
+        std::fprintf(stderr, " %02x", expect[i]);
       std::fprintf(stderr, "\n             ");
       for (uint64_t i = r; i < std::min<uint64_t>(row_end, r + 16); ++i)
         std::fprintf(stderr, "%c%02x", actual[i] != expect[i] ? '*' : ' ', actual[i]);
@@ -570,7 +594,8 @@ void Fsx::check_size(const char* when) {
   if (static_cast<uint64_t>(st.st_size) != size_) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "%s: fstat size 0x%llx (%llu) != model size 0x%llx (%llu)", when,
-                  static_cast<unsigned long long>(st.st_size), static_cast<unsigned long long>(st.st_size),
+                  static_cast<unsigned long long>(st.st_size),
+                  static_cast<unsigned long long>(st.st_size),
                   static_cast<unsigned long long>(size_), static_cast<unsigned long long>(size_));
     fail_mismatch(buf);
   }
@@ -613,10 +638,12 @@ void Fsx::read_at(uint64_t off, uint64_t len) {
   const uint64_t got = pread_full(scratch_.data(), len, off);
   if (got != expect) {
     char buf[200];
-    std::snprintf(buf, sizeof buf, "pread(off 0x%llx, len 0x%llx) returned 0x%llx bytes, expected 0x%llx (model size 0x%llx)",
-                  static_cast<unsigned long long>(off), static_cast<unsigned long long>(len),
-                  static_cast<unsigned long long>(got), static_cast<unsigned long long>(expect),
-                  static_cast<unsigned long long>(size_));
+    std::snprintf(
+        buf, sizeof buf,
+        "pread(off 0x%llx, len 0x%llx) returned 0x%llx bytes, expected 0x%llx (model size 0x%llx)",
+        static_cast<unsigned long long>(off), static_cast<unsigned long long>(len),
+        static_cast<unsigned long long>(got), static_cast<unsigned long long>(expect),
+        static_cast<unsigned long long>(size_));
     fail_mismatch(buf);
   }
   check_data("pread", off, scratch_.data(), got);
@@ -626,7 +653,8 @@ void Fsx::do_read() {
   const uint64_t len = pick_len(opt_.maxop);
   uint64_t off;
   switch (rng_.below(8)) {
-    case 0: {  // across or past EOF (separate statements: the draw order must not depend on the compiler)
+    case 0: {  // across or past EOF (separate statements: the draw order must not depend on the
+               // compiler)
       const uint64_t ahead = rng_.below(2 * page_);
       const uint64_t back = rng_.below(2 * page_);
       off = size_ + ahead - std::min(size_, back);
@@ -677,11 +705,15 @@ void Fsx::do_mapread() {
   const uint64_t copy_end = map_end > size_ ? map_end : end;
   if (!guarded_memcpy(scratch_.data(), base + (off - map_off), copy_end - off)) {
     munmap(p, map_len);
-    fail_error("SIGBUS while reading the mapping: a page fault failed (I/O error, or the file is shorter than the model)");
+    fail_error(
+        "SIGBUS while reading the mapping: a page fault failed (I/O error, or the file is shorter "
+        "than the model)");
   }
   if (munmap(p, map_len) != 0) fail_errno("munmap", errno);
   check_data("mapped read", off, scratch_.data(), len);
-  if (copy_end > end) check_data("mapped read of the EOF page's tail (must be zero)", end, scratch_.data() + len, copy_end - end);
+  if (copy_end > end)
+    check_data("mapped read of the EOF page's tail (must be zero)", end, scratch_.data() + len,
+               copy_end - end);
 }
 
 void Fsx::do_mapwrite() {
@@ -690,13 +722,16 @@ void Fsx::do_mapwrite() {
   note(kMapWrite, off, len);
   const uint64_t map_off = off & ~(page_ - 1);
   const uint64_t map_len = off + len - map_off;
-  void* p = mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, static_cast<off_t>(map_off));
+  void* p =
+      mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, static_cast<off_t>(map_off));
   if (p == MAP_FAILED) fail_errno("mmap(PROT_WRITE)", errno);
   uint8_t* base = static_cast<uint8_t*>(p);
   fill_pattern(scratch_.data(), opnum_, off, len);
   if (!guarded_memcpy(base + (off - map_off), scratch_.data(), len)) {
     munmap(p, map_len);
-    fail_error("SIGBUS while writing the mapping: a page fault failed (I/O error, ENOSPC, or the file is shorter than the model)");
+    fail_error(
+        "SIGBUS while writing the mapping: a page fault failed (I/O error, ENOSPC, or the file is "
+        "shorter than the model)");
   }
   if (msync(p, map_len, MS_SYNC) != 0) fail_errno("msync(MS_SYNC)", errno);
   if (munmap(p, map_len) != 0) fail_errno("munmap", errno);
@@ -733,7 +768,8 @@ void Fsx::do_falloc(int op) {
 
 void Fsx::do_sync(int op) {
   note(op, 0, 0);
-  if ((op == kFsync ? fsync(fd_) : fdatasync(fd_)) != 0) fail_errno(op == kFsync ? "fsync" : "fdatasync", errno);
+  if ((op == kFsync ? fsync(fd_) : fdatasync(fd_)) != 0)
+    fail_errno(op == kFsync ? "fsync" : "fdatasync", errno);
 }
 
 void Fsx::do_reopen() {
@@ -766,8 +802,10 @@ void Fsx::do_seek(int op) {
   if (off >= size_) {
     if (res >= 0 || err != ENXIO) {
       if (res < 0 && err != ENXIO) fail_errno(data ? "lseek(SEEK_DATA)" : "lseek(SEEK_HOLE)", err);
-      std::snprintf(buf, sizeof buf, "lseek(0x%llx, %s) at/after EOF (size 0x%llx) returned 0x%llx, expected ENXIO",
-                    ull(off), data ? "SEEK_DATA" : "SEEK_HOLE", ull(size_), ull(static_cast<uint64_t>(res)));
+      std::snprintf(buf, sizeof buf,
+                    "lseek(0x%llx, %s) at/after EOF (size 0x%llx) returned 0x%llx, expected ENXIO",
+                    ull(off), data ? "SEEK_DATA" : "SEEK_HOLE", ull(size_),
+                    ull(static_cast<uint64_t>(res)));
       fail_mismatch(buf);
     }
     return;
@@ -779,7 +817,9 @@ void Fsx::do_seek(int op) {
       // ENXIO claims no data from off to EOF: legal only if the model holds only zeroes.
       const uint64_t nz = first_nonzero(model_.data() + off, size_ - off);
       if (nz < size_ - off) {
-        std::snprintf(buf, sizeof buf, "lseek(0x%llx, SEEK_DATA) returned ENXIO but the model has data at 0x%llx (size 0x%llx)",
+        std::snprintf(buf, sizeof buf,
+                      "lseek(0x%llx, SEEK_DATA) returned ENXIO but the model has data at 0x%llx "
+                      "(size 0x%llx)",
                       ull(off), ull(off + nz), ull(size_));
         fail_mismatch(buf);
       }
@@ -787,15 +827,17 @@ void Fsx::do_seek(int op) {
     }
     const uint64_t got = static_cast<uint64_t>(res);
     if (got < off || got >= size_) {
-      std::snprintf(buf, sizeof buf, "lseek(0x%llx, SEEK_DATA) returned 0x%llx, outside [0x%llx, size 0x%llx)", ull(off),
-                    ull(got), ull(off), ull(size_));
+      std::snprintf(buf, sizeof buf,
+                    "lseek(0x%llx, SEEK_DATA) returned 0x%llx, outside [0x%llx, size 0x%llx)",
+                    ull(off), ull(got), ull(off), ull(size_));
       fail_mismatch(buf);
     }
     // Everything it skipped must be zero in the model (holes read as zero).
     const uint64_t nz = first_nonzero(model_.data() + off, got - off);
     if (nz < got - off) {
-      std::snprintf(buf, sizeof buf, "lseek(0x%llx, SEEK_DATA) returned 0x%llx, skipping data at 0x%llx", ull(off), ull(got),
-                    ull(off + nz));
+      std::snprintf(buf, sizeof buf,
+                    "lseek(0x%llx, SEEK_DATA) returned 0x%llx, skipping data at 0x%llx", ull(off),
+                    ull(got), ull(off + nz));
       fail_mismatch(buf);
     }
   } else {
@@ -803,13 +845,16 @@ void Fsx::do_seek(int op) {
     const uint64_t got = static_cast<uint64_t>(res);
     // A hole (possibly the implicit one at EOF) at or after off; a hole reads as zero.
     if (got < off || got > size_) {
-      std::snprintf(buf, sizeof buf, "lseek(0x%llx, SEEK_HOLE) returned 0x%llx, outside [0x%llx, size 0x%llx]", ull(off),
-                    ull(got), ull(off), ull(size_));
+      std::snprintf(buf, sizeof buf,
+                    "lseek(0x%llx, SEEK_HOLE) returned 0x%llx, outside [0x%llx, size 0x%llx]",
+                    ull(off), ull(got), ull(off), ull(size_));
       fail_mismatch(buf);
     }
     if (got < size_ && model_[got] != 0) {
-      std::snprintf(buf, sizeof buf, "lseek(0x%llx, SEEK_HOLE) returned 0x%llx, but the model has data there (0x%02x)",
-                    ull(off), ull(got), model_[got]);
+      std::snprintf(
+          buf, sizeof buf,
+          "lseek(0x%llx, SEEK_HOLE) returned 0x%llx, but the model has data there (0x%02x)",
+          ull(off), ull(got), model_[got]);
       fail_mismatch(buf);
     }
   }
@@ -853,7 +898,8 @@ int Fsx::run() {
       cur_op_ = kOpNames[kRead];
       const uint64_t x = forced_read_at_;
       const uint64_t back = inj_rng_.below(std::min<uint64_t>({x, opt_.maxop - 1, 4096}) + 1);
-      const uint64_t fwd = inj_rng_.below(std::min<uint64_t>(opt_.maxop - 1 - back, size_ - x - 1) + 1);
+      const uint64_t fwd =
+          inj_rng_.below(std::min<uint64_t>(opt_.maxop - 1 - back, size_ - x - 1) + 1);
       read_at(x - back, back + 1 + fwd);
     } else if (opt_.inject_at != 0 && !injected_ && opnum_ >= opt_.inject_at && size_ > 0) {
       cur_op_ = kOpNames[kInject];
@@ -863,20 +909,39 @@ int Fsx::run() {
       if ((op == kMapRead || op == kMapWrite) && size_ == 0) op = kWrite;
       cur_op_ = kOpNames[op];
       switch (op) {
-        case kWrite: do_write(); break;
-        case kRead: do_read(); break;
-        case kTruncate: do_truncate(); break;
-        case kMapRead: do_mapread(); break;
-        case kMapWrite: do_mapwrite(); break;
+        case kWrite:
+          do_write();
+          break;
+        case kRead:
+          do_read();
+          break;
+        case kTruncate:
+          do_truncate();
+          break;
+        case kMapRead:
+          do_mapread();
+          break;
+        case kMapWrite:
+          do_mapwrite();
+          break;
         case kFalloc:
         case kFallocKeep:
-        case kPunch: do_falloc(op); break;
+        case kPunch:
+          do_falloc(op);
+          break;
         case kFsync:
-        case kFdatasync: do_sync(op); break;
-        case kReopen: do_reopen(); break;
+        case kFdatasync:
+          do_sync(op);
+          break;
+        case kReopen:
+          do_reopen();
+          break;
         case kSeekData:
-        case kSeekHole: do_seek(op); break;
-        default: break;
+        case kSeekHole:
+          do_seek(op);
+          break;
+        default:
+          break;
       }
     }
     if (opt_.closeprob != 0 && rng_.below(opt_.closeprob) == 0) {
@@ -885,8 +950,8 @@ int Fsx::run() {
     }
     if (opt_.check_every != 0 && opnum_ % opt_.check_every == 0) full_check();
     if (!opt_.quiet && opnum_ % progress_every == 0)
-      std::fprintf(stderr, "warpfs-fsx: %llu ops, size 0x%llx\n", static_cast<unsigned long long>(opnum_),
-                   static_cast<unsigned long long>(size_));
+      std::fprintf(stderr, "warpfs-fsx: %llu ops, size 0x%llx\n",
+                   static_cast<unsigned long long>(opnum_), static_cast<unsigned long long>(size_));
   }
   opnum_ = opt_.nops;
   full_check();
@@ -894,13 +959,17 @@ int Fsx::run() {
   fd_ = -1;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  std::string json = "{\"tool\":\"fsx\",\"ops\":" + std::to_string(opt_.nops) + ",\"seed\":" + std::to_string(opt_.seed) +
-                     ",\"result\":\"ok\"";
-  for (int i = 0; i < kNumOps; ++i) json += ",\"" + std::string(kOpNames[i]) + "\":" + std::to_string(counts_[i]);
+  std::string json = "{\"tool\":\"fsx\",\"ops\":" + std::to_string(opt_.nops) +
+                     ",\"seed\":" + std::to_string(opt_.seed) + ",\"result\":\"ok\"";
+  for (int i = 0; i < kNumOps; ++i)
+    json += ",\"" + std::string(kOpNames[i]) + "\":" + std::to_string(counts_[i]);
   char tail[160];
-  std::snprintf(tail, sizeof tail, ",\"full_checks\":%llu,\"final_size\":%llu,\"maxlen\":%llu,\"maxop\":%llu,\"seconds\":%.3f}",
-                static_cast<unsigned long long>(full_checks_), static_cast<unsigned long long>(size_),
-                static_cast<unsigned long long>(opt_.maxlen), static_cast<unsigned long long>(opt_.maxop), secs);
+  std::snprintf(
+      tail, sizeof tail,
+      ",\"full_checks\":%llu,\"final_size\":%llu,\"maxlen\":%llu,\"maxop\":%llu,\"seconds\":%.3f}",
+      static_cast<unsigned long long>(full_checks_), static_cast<unsigned long long>(size_),
+      static_cast<unsigned long long>(opt_.maxlen), static_cast<unsigned long long>(opt_.maxop),
+      secs);
   json += tail;
   std::printf("%s\n", json.c_str());
   return 0;
@@ -911,22 +980,24 @@ int Fsx::run() {
 
 [[noreturn]] void usage(const char* msg) {
   if (msg) std::fprintf(stderr, "warpfs-fsx: %s\n", msg);
-  std::fprintf(stderr,
-               "usage: warpfs-fsx [options] FILE\n"
-               "  -N ops            number of operations (default 100000)\n"
-               "  -S seed           random seed (default: time based; always printed)\n"
-               "  -l maxlen         maximum file size (default 1M; suffixes K, M, G)\n"
-               "  -o maxop          maximum bytes per operation (default 64K)\n"
-               "  -c P              also close+reopen the file with probability 1/P after each op\n"
-               "  -q                quiet: only the seed line, failures and the final JSON line\n"
-               "  --check-every N   fstat + full-file compare every N ops (default 1000; 0: only at the end)\n"
-               "  --no-mmap         no mmap reads/writes\n"
-               "  --no-fallocate    no fallocate (mode 0 and KEEP_SIZE)\n"
-               "  --no-punch        no FALLOC_FL_PUNCH_HOLE\n"
-               "  --no-seek         no lseek SEEK_DATA/SEEK_HOLE checks\n"
-               "  --inject-fault N  self-test: corrupt the file behind the model's back at op N\n"
-               "                    (or the first op after it with a non-empty file); must exit 1\n"
-               "exit status: 0 ok, 1 data/size mismatch, 2 unexpected syscall error or bad usage\n");
+  std::fprintf(
+      stderr,
+      "usage: warpfs-fsx [options] FILE\n"
+      "  -N ops            number of operations (default 100000)\n"
+      "  -S seed           random seed (default: time based; always printed)\n"
+      "  -l maxlen         maximum file size (default 1M; suffixes K, M, G)\n"
+      "  -o maxop          maximum bytes per operation (default 64K)\n"
+      "  -c P              also close+reopen the file with probability 1/P after each op\n"
+      "  -q                quiet: only the seed line, failures and the final JSON line\n"
+      "  --check-every N   fstat + full-file compare every N ops (default 1000; 0: only at the "
+      "end)\n"
+      "  --no-mmap         no mmap reads/writes\n"
+      "  --no-fallocate    no fallocate (mode 0 and KEEP_SIZE)\n"
+      "  --no-punch        no FALLOC_FL_PUNCH_HOLE\n"
+      "  --no-seek         no lseek SEEK_DATA/SEEK_HOLE checks\n"
+      "  --inject-fault N  self-test: corrupt the file behind the model's back at op N\n"
+      "                    (or the first op after it with a non-empty file); must exit 1\n"
+      "exit status: 0 ok, 1 data/size mismatch, 2 unexpected syscall error or bad usage\n");
   std::exit(2);
 }
 
@@ -938,14 +1009,26 @@ uint64_t parse_num(const char* s, bool suffixes, const char* what) {
   if (suffixes && *end != '\0') {
     unsigned shift = 0;
     switch (*end) {
-      case 'k': case 'K': shift = 10; break;
-      case 'm': case 'M': shift = 20; break;
-      case 'g': case 'G': shift = 30; break;
-      default: usage((std::string("bad ") + what + ": " + s).c_str());
+      case 'k':
+      case 'K':
+        shift = 10;
+        break;
+      case 'm':
+      case 'M':
+        shift = 20;
+        break;
+      case 'g':
+      case 'G':
+        shift = 30;
+        break;
+      default:
+        usage((std::string("bad ") + what + ": " + s).c_str());
     }
     ++end;
-    if (*end == 'i' && end[1] == 'B') end += 2;
-    else if (*end == 'B') ++end;
+    if (*end == 'i' && end[1] == 'B')
+      end += 2;
+    else if (*end == 'B')
+      ++end;
     if (v > (~0ull >> shift)) usage((std::string("bad ") + what + ": " + s).c_str());
     v <<= shift;
   }
@@ -957,7 +1040,15 @@ uint64_t parse_num(const char* s, bool suffixes, const char* what) {
 
 int main(int argc, char** argv) {
   Options opt;
-  enum { kOptNoMmap = 256, kOptNoFalloc, kOptNoPunch, kOptNoSeek, kOptInject, kOptCheckEvery, kOptHelp };
+  enum {
+    kOptNoMmap = 256,
+    kOptNoFalloc,
+    kOptNoPunch,
+    kOptNoSeek,
+    kOptInject,
+    kOptCheckEvery,
+    kOptHelp
+  };
   static const struct option longopts[] = {
       {"no-mmap", no_argument, nullptr, kOptNoMmap},
       {"no-fallocate", no_argument, nullptr, kOptNoFalloc},
@@ -971,21 +1062,48 @@ int main(int argc, char** argv) {
   int c;
   while ((c = getopt_long(argc, argv, "N:S:l:o:c:qh", longopts, nullptr)) != -1) {
     switch (c) {
-      case 'N': opt.nops = parse_num(optarg, false, "op count"); break;
-      case 'S': opt.seed = parse_num(optarg, false, "seed"); opt.seed_given = true; break;
-      case 'l': opt.maxlen = parse_num(optarg, true, "maxlen"); break;
-      case 'o': opt.maxop = parse_num(optarg, true, "maxop"); break;
-      case 'c': opt.closeprob = parse_num(optarg, false, "close probability"); break;
-      case 'q': opt.quiet = true; break;
-      case kOptNoMmap: opt.no_mmap = true; break;
-      case kOptNoFalloc: opt.no_falloc = true; break;
-      case kOptNoPunch: opt.no_punch = true; break;
-      case kOptNoSeek: opt.no_seek = true; break;
-      case kOptInject: opt.inject_at = parse_num(optarg, false, "inject-fault op"); break;
-      case kOptCheckEvery: opt.check_every = parse_num(optarg, false, "check-every"); break;
+      case 'N':
+        opt.nops = parse_num(optarg, false, "op count");
+        break;
+      case 'S':
+        opt.seed = parse_num(optarg, false, "seed");
+        opt.seed_given = true;
+        break;
+      case 'l':
+        opt.maxlen = parse_num(optarg, true, "maxlen");
+        break;
+      case 'o':
+        opt.maxop = parse_num(optarg, true, "maxop");
+        break;
+      case 'c':
+        opt.closeprob = parse_num(optarg, false, "close probability");
+        break;
+      case 'q':
+        opt.quiet = true;
+        break;
+      case kOptNoMmap:
+        opt.no_mmap = true;
+        break;
+      case kOptNoFalloc:
+        opt.no_falloc = true;
+        break;
+      case kOptNoPunch:
+        opt.no_punch = true;
+        break;
+      case kOptNoSeek:
+        opt.no_seek = true;
+        break;
+      case kOptInject:
+        opt.inject_at = parse_num(optarg, false, "inject-fault op");
+        break;
+      case kOptCheckEvery:
+        opt.check_every = parse_num(optarg, false, "check-every");
+        break;
       case 'h':
-      case kOptHelp: usage(nullptr);
-      default: usage(nullptr);
+      case kOptHelp:
+        usage(nullptr);
+      default:
+        usage(nullptr);
     }
   }
   if (optind != argc - 1) usage("exactly one FILE expected");
@@ -995,13 +1113,14 @@ int main(int argc, char** argv) {
   if (opt.maxop > opt.maxlen) opt.maxop = opt.maxlen;
   if (!opt.seed_given) {
     const auto now = std::chrono::system_clock::now().time_since_epoch();
-    const uint64_t ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());
+    const uint64_t ns =
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());
     opt.seed = (ns ^ (ns >> 32) ^ (static_cast<uint64_t>(getpid()) << 16)) & 0xFFFFFFFFu;
   }
   std::fprintf(stderr, "warpfs-fsx: seed %llu, %llu ops, maxlen %llu, maxop %llu, file %s\n",
                static_cast<unsigned long long>(opt.seed), static_cast<unsigned long long>(opt.nops),
-               static_cast<unsigned long long>(opt.maxlen), static_cast<unsigned long long>(opt.maxop),
-               opt.path.c_str());
+               static_cast<unsigned long long>(opt.maxlen),
+               static_cast<unsigned long long>(opt.maxop), opt.path.c_str());
   Fsx fsx(opt);
   return fsx.run();
 }

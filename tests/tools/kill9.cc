@@ -115,7 +115,6 @@ std::string env_or(const char* name, const char* fallback) {
   return v && *v ? v : fallback;
 }
 
-
 // Sends SIGKILL to a pid from its own thread, once operation `at_op` has started (or the
 // workload is over) and `delay_us` more have passed (cut short when the workload ends).
 class Killer {
@@ -179,7 +178,7 @@ std::mt19937_64 seeded(uint64_t seed, uint32_t salt) {
 // --- one cut -------------------------------------------------------------------------------
 
 struct Options {
-  uint64_t ops = 150;   // operations of all workload threads together
+  uint64_t ops = 150;    // operations of all workload threads together
   uint64_t threads = 1;  // workload threads (1: on the root, as before; more: /wK each)
   bool verbose = false;
   std::string keep;  // a directory for the crashed images of failing cuts
@@ -196,7 +195,7 @@ struct Report {
   bool in_workload = false;       // it came while operations were still being issued
   uint64_t recovery_kill_us = 0;  // > 0: the first recovery mount dies this long after its start
   size_t lo = 0, hi = 0, matched = 0;  // summed over the workload threads
-  std::string kept;  // --keep: the crashed image's copy
+  std::string kept;                    // --keep: the crashed image's copy
   std::vector<std::string> trace;
 };
 
@@ -240,7 +239,7 @@ class Cut {
   Daemon daemon_;
   std::unique_ptr<Killer> killer_;
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::atomic<uint64_t> clock_{1};       // tickets: operations returned, fsyncs begun
+  std::atomic<uint64_t> clock_{1};        // tickets: operations returned, fsyncs begun
   std::atomic<uint64_t> acked_fsync_{0};  // the latest ticket an fsync that returned 0 began at
   std::atomic<uint64_t> started_{0};      // operations started (for the killer)
   Report report_;
@@ -299,7 +298,8 @@ std::string Cut::run_workers(uint64_t ops, uint64_t pace_us, bool count_for_kill
       }
       if (!bad.empty()) {
         std::lock_guard<std::mutex> g(mu);
-        if (failure.empty()) failure = w.base + ": op " + std::to_string(i) + " (" + op.describe() + "): " + bad;
+        if (failure.empty())
+          failure = w.base + ": op " + std::to_string(i) + " (" + op.describe() + "): " + bad;
         return;
       }
       if (pace_us && !killed()) usleep(static_cast<useconds_t>(w.rng() % pace_us));
@@ -439,7 +439,8 @@ Report Cut::run() {
       root = st.st_ino;
     }
     w->model = std::make_unique<Model>(root);
-    w->runner = std::make_unique<SyscallRunner>(w->base, w->model.get(), [this] { return killed(); });
+    w->runner =
+        std::make_unique<SyscallRunner>(w->base, w->model.get(), [this] { return killed(); });
     w->rng = seeded(seed_, k == 0 ? 1 : static_cast<uint32_t>(100 + k));  // thread 0: as before
     workers_.push_back(std::move(w));
   }
@@ -541,7 +542,8 @@ int main(int argc, char** argv) {
       return usage();
     }
   }
-  if (o.ops == 0 || o.ops > 100000 || repeat == 0 || o.threads == 0 || o.threads > 64) return usage();
+  if (o.ops == 0 || o.ops > 100000 || repeat == 0 || o.threads == 0 || o.threads > 64)
+    return usage();
   const Programs progs{env_or("WARPFS", WARPFS_DAEMON_BIN), env_or("MKFS", WARPFS_MKFS_BIN),
                        env_or("FSCK", WARPFS_FSCK_BIN)};
   const char* tmp = std::getenv("TMPDIR");
@@ -584,8 +586,7 @@ int main(int argc, char** argv) {
         "--repeat 20 --verbose) -o %s: %s\n",
         static_cast<unsigned long long>(s), static_cast<unsigned long long>(s),
         static_cast<unsigned long long>(o.ops), static_cast<unsigned long long>(o.threads),
-        r.mount_options.c_str(),
-        crash::one_line(r.failure, o.verbose ? 0 : 800).c_str());
+        r.mount_options.c_str(), crash::one_line(r.failure, o.verbose ? 0 : 800).c_str());
     if (!r.kept.empty()) std::printf("  the crashed image: %s\n", r.kept.c_str());
     if (o.verbose) std::printf("%s\n", r.failure.c_str());
     for (const std::string& t : r.trace) std::printf("  %s\n", t.c_str());

@@ -310,7 +310,9 @@ std::string read_node(const std::string& path, const struct stat& st, crash::ONo
 
 }  // namespace
 
-std::string observe(const std::string& mnt, crash::Observed* out) { return observe(mnt, 0, out); }
+std::string observe(const std::string& mnt, crash::Observed* out) {
+  return observe(mnt, 0, out);
+}
 
 std::string observe(const std::string& mnt, Ino parent, crash::Observed* out) {
   out->nodes.clear();

@@ -1,6 +1,7 @@
 // warpfs-stress: the concurrent stress harness on the filesystem core (tests/fs/stress.h).
 //
-//   warpfs-stress [--runs N | --seconds T | --soak] [--seed S] [--workers N] [--sharers N] [--ops N]
+//   warpfs-stress [--runs N | --seconds T | --soak] [--seed S] [--workers N] [--sharers N] [--ops
+//   N]
 //                 [--cut] [--cache-mb N] [--commit-each] [--verbose]
 //
 // --commit-each commits at the end of every transaction scope (warpfs-crash's option).
@@ -8,13 +9,14 @@
 // Run i uses seed S + i. --seconds runs seeds one after another until T seconds have passed
 // (a soak). Each failure prints one line naming its seed; ends with "N passed, N failed" and
 // exit status 0 if every run passed, 1 if any failed, 2 on bad usage.
+#include "fs/stress.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "fs/crash_harness.h"
-#include "fs/stress.h"
 
 namespace {
 
@@ -80,24 +82,26 @@ int main(int argc, char** argv) {
     if (r.passed) {
       ++passed;
       if (verbose) {
-        std::printf("ok seed=%llu ops=%llu commits=%llu cut_call=%llu states durable/reached/matched %zu/%zu/%zu\n",
-                    static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(r.ops),
-                    static_cast<unsigned long long>(r.commits),
-                    static_cast<unsigned long long>(r.cut_call), r.durable_states,
-                    r.reached_states, r.matched_states);
+        std::printf(
+            "ok seed=%llu ops=%llu commits=%llu cut_call=%llu states durable/reached/matched "
+            "%zu/%zu/%zu\n",
+            static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(r.ops),
+            static_cast<unsigned long long>(r.commits), static_cast<unsigned long long>(r.cut_call),
+            r.durable_states, r.reached_states, r.matched_states);
         std::fflush(stdout);
       }
       continue;
     }
     ++failed;
-    std::printf("FAIL seed=%llu (rerun: warpfs-stress --seed %llu --runs 20 --workers %llu "
-                "--sharers %llu --ops %llu%s%s%s --verbose): %s\n",
-                static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(o.seed),
-                static_cast<unsigned long long>(workers), static_cast<unsigned long long>(sharers),
-                static_cast<unsigned long long>(ops), cut ? " --cut" : "",
-                cache_mb ? (" --cache-mb " + std::to_string(cache_mb)).c_str() : "",
-                commit_each ? " --commit-each" : "",
-                warpfs::fs::crash::one_line(r.failure, verbose ? 0 : 1500).c_str());
+    std::printf(
+        "FAIL seed=%llu (rerun: warpfs-stress --seed %llu --runs 20 --workers %llu "
+        "--sharers %llu --ops %llu%s%s%s --verbose): %s\n",
+        static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(o.seed),
+        static_cast<unsigned long long>(workers), static_cast<unsigned long long>(sharers),
+        static_cast<unsigned long long>(ops), cut ? " --cut" : "",
+        cache_mb ? (" --cache-mb " + std::to_string(cache_mb)).c_str() : "",
+        commit_each ? " --commit-each" : "",
+        warpfs::fs::crash::one_line(r.failure, verbose ? 0 : 1500).c_str());
     for (const std::string& t : r.trace) std::printf("  %s\n", t.c_str());
     std::fflush(stdout);
   }

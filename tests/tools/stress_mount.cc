@@ -158,8 +158,8 @@ int worker_main(const std::string& base, Ino root, uint64_t seed, uint64_t ops, 
     int rc = 0;
     const std::string bad = runner.exec(op, &rc);
     if (!bad.empty() || rc != 0) {
-      write_line(up, "fail op " + std::to_string(i) + " (" + op.describe() + "): " +
-                         (bad.empty() ? "returned " + errno_name(rc) : bad));
+      write_line(up, "fail op " + std::to_string(i) + " (" + op.describe() +
+                         "): " + (bad.empty() ? "returned " + errno_name(rc) : bad));
       return 1;
     }
   }
@@ -176,8 +176,14 @@ int worker_main(const std::string& base, Ino root, uint64_t seed, uint64_t ops, 
 
 bool raced(int e) {
   switch (e) {
-    case ENOENT: case EEXIST: case ENOTEMPTY: case EISDIR: case ENOTDIR: case EINVAL:
-    case EPERM: case EMLINK:
+    case ENOENT:
+    case EEXIST:
+    case ENOTEMPTY:
+    case EISDIR:
+    case ENOTDIR:
+    case EINVAL:
+    case EPERM:
+    case EMLINK:
       return true;
     default:
       return false;
@@ -192,7 +198,8 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
   auto below = [&](uint64_t n) { return n == 0 ? 0 : rng() % n; };
   auto name = [&] {
     std::string d = below(3) == 0 ? "" : "/d" + std::to_string(below(3));
-    return shared + d + "/" + (below(5) == 0 ? "d" + std::to_string(below(3)) : "s" + std::to_string(below(10)));
+    return shared + d + "/" +
+           (below(5) == 0 ? "d" + std::to_string(below(3)) : "s" + std::to_string(below(10)));
   };
   void* raw = nullptr;
   if (posix_memalign(&raw, kB, 8 * kB) != 0) return 1;
@@ -225,7 +232,8 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
       if (renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), flags) != 0 && !raced(errno))
         return fail("rename " + a + " " + b, errno);
     } else if (r < 40) {
-      if (link(a.c_str(), b.c_str()) != 0 && !raced(errno)) return fail("link " + a + " " + b, errno);
+      if (link(a.c_str(), b.c_str()) != 0 && !raced(errno))
+        return fail("link " + a + " " + b, errno);
     } else if (r < 85) {
       const int fd = open(a.c_str(), O_RDWR | O_CLOEXEC);
       if (fd < 0) {
@@ -239,7 +247,8 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
       }
       const Ino ino = st.st_ino;
       const uint64_t what = below(12);
-      const uint64_t blk = below(16) * static_cast<uint64_t>(sharers) + static_cast<uint64_t>(index);
+      const uint64_t blk =
+          below(16) * static_cast<uint64_t>(sharers) + static_cast<uint64_t>(index);
       int rc = 0;
       std::string op;
       if (what < 3) {  // a stamped block: pwrite, or O_DIRECT
@@ -248,36 +257,44 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
         int wfd = fd;
         if (what == 2) {
           op = "O_DIRECT write";
-          wfd = open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+          wfd = open(("/proc/self/fd/" + std::to_string(fd)).c_str(),
+                     O_WRONLY | O_DIRECT | O_CLOEXEC);
         }
-        if (wfd < 0 || pwrite(wfd, buf, kB, static_cast<off_t>(blk * kB)) != static_cast<ssize_t>(kB)) rc = errno;
+        if (wfd < 0 ||
+            pwrite(wfd, buf, kB, static_cast<off_t>(blk * kB)) != static_cast<ssize_t>(kB))
+          rc = errno;
         if (wfd >= 0 && wfd != fd) close(wfd);
       } else if (what == 3) {  // a stamped block through a shared mapping, within the size
         op = "mmap write";
         if ((blk + 1) * kB <= static_cast<uint64_t>(st.st_size)) {
-          void* m = mmap(nullptr, kB, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(blk * kB));
+          void* m = mmap(nullptr, kB, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                         static_cast<off_t>(blk * kB));
           if (m == MAP_FAILED) {
             rc = errno;
           } else {
             crash::stamp_block(buf, ino, blk, rng());
             // A concurrent truncate may take the page away (SIGBUS, caught): a legitimate race.
-            if (warpfs::fs::mounted::guarded_memcpy(m, buf, kB) && msync(m, kB, MS_SYNC) != 0) rc = errno;
+            if (warpfs::fs::mounted::guarded_memcpy(m, buf, kB) && msync(m, kB, MS_SYNC) != 0)
+              rc = errno;
             munmap(m, kB);
           }
         }
       } else if (what < 6) {  // O_DIRECT read of any blocks: stamped or zero, never torn
         op = "O_DIRECT read";
         const uint64_t first = below(48), nb = 1 + below(8);
-        const int rfd = open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+        const int rfd =
+            open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
         const ssize_t got = rfd < 0 ? -1 : pread(rfd, buf, nb * kB, static_cast<off_t>(first * kB));
         if (got < 0) {
           rc = errno;
         } else {
           for (uint64_t i = 0; i * kB < static_cast<uint64_t>(got); ++i) {
-            if (std::string e = crash::check_stamped_block(buf + i * kB, ino, first + i); !e.empty()) {
+            if (std::string e = crash::check_stamped_block(buf + i * kB, ino, first + i);
+                !e.empty()) {
               if (rfd >= 0) close(rfd);
               close(fd);
-              write_line(up, "fail sharer " + std::to_string(index) + ": O_DIRECT read of " + a + ": " + e);
+              write_line(up, "fail sharer " + std::to_string(index) + ": O_DIRECT read of " + a +
+                                 ": " + e);
               std::free(raw);
               return 1;
             }
@@ -301,12 +318,15 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
       } else if (what == 9) {
         op = "fallocate";
         const int mode = below(2) ? FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE : 0;
-        if (fallocate(fd, mode, static_cast<off_t>(below(48) * kB), static_cast<off_t>((1 + below(8)) * kB)) != 0)
+        if (fallocate(fd, mode, static_cast<off_t>(below(48) * kB),
+                      static_cast<off_t>((1 + below(8)) * kB)) != 0)
           rc = errno;
       } else if (what == 10) {
         op = "setxattr";
         const std::string v(below(200), 'v');
-        if (fsetxattr(fd, ("user.s" + std::to_string(below(3))).c_str(), v.data(), v.size(), 0) != 0) rc = errno;
+        if (fsetxattr(fd, ("user.s" + std::to_string(below(3))).c_str(), v.data(), v.size(), 0) !=
+            0)
+          rc = errno;
       } else {
         op = "fsync";
         if (fsync(fd) != 0) rc = errno;
@@ -328,7 +348,8 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
       if (e) return fail("readdir " + d, e);
       for (const std::string& nm : names) {
         struct stat st;
-        if (lstat((d + "/" + nm).c_str(), &st) != 0 && !raced(errno)) return fail("lstat " + nm, errno);
+        if (lstat((d + "/" + nm).c_str(), &st) != 0 && !raced(errno))
+          return fail("lstat " + nm, errno);
       }
     } else {
       struct statvfs sv;
@@ -346,7 +367,8 @@ int sharer_main(const std::string& shared, int index, int sharers, uint64_t seed
 // Link counts against names over the whole tree, and /shared's blocks.
 std::string check_tree(const std::string& mnt) {
   crash::Observed o;
-  if (std::string e = warpfs::fs::mounted::observe(mnt, &o); !e.empty()) return "reading the tree: " + e;
+  if (std::string e = warpfs::fs::mounted::observe(mnt, &o); !e.empty())
+    return "reading the tree: " + e;
   struct stat st;
   if (lstat((mnt + "/shared").c_str(), &st) != 0) return "/shared: " + errno_name(errno);
   return crash::check_invariants(o, st.st_ino);
@@ -360,7 +382,8 @@ std::string log_problems(const std::string& log) {
     size_t e = log.find('\n', pos);
     if (e == std::string::npos) e = log.size();
     const std::string line = log.substr(pos, e - pos);
-    for (const char* w : {"fsck", "failed", "error", "read-only", "Sanitizer", "corrupt", "mismatch"}) {
+    for (const char* w :
+         {"fsck", "failed", "error", "read-only", "Sanitizer", "corrupt", "mismatch"}) {
       if (line.find(w) != std::string::npos) {
         out += line + "\n";
         break;
@@ -387,10 +410,13 @@ class Run {
   std::string fsck(const char* when) {
     std::string out;
     const int rc = run_program({progs_.fsck, "-f", "-n", "emu:" + img_}, &out);
-    return rc == 0 ? "" : std::string("fsck.warpfs -f -n ") + when + ": exit " + std::to_string(rc) + "\n" + out;
+    return rc == 0 ? ""
+                   : std::string("fsck.warpfs -f -n ") + when + ": exit " + std::to_string(rc) +
+                         "\n" + out;
   }
   std::string unmount(const char* when) {
-    if (std::string e = daemon_.unmount(); !e.empty()) return std::string("unmount ") + when + ": " + e;
+    if (std::string e = daemon_.unmount(); !e.empty())
+      return std::string("unmount ") + when + ": " + e;
     if (std::string p = log_problems(daemon_.log()); !p.empty())
       return std::string("the daemon logged ") + when + ":\n" + p;
     return "";
@@ -419,7 +445,8 @@ RunReport Run::go() {
   RunReport r;
   std::string out;
   std::remove(img_.c_str());
-  if (int rc = run_program({progs_.mkfs, "-q", "--force", "--size", o_.size, "emu:" + img_}, &out); rc) {
+  if (int rc = run_program({progs_.mkfs, "-q", "--force", "--size", o_.size, "emu:" + img_}, &out);
+      rc) {
     r.failure = "mkfs.warpfs: exit " + std::to_string(rc) + ": " + out;
     return r;
   }
@@ -469,7 +496,8 @@ RunReport Run::go() {
       if (!o_.keep.empty()) {
         const std::string kept = o_.keep + "/stress-mount-seed-" + std::to_string(seed_) + ".img";
         daemon_.abandon();
-        if (run_program({"cp", "--sparse=always", img_, kept}, &out) == 0) r.failure += "\nimage kept: " + kept;
+        if (run_program({"cp", "--sparse=always", img_, kept}, &out) == 0)
+          r.failure += "\nimage kept: " + kept;
       }
     }
     return r;
@@ -521,10 +549,11 @@ RunReport Run::go() {
 }
 
 int usage() {
-  std::fprintf(stderr,
-               "usage: warpfs-stress-mount [--runs N | --seconds T | --soak] [--seed S] [--procs M] "
-               "[--sharers K] [--ops N] [--sharer-ops N] [--size SIZE] [--options O] [--keep DIR] "
-               "[--verbose]\n");
+  std::fprintf(
+      stderr,
+      "usage: warpfs-stress-mount [--runs N | --seconds T | --soak] [--seed S] [--procs M] "
+      "[--sharers K] [--ops N] [--sharer-ops N] [--size SIZE] [--options O] [--keep DIR] "
+      "[--verbose]\n");
   return 2;
 }
 
@@ -588,23 +617,28 @@ int main(int argc, char** argv) {
     if (r.passed) {
       ++passed;
       if (o.verbose) {
-        std::printf("ok seed=%llu (%.0f s so far)\n", static_cast<unsigned long long>(s), elapsed());
+        std::printf("ok seed=%llu (%.0f s so far)\n", static_cast<unsigned long long>(s),
+                    elapsed());
         std::fflush(stdout);
       }
       continue;
     }
     ++failed;
-    std::printf("FAIL seed=%llu (rerun: warpfs-stress-mount --seed %llu --runs 10 --procs %llu --sharers %llu --ops %llu --options %s): %s\n",
-                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s),
-                static_cast<unsigned long long>(o.procs), static_cast<unsigned long long>(o.sharers),
-                static_cast<unsigned long long>(o.ops), o.mount_options.c_str(),
-                crash::one_line(r.failure, o.verbose ? 0 : 2000).c_str());
+    std::printf(
+        "FAIL seed=%llu (rerun: warpfs-stress-mount --seed %llu --runs 10 --procs %llu --sharers "
+        "%llu --ops %llu --options %s): %s\n",
+        static_cast<unsigned long long>(s), static_cast<unsigned long long>(s),
+        static_cast<unsigned long long>(o.procs), static_cast<unsigned long long>(o.sharers),
+        static_cast<unsigned long long>(o.ops), o.mount_options.c_str(),
+        crash::one_line(r.failure, o.verbose ? 0 : 2000).c_str());
     std::fflush(stdout);
   }
-  std::printf("%llu runs of %llu processes x %llu operations and %llu sharers (%llu sharer operations) in %.1f s\n",
-              static_cast<unsigned long long>(passed + failed), static_cast<unsigned long long>(o.procs),
-              static_cast<unsigned long long>(o.ops), static_cast<unsigned long long>(o.sharers),
-              static_cast<unsigned long long>(sharer_ops), elapsed());
+  std::printf(
+      "%llu runs of %llu processes x %llu operations and %llu sharers (%llu sharer operations) in "
+      "%.1f s\n",
+      static_cast<unsigned long long>(passed + failed), static_cast<unsigned long long>(o.procs),
+      static_cast<unsigned long long>(o.ops), static_cast<unsigned long long>(o.sharers),
+      static_cast<unsigned long long>(sharer_ops), elapsed());
   std::printf("%llu passed, %llu failed\n", static_cast<unsigned long long>(passed),
               static_cast<unsigned long long>(failed));
   rmdir((dir + "/mnt").c_str());

@@ -171,7 +171,7 @@ int SyscallRunner::open_id(Id id, int flags, bool fresh, bool* temp) {
   if (held >= 0 && !fresh) return held;
   std::string p;
   if (!path_of(id, &p)) {
-    if (held < 0) return -ENOENT;  // an unlinked inode the workload does not hold
+    if (held < 0) return -ENOENT;                 // an unlinked inode the workload does not hold
     p = "/proc/self/fd/" + std::to_string(held);  // reopens the inode itself
   } else {
     p = path(p);
@@ -382,12 +382,12 @@ std::string SyscallRunner::exec(const Op& op, int* rc) {
       if (got.size() != want) {
         return "read " + std::to_string(got.size()) + " bytes, expected " + std::to_string(want);
       }
-      if (std::string bad = crash::check_read(n, op.off, got); !bad.empty()) return "read back: " + bad;
+      if (std::string bad = crash::check_read(n, op.off, got); !bad.empty())
+        return "read back: " + bad;
       return "";
     }
   }
   return "";
 }
-
 
 }  // namespace warpfs::fs::mounted

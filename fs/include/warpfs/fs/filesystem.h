@@ -35,7 +35,7 @@ struct Attr {
   uint32_t mode = 0, nlink = 0, uid = 0, gid = 0, generation = 0;
   uint64_t rdev = 0;
   uint64_t size = 0;
-  uint64_t blocks = 0;  // 512-byte units, as st_blocks
+  uint64_t blocks = 0;                                // 512-byte units, as st_blocks
   uint64_t atime_ns = 0, mtime_ns = 0, ctime_ns = 0;  // as stored: signed ns (format.h time_split)
   void to_stat(struct stat* st) const;
 };
@@ -110,7 +110,7 @@ struct FsStats {
   uint64_t meta_reads = 0, meta_cached = 0, checksum_errors = 0;
   uint64_t trims = 0, trimmed_blocks = 0;
   uint64_t orphans_freed_at_mount = 0, replayed_transactions = 0;
-  uint64_t nodes = 0;                       // inodes in the node table (the kernel's)
+  uint64_t nodes = 0;                           // inodes in the node table (the kernel's)
   uint64_t meta_buffers = 0, meta_evicted = 0;  // the metadata cache: now, dropped so far
   uint32_t commit_interval_ms = 0;  // in force: the mount's, else the superblock's, else 5 s
   bool read_only = false;           // now (a remount changes it)
@@ -153,15 +153,15 @@ class Filesystem {
                     const Caller& c, Attr* out) = 0;
   virtual int mkdir(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
                     Attr* out) = 0;
-  virtual int symlink(Ino parent, std::string_view name, std::string_view target,
-                      const Caller& c, Attr* out) = 0;
+  virtual int symlink(Ino parent, std::string_view name, std::string_view target, const Caller& c,
+                      Attr* out) = 0;
   virtual int readlink(Ino ino, std::string* target) = 0;
   virtual int link(Ino ino, Ino new_parent, std::string_view new_name, Attr* out) = 0;
   virtual int unlink(Ino parent, std::string_view name) = 0;
   virtual int rmdir(Ino parent, std::string_view name) = 0;
   // flags: RENAME_NOREPLACE, RENAME_EXCHANGE (linux/fs.h values).
-  virtual int rename(Ino parent, std::string_view name, Ino new_parent,
-                     std::string_view new_name, unsigned flags) = 0;
+  virtual int rename(Ino parent, std::string_view name, Ino new_parent, std::string_view new_name,
+                     unsigned flags) = 0;
 
   // Files. open/release count users of an inode: an unlinked inode lives until the last.
   virtual int open(Ino ino, int flags) = 0;
@@ -188,10 +188,12 @@ class Filesystem {
   // Directories. readdir returns entries from `offset` (0 = the start; "." and ".." first)
   // until `emit` returns false; offsets stay valid while entries come and go.
   virtual int opendir(Ino ino) = 0;
-  virtual int readdir(Ino ino, uint64_t offset, const std::function<bool(const DirEntry&)>& emit) = 0;
+  virtual int readdir(Ino ino, uint64_t offset,
+                      const std::function<bool(const DirEntry&)>& emit) = 0;
 
   // Extended attributes. getxattr/listxattr with size 0 report the size needed.
-  virtual int setxattr(Ino ino, std::string_view name, const void* value, size_t size, int flags) = 0;
+  virtual int setxattr(Ino ino, std::string_view name, const void* value, size_t size,
+                       int flags) = 0;
   virtual int getxattr(Ino ino, std::string_view name, std::string* value) = 0;
   virtual int listxattr(Ino ino, std::string* names) = 0;  // NUL-separated
   virtual int removexattr(Ino ino, std::string_view name) = 0;

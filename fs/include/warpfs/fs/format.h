@@ -4,8 +4,8 @@
 // Plain data, little-endian (x86 and the GPU are; a big-endian port would byte-swap here).
 #pragma once
 
-#include <cstddef>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -21,7 +21,12 @@ inline constexpr uint64_t kRootInode = 1;
 inline constexpr uint32_t kMaxName = 255;
 
 enum : uint32_t { kStateClean = 1, kStateDirty = 2 };
-enum : uint32_t { kFeatureHashedDirs = 1, kFeatureExtents = 2, kFeatureJournal = 4, kFeatureGdtRoom = 8 };
+enum : uint32_t {
+  kFeatureHashedDirs = 1,
+  kFeatureExtents = 2,
+  kFeatureJournal = 4,
+  kFeatureGdtRoom = 8
+};
 inline constexpr uint32_t kFeaturesV1 = kFeatureHashedDirs | kFeatureExtents | kFeatureJournal;
 // Feature sets this code reads: v1, and v1 with a descriptor table that keeps room to grow
 // (Superblock::gdt_blocks; FORMAT.md "Layout"), which code that predates it must refuse.
@@ -137,8 +142,8 @@ struct Inode {
     Extent extents[8];
     char symlink[128];  // NUL-terminated when shorter than 128
   } root;
-  uint64_t parent;    // directories: the parent directory (the root: itself); else 0
-  uint64_t rdev;      // character and block devices: the device number; else 0
+  uint64_t parent;  // directories: the parent directory (the root: itself); else 0
+  uint64_t rdev;    // character and block devices: the device number; else 0
   uint64_t checksum;
 
   static constexpr uint32_t kInlineExtents = 8;
@@ -175,7 +180,8 @@ struct DirIndexEntry {
 };
 static_assert(sizeof(DirIndexEntry) == 16);
 inline constexpr uint32_t kDirIndexMagic = 0x52444657;  // "WFDR"
-inline constexpr uint32_t kDirIndexCapacity = (kBlockSize - sizeof(DirIndexHeader)) / sizeof(DirIndexEntry);
+inline constexpr uint32_t kDirIndexCapacity =
+    (kBlockSize - sizeof(DirIndexHeader)) / sizeof(DirIndexEntry);
 
 // FORMAT.md "Directories": a leaf block's header and entry header (name follows).
 struct DirLeafHeader {
@@ -265,7 +271,8 @@ inline uint64_t header_owner(const uint8_t* block) {
   uint32_t magic;
   uint64_t owner;
   __builtin_memcpy(&magic, block, 4);
-  __builtin_memcpy(&owner, block + ((magic == kDirIndexMagic || magic == kExtentMagic) ? 16 : 8), 8);
+  __builtin_memcpy(&owner, block + ((magic == kDirIndexMagic || magic == kExtentMagic) ? 16 : 8),
+                   8);
   return owner;
 }
 static_assert(offsetof(DirIndexHeader, owner) == 16 && offsetof(ExtentNodeHeader, owner) == 16);

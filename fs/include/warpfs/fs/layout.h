@@ -16,7 +16,9 @@
 
 namespace warpfs::fs {
 
-inline constexpr uint64_t div_up(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+inline constexpr uint64_t div_up(uint64_t a, uint64_t b) {
+  return (a + b - 1) / b;
+}
 
 // The descriptor table's blocks, room to grow included: the superblock's gdt_blocks, or for
 // images made before that field, exactly what the groups use.

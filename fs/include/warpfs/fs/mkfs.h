@@ -18,7 +18,7 @@ struct MkfsOptions {
   uint32_t root_uid = 0, root_gid = 0;
   double reserved_percent = 0;  // of the data blocks, kept for root (FORMAT.md "Reserved blocks")
   uint32_t reserved_uid = 0, reserved_gid = 0;
-  uint64_t seed = 0;            // 0: random checksum seed and uuid
+  uint64_t seed = 0;  // 0: random checksum seed and uuid
   // The largest size, in blocks, resize.warpfs may grow the filesystem to (mke2fs -E
   // resize=): the descriptor table keeps room for its groups. 0: 1024 times the device, at
   // most 64 TiB.
@@ -30,7 +30,7 @@ struct Geometry {
   uint32_t group_count = 0;
   uint32_t inodes_per_group = 0;
   uint32_t journal_blocks = 0;
-  uint32_t gdt_blocks = 0;          // room to grow included
+  uint32_t gdt_blocks = 0;  // room to grow included
   uint64_t first_group_block = 0;
   uint64_t inode_count = 0;
   uint64_t metadata_blocks = 0;  // everything that is not data

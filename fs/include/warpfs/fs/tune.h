@@ -1,6 +1,7 @@
 // tune.warpfs: changes the adjustable fields of an unmounted, clean filesystem's superblock
 // (FORMAT.md "Superblock"): its label, the blocks kept for root and who may use them, the
-// default journal commit interval and default mount options, as tune2fs does for ext4. Nothing else is touched.
+// default journal commit interval and default mount options, as tune2fs does for ext4. Nothing else
+// is touched.
 #pragma once
 
 #include <cstdint>
@@ -13,12 +14,12 @@
 namespace warpfs::fs {
 
 struct TuneRequest {
-  std::optional<std::string> label;            // up to 63 bytes
-  std::optional<double> reserved_percent;      // of the data blocks, 0 to 50
-  std::optional<uint64_t> reserved_blocks;     // or a count, at most half of the blocks
+  std::optional<std::string> label;         // up to 63 bytes
+  std::optional<double> reserved_percent;   // of the data blocks, 0 to 50
+  std::optional<uint64_t> reserved_blocks;  // or a count, at most half of the blocks
   std::optional<uint32_t> reserved_uid, reserved_gid;
-  std::optional<uint32_t> commit_interval_s;   // 0: 5 s; at most 86400
-  std::optional<std::string> mount_opts;       // default mount options; "" clears them
+  std::optional<uint32_t> commit_interval_s;  // 0: 5 s; at most 86400
+  std::optional<std::string> mount_opts;      // default mount options; "" clears them
 };
 
 // The default mount options a superblock may keep (FORMAT.md "Default mount options"), as

@@ -85,12 +85,14 @@ __device__ inline uint32_t set_of(const CacheView& c, uint64_t block) {
 __device__ inline int probe(const CacheView& c, uint32_t set, uint64_t block) {
   const uint32_t base = set * c.ways;
   for (uint32_t w = 0; w < c.ways; ++w) {
-    if (c.tags[base + w].load(port::Order::kAcquire) == block + 1) return static_cast<int>(base + w);
+    if (c.tags[base + w].load(port::Order::kAcquire) == block + 1)
+      return static_cast<int>(base + w);
   }
   return -1;
 }
 __device__ inline void touch(GpuLineMeta& m) {
-  if (!(m.flags.load(port::Order::kRelaxed) & ls::kRef)) m.flags.fetch_or(ls::kRef, port::Order::kRelaxed);
+  if (!(m.flags.load(port::Order::kRelaxed) & ls::kRef))
+    m.flags.fetch_or(ls::kRef, port::Order::kRelaxed);
 }
 // Waits until the line is not Busy or no longer holds `block`; true if it is valid for it.
 __device__ inline bool wait_not_busy(const CacheView& c, uint32_t line, uint64_t block) {

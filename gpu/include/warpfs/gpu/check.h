@@ -20,18 +20,18 @@ namespace warpfs::gpu {
 
 }  // namespace warpfs::gpu
 
-#define WARPFS_CUDA_CHECK(call)                                                  \
-  do {                                                                           \
-    const cudaError_t warpfs_e_ = (call);                                        \
+#define WARPFS_CUDA_CHECK(call)                                                                   \
+  do {                                                                                            \
+    const cudaError_t warpfs_e_ = (call);                                                         \
     if (warpfs_e_ != cudaSuccess) ::warpfs::gpu::cuda_fail(warpfs_e_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // After a launch: the launch itself (bad configuration) and, synchronously, the kernel's run
 // (a fault, a trap). Benchmarks time around the launch and call this after the timed region.
-#define WARPFS_CUDA_CHECK_KERNEL(name)                                           \
-  do {                                                                           \
-    WARPFS_CUDA_CHECK(cudaGetLastError());                                       \
-    const cudaError_t warpfs_e_ = cudaDeviceSynchronize();                       \
+#define WARPFS_CUDA_CHECK_KERNEL(name)                                                           \
+  do {                                                                                           \
+    WARPFS_CUDA_CHECK(cudaGetLastError());                                                       \
+    const cudaError_t warpfs_e_ = cudaDeviceSynchronize();                                       \
     if (warpfs_e_ != cudaSuccess) ::warpfs::gpu::cuda_fail(warpfs_e_, name, __FILE__, __LINE__); \
   } while (0)
 

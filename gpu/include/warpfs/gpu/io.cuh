@@ -49,8 +49,8 @@ struct IoView {
   nvme::VirtualQueue* const* queues = nullptr;  // device array of `nqueues` device pointers
   uint32_t nqueues = 0;
   uint32_t nsid = 1;
-  uint32_t lba_shift = 9;                        // log2(LBA bytes)
-  nvme::QueueMapper::Tables* mapper = nullptr;   // GPU memory; both classes over `queues`
+  uint32_t lba_shift = 9;                       // log2(LBA bytes)
+  nvme::QueueMapper::Tables* mapper = nullptr;  // GPU memory; both classes over `queues`
   bool rebalance = true;  // false: route only, never move a slot (RigOptions::rebalance)
 };
 

@@ -41,8 +41,8 @@ class LockedQueueGpu {
     for (uint32_t c = 0; c + 1 < q.entries; ++c) free[c] = static_cast<uint16_t>(c);
     h.nfree_ = q.entries - 1;
     WARPFS_CUDA_CHECK(cudaMalloc(&h.free_, free.size() * sizeof(uint16_t)));
-    WARPFS_CUDA_CHECK(cudaMemcpy(h.free_, free.data(), free.size() * sizeof(uint16_t),
-                                 cudaMemcpyHostToDevice));
+    WARPFS_CUDA_CHECK(
+        cudaMemcpy(h.free_, free.data(), free.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
     WARPFS_CUDA_CHECK(cudaMalloc(&h.done_, q.entries * sizeof(Done)));
     WARPFS_CUDA_CHECK(cudaMemset(h.done_, 0, q.entries * sizeof(Done)));
     LockedQueueGpu* d = nullptr;

@@ -43,9 +43,9 @@ struct MappedRegion {
 struct RigOptions {
   uint32_t lba_bytes = 512;
   uint16_t queues = 1;
-  uint32_t depth = 1024;         // entries per SQ and CQ (a power of two)
-  unsigned device_threads = 1;   // emulated controller worker threads
-  uint32_t latency_ns = 0;       // emulated device latency per command
+  uint32_t depth = 1024;        // entries per SQ and CQ (a power of two)
+  unsigned device_threads = 1;  // emulated controller worker threads
+  uint32_t latency_ns = 0;      // emulated device latency per command
   bool volatile_write_cache = true;
   bool rebalance = true;  // GPU threads may move the mapper's slots (io.cuh, execute_routed)
 };
@@ -81,7 +81,7 @@ class Rig {
 
   std::unique_ptr<nvme::EmulatedTransport> t_;
   std::unique_ptr<nvme::Controller> c_;
-  std::vector<void*> registered_;    // host ranges to unregister, in order
+  std::vector<void*> registered_;     // host ranges to unregister, in order
   std::vector<void*> device_allocs_;  // cudaMalloc'd, to free
   std::vector<nvme::DmaRegion> dma_;  // from map_dma, to free after unregistering
   std::vector<nvme::QueueView> dev_views_;

@@ -16,8 +16,8 @@ namespace warpfs::nvme {
 struct DeviceSpec {
   enum class Kind { kEmulated, kVfio };
   Kind kind = Kind::kEmulated;
-  std::string path;  // image file (emulated)
-  std::string bdf;   // PCI address (vfio)
+  std::string path;   // image file (emulated)
+  std::string bdf;    // PCI address (vfio)
   uint32_t nsid = 0;  // 0: the first active namespace
 };
 

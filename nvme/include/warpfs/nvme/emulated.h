@@ -83,7 +83,7 @@ struct EmulatedConfig {
   // per command where cores are few. Same queues, commands and completions either way.
   bool inline_io = false;
   bool read_only = false;  // the image file: BackingStore::open_file's read_only
-  uint64_t seed = 1;               // latency jitter, shuffling, power-cut persistence
+  uint64_t seed = 1;       // latency jitter, shuffling, power-cut persistence
   std::string serial = "WARPFS-EMU-0001";
 };
 

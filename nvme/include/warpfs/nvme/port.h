@@ -55,8 +55,8 @@ WARPFS_HD constexpr cuda::std::memory_order to_std(Order o) {
   }
 }
 template <typename T, Scope S = Scope::kSystem>
-using AtomicRef = cuda::atomic_ref<
-    T, S == Scope::kSystem ? cuda::thread_scope_system : cuda::thread_scope_device>;
+using AtomicRef = cuda::atomic_ref<T, S == Scope::kSystem ? cuda::thread_scope_system
+                                                          : cuda::thread_scope_device>;
 #else
 constexpr std::memory_order to_std(Order o) {
   switch (o) {
@@ -94,7 +94,7 @@ class Atomic {
   // On failure `expected` receives the current value.
   WARPFS_HD bool compare_exchange(T& expected, T desired, Order o) {
     return AtomicRef<T, S>(v_).compare_exchange_strong(expected, desired, to_std(o),
-                                                    to_std(Order::kRelaxed));
+                                                       to_std(Order::kRelaxed));
   }
   // Raises the value to at least x; returns the previous value.
   WARPFS_HD T fetch_max(T x, Order o) {

@@ -27,8 +27,8 @@
 namespace warpfs::nvme {
 
 struct VfioOptions {
-  bool hugepages = true;    // back allocations of >= 1 MiB with 2 MiB hugepages if available
-  bool interrupts = true;   // MSI-X through eventfds; false: the driver polls with back-off
+  bool hugepages = true;      // back allocations of >= 1 MiB with 2 MiB hugepages if available
+  bool interrupts = true;     // MSI-X through eventfds; false: the driver polls with back-off
   uint16_t max_vectors = 65;  // admin + one per I/O queue, capped by the device's MSI-X count
   // Disable the controller on SIGINT/SIGTERM/SIGHUP/SIGQUIT, for those whose disposition is
   // still the default when the device is opened. A program that stops cleanly on those
