@@ -40,10 +40,6 @@ uint64_t word(const uint8_t* bm, uint32_t w) {
   return x;
 }
 
-GroupDesc* desc(std::vector<MetaBuf*>& gdt, uint32_t g) {
-  return reinterpret_cast<GroupDesc*>(gdt[g / kGroupDescsPerBlock]->data) + g % kGroupDescsPerBlock;
-}
-
 // The clear bits of `bm` in [from, to): how many, and the first one (`to` if none).
 uint32_t count_clear(const uint8_t* bm, uint32_t from, uint32_t to, uint32_t* first) {
   uint32_t n = 0;

@@ -234,7 +234,7 @@ uint64_t FsImpl::alloc_goal(Node& n, uint32_t lblk) {
   }
   // The inode's own group, spread a little by inode number.
   const uint64_t g = group_of_inode(n.ino, sb_.inodes_per_group);
-  return group_start(static_cast<uint32_t>(g)) + 2 + itb_ + (n.ino % 64) * 256;
+  return group_start(static_cast<uint32_t>(g)) + 2 + L_.itb + (n.ino % 64) * 256;
 }
 
 int FsImpl::alloc_meta_block(Node& n, uint64_t* out) {

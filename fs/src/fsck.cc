@@ -415,6 +415,7 @@ class Checker {
   std::string check_xattr(const Info& n, uint64_t block);
   void orphan_list();
   static bool orphan_truncated(const Info& d);
+  static uint64_t mapped_end(const Info& d);
   void pass1b();
   void pass2();
   void scan_dir(Info& d, std::vector<Ent>& out);
@@ -1143,10 +1144,14 @@ void Checker::pass2() {
 // transactions of its own (the inode stays on the orphan list until the last one), so its
 // mapping may end short of its size.
 bool Checker::orphan_truncated(const Info& d) {
-  uint64_t mapped_end = 0;
-  for (const Extent& e : d.ext)
-    mapped_end = std::max<uint64_t>(mapped_end, uint64_t{e.logical} + e.blocks());
-  return mapped_end < d.size / kBlockSize;
+  return mapped_end(d) < d.size / kBlockSize;
+}
+
+// One past the last logical block d's extents map.
+uint64_t Checker::mapped_end(const Info& d) {
+  uint64_t end = 0;
+  for (const Extent& e : d.ext) end = std::max<uint64_t>(end, uint64_t{e.logical} + e.blocks());
+  return end;
 }
 
 // Checks one directory's blocks (index root, index blocks, leaves) and collects its entries.
@@ -1158,15 +1163,12 @@ void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
     d.rebuild = true;
   };
   // The directory's blocks by index: 0..n-1, every one mapped and written.
-  uint64_t mapped_end = 0;
-  for (const Extent& e : d.ext)
-    mapped_end = std::max<uint64_t>(mapped_end, uint64_t{e.logical} + e.blocks());
-  if (d.size % kBlockSize != 0 || d.size / kBlockSize != mapped_end) {
-    flag("size " + num(d.size) + ", but " + num(mapped_end) + " blocks are mapped");
+  const uint64_t mapped = mapped_end(d);
+  if (d.size % kBlockSize != 0 || d.size / kBlockSize != mapped) {
+    flag("size " + num(d.size) + ", but " + num(mapped) + " blocks are mapped");
   }
-  const uint64_t n = std::min(mapped_end, kMaxDirBlocks);
-  if (mapped_end > kMaxDirBlocks)
-    flag("more blocks than a directory can index (" + num(mapped_end) + ")");
+  const uint64_t n = std::min(mapped, kMaxDirBlocks);
+  if (mapped > kMaxDirBlocks) flag("more blocks than a directory can index (" + num(mapped) + ")");
   std::vector<uint64_t> phys(n, 0);
   for (const Extent& e : d.ext) {
     if (e.logical >= n) continue;

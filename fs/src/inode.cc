@@ -280,7 +280,7 @@ bool FsImpl::forgotten_inode_block(uint64_t block) {
   if (block < group_start(0)) return false;
   const uint64_t g = (block - group_start(0)) / kBlocksPerGroup;
   const uint64_t first_table = group_start(static_cast<uint32_t>(g)) + 2;
-  if (g >= sb_.group_count || block < first_table || block >= first_table + itb_) return false;
+  if (g >= sb_.group_count || block < first_table || block >= first_table + L_.itb) return false;
   const Ino first = g * sb_.inodes_per_group + (block - first_table) * kInodesPerBlock + 1;
   for (Ino ino = first; ino < first + kInodesPerBlock; ++ino) {
     if (nodes_.count(ino)) return false;

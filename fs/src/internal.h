@@ -43,6 +43,11 @@ struct Group {
 // Inode flags immutable (chattr +i) and append-only (chattr +a), FORMAT.md "Inode": the VFS
 // checks them for kernel filesystems through S_IMMUTABLE/S_APPEND, which FUSE inodes never
 // carry, so the core refuses each change itself (EPERM), with the VFS's rules.
+// Group g's descriptor in the descriptor table's buffers.
+inline GroupDesc* desc(std::vector<MetaBuf*>& gdt, uint32_t g) {
+  return reinterpret_cast<GroupDesc*>(gdt[g / kGroupDescsPerBlock]->data) + g % kGroupDescsPerBlock;
+}
+
 // The errno for a device status (errors.cc): ENOSPC for a namespace out of capacity,
 // EOPNOTSUPP for a command the device lacks, else EIO; 0 for ok.
 int errno_of(const blockdev::Status& st);
@@ -259,7 +264,7 @@ class FsImpl final : public Filesystem {
   }
   // A group's block bitmap bits below this are its bitmaps and inode table (FORMAT.md
   // "Layout"): never allocatable, like the bits from group_size() on.
-  uint32_t meta_bits() const { return 2 + itb_; }
+  uint32_t meta_bits() const { return 2 + L_.itb; }
   // "" for a block of a group's data area, else what holds it ("the inode table of group 3").
   std::string metadata_name(uint64_t b) const;
   // "" or why group g's block bitmap is corrupt: it marks the group's own metadata free.
@@ -390,7 +395,6 @@ class FsImpl final : public Filesystem {
   MetaBuf* sb_buf_ = nullptr;
   std::vector<MetaBuf*> gdt_;
   std::unique_ptr<Group[]> groups_;
-  uint32_t itb_ = 0;  // inode table blocks per group
   uint64_t data_blocks_total_ = 0;
   uint64_t meta_reserve_ = 0;  // blocks only metadata may take (alloc_blocks)
   // Blocks file data of callers without the right to them leaves free (FORMAT.md "Reserved

@@ -39,10 +39,6 @@ uint64_t now_ns() {
                                    .count());
 }
 
-void set_bits(uint8_t* bitmap, uint64_t from, uint64_t to) {
-  for (uint64_t i = from; i < to; ++i) bitmap[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
-}
-
 }  // namespace
 
 uint32_t inode_table_blocks(const Geometry& g) {

@@ -147,9 +147,7 @@ std::unique_ptr<Filesystem> Filesystem::mount(blockdev::BlockDevice& dev, const 
 }
 
 FsImpl::FsImpl(blockdev::BlockDevice& dev, const Superblock& sb, const MountOptions& o)
-    : dev_(dev), sb_(sb), L_(sb), opts_(o), log_(o.log), ro_(o.read_only) {
-  itb_ = sb.inodes_per_group / kInodesPerBlock;
-}
+    : dev_(dev), sb_(sb), L_(sb), opts_(o), log_(o.log), ro_(o.read_only) {}
 
 int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* error) {
   replayed_ = replayed;

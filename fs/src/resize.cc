@@ -16,20 +16,6 @@
 
 namespace warpfs::fs {
 
-namespace {
-
-void set_bits(uint8_t* bm, uint64_t from, uint64_t to) {
-  for (uint64_t i = from; i < to; ++i) bm[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
-}
-void clear_bits(uint8_t* bm, uint64_t from, uint64_t to) {
-  for (uint64_t i = from; i < to; ++i) bm[i / 8] &= static_cast<uint8_t>(~(1u << (i % 8)));
-}
-GroupDesc* desc_in(std::vector<MetaBuf*>& gdt, uint32_t g) {
-  return reinterpret_cast<GroupDesc*>(gdt[g / kGroupDescsPerBlock]->data) + g % kGroupDescsPerBlock;
-}
-
-}  // namespace
-
 // The geometry of the filesystem grown to at most `blocks`: a last group too short for its
 // metadata and some data is left out, as mkfs does. False with the reason if it cannot grow.
 bool FsImpl::plan_growth(uint64_t blocks, Superblock* out, std::string* error) const {
@@ -137,7 +123,7 @@ int FsImpl::grow(uint64_t blocks, std::string* error) {
       gdt.push_back(b);
     }
     for (uint32_t g = old_groups; g < to.groups; ++g) {
-      *desc_in(gdt, g) = added[g - old_groups];
+      *desc(gdt, g) = added[g - old_groups];
       journal_->dirty(gdt[g / kGroupDescsPerBlock]);
     }
     // The in-memory geometry first: finish_commit checksums the descriptors of every group
@@ -158,7 +144,7 @@ int FsImpl::grow(uint64_t blocks, std::string* error) {
     Group& lg = groups[last];
     clear_bits(lg.block_bitmap->data, last_old, last_new);
     lg.free_blocks += static_cast<uint32_t>(last_new - last_old);
-    desc_in(gdt, last)->free_blocks += static_cast<uint32_t>(last_new - last_old);
+    desc(gdt, last)->free_blocks += static_cast<uint32_t>(last_new - last_old);
     journal_->dirty(lg.block_bitmap);
     journal_->dirty(gdt[last / kGroupDescsPerBlock]);
     sb_.block_count = nsb.block_count;

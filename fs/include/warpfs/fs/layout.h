@@ -20,6 +20,14 @@ inline constexpr uint64_t div_up(uint64_t a, uint64_t b) {
   return (a + b - 1) / b;
 }
 
+// Bits [from, to) of a bitmap block (FORMAT.md: bit i of byte i/8 is bit i%8).
+inline void set_bits(uint8_t* bitmap, uint64_t from, uint64_t to) {
+  for (uint64_t i = from; i < to; ++i) bitmap[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+}
+inline void clear_bits(uint8_t* bitmap, uint64_t from, uint64_t to) {
+  for (uint64_t i = from; i < to; ++i) bitmap[i / 8] &= static_cast<uint8_t>(~(1u << (i % 8)));
+}
+
 // The descriptor table's blocks, room to grow included: the superblock's gdt_blocks, or for
 // images made before that field, exactly what the groups use.
 inline uint64_t gdt_blocks_of(const Superblock& sb) {
