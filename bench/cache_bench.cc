@@ -1,7 +1,7 @@
 // warpfs-bench-cache: the cache's hit and miss paths against two baselines.
 //
 // Every implementation caches 4 KiB lines of one namespace of the emulated NVMe controller
-// (RAM store, zero latency, no volatile write cache) through the same cache::NvmeBackend:
+// (RAM store, zero latency, no volatile write cache) through the same cache::NamespaceBackend:
 //   warpcache  warpfs::cache::Cache: set-associative, one fetch_add per hit, per-set ticket
 //              locks on the miss path, 32-lane warps coalesced per block,
 //   mutex_lru  a hash map and an LRU list behind one std::mutex, filled under the lock
@@ -56,10 +56,10 @@
 #include "bench_common.h"
 #include "warpfs/cache/backend.h"
 #include "warpfs/cache/cache.h"
-#include "warpfs/cache/nvme_backend.h"
 #include "warpfs/nvme/controller.h"
 #include "warpfs/nvme/emulated.h"
 #include "warpfs/nvme/io_engine.h"
+#include "warpfs/nvme/namespace_io.h"
 #include "warpfs/nvme/port.h"
 
 #if defined(WARPFS_HAVE_TBB)
@@ -258,23 +258,25 @@ class Rig {
       *error = "creating the I/O engine: " + *error;
       return nullptr;
     }
-    r->backend_ = cache::NvmeBackend::create(*r->engine_, kNsid, kLineBytes, error);
-    if (!r->backend_) {
-      *error = "creating the NVMe cache backend: " + *error;
+    r->ns_ = nvme::NamespaceIo::create(*r->engine_, kNsid, kLineBytes, error);
+    if (!r->ns_) {
+      *error = "opening the namespace: " + *error;
       return nullptr;
     }
+    r->backend_ = std::make_unique<cache::NamespaceBackend>(*r->ns_);
     return r;
   }
-  cache::NvmeBackend& backend() { return *backend_; }
+  cache::Backend& backend() { return *backend_; }
 
  private:
   Rig() = default;
-  // Destroyed in reverse: backend, engine, controller (which shuts the device down), then the
-  // transport they all talk through.
+  // Destroyed in reverse: backend, namespace, engine, controller (which shuts the device
+  // down), then the transport they all talk through.
   std::unique_ptr<nvme::EmulatedTransport> transport_;
   std::unique_ptr<nvme::Controller> controller_;
   std::unique_ptr<nvme::IoEngine> engine_;
-  std::unique_ptr<cache::NvmeBackend> backend_;
+  std::unique_ptr<nvme::NamespaceIo> ns_;
+  std::unique_ptr<cache::NamespaceBackend> backend_;
 };
 
 // What word `word` of block `block` holds on the device: (index + 1) times an odd constant,
@@ -302,10 +304,10 @@ bool write_pattern(cache::Backend& b, uint64_t lines, std::string* error) {
     for (uint64_t at = first; at < lines && n < kOps; at += kOpLines, ++n) {
       ops[n] = cache::Backend::Op{};
       ops[n].block = at;
-      ops[n].lines = static_cast<uint32_t>(std::min<uint64_t>(kOpLines, lines - at));
+      ops[n].count = static_cast<uint32_t>(std::min<uint64_t>(kOpLines, lines - at));
       ops[n].write = true;
       ops[n].data = buf + size_t{static_cast<unsigned>(n)} * kOpLines * kLineBytes;
-      for (uint32_t l = 0; l < ops[n].lines; ++l) {
+      for (uint32_t l = 0; l < ops[n].count; ++l) {
         auto* line = ops[n].data + size_t{l} * kLineBytes;
         for (uint32_t w = 0; w < kWords; ++w) {
           const uint64_t v = pattern_word(at + l, w);
@@ -317,7 +319,7 @@ bool write_pattern(cache::Backend& b, uint64_t lines, std::string* error) {
     for (int k = 0; k < n; ++k) {
       if (!ops[k].status.is_ok()) {
         *error = "writing the pattern to lines " + std::to_string(ops[k].block) + ".." +
-                 std::to_string(ops[k].block + ops[k].lines - 1) + ": " + ops[k].status.to_string();
+                 std::to_string(ops[k].block + ops[k].count - 1) + ": " + ops[k].status.to_string();
         ok = false;
         break;
       }
@@ -427,7 +429,7 @@ inline bool read_word(const uint8_t* line, uint64_t block, uint32_t word, uint64
   return false;
 }
 
-// A line that did not fit: when acquire fails with kQueueFull (warpcache: every way of the set
+// A line that did not fit: when acquire fails with kSetFull (warpcache: every way of the set
 // is referenced or busy; a baseline: every line is pinned) the op reads the block from the
 // device into this thread's own DMA line instead, as blockdev's CachedBlockDevice does. Any
 // other failure aborts the run.
@@ -451,7 +453,7 @@ class Bypass {
   }
   // Reads `block` into line() if `why` is "full"; otherwise reports `why` as the failure.
   bool read(uint64_t block, const cache::Status& why, std::string* error) {
-    if (why.code() != cache::Code::kQueueFull) {
+    if (why.code() != cache::Code::kSetFull) {
       *error = "acquire of block " + std::to_string(block) + " failed: " + why.to_string();
       return false;
     }
@@ -628,7 +630,7 @@ class MutexLru {
       }
     }
     if (victim == lru_.end()) {
-      return cache::Status::error(cache::Code::kQueueFull, "mutex_lru: every line is pinned");
+      return cache::Status::error(cache::Code::kSetFull, "mutex_lru: every line is pinned");
     }
     if (victim->block != kNoBlock) map_.erase(victim->block);
     victim->block = kNoBlock;
@@ -714,7 +716,7 @@ class TbbHash {
       uint32_t v;
       if (!claim_victim(&v)) {
         map_.erase(a);
-        return cache::Status::error(cache::Code::kQueueFull, "tbb_hash: every line is pinned");
+        return cache::Status::error(cache::Code::kSetFull, "tbb_hash: every line is pinned");
       }
       Meta& m = meta_[v];
       if (m.block != kNoBlock) map_.erase(m.block);
@@ -1093,6 +1095,7 @@ bool run_point(const Point& p, const Options& o, const Workload& wl,
     cache::CacheOptions co;
     co.sets = o.sets;
     co.ways = o.ways;
+    co.readahead_lines = 32;  // the sessions turn it off per stream where asked
     std::unique_ptr<cache::Cache> c = cache::Cache::create(rig->backend(), co, error);
     if (!c) {
       *error = "creating the cache: " + *error;

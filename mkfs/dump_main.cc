@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "args.h"
+#include "warpfs/blockdev/stack.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/format.h"
 #include "warpfs/fs/layout.h"
 #include "warpfs/fs/replay.h"
-#include "warpfs/fs/stack.h"
 #include "warpfs/fs/tune.h"
 
 using namespace warpfs;
@@ -258,11 +258,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string device = argv[optind];
-  fs::StackOptions so;
+  blockdev::StackOptions so;
   so.emulated.read_only = true;  // opened for reading, under a read lock
   so.log = [](const std::string& s) { std::fprintf(stderr, "dump.warpfs: %s\n", s.c_str()); };
+  so.block_bytes = fs::kBlockSize;
   std::string err;
-  auto stack = fs::DeviceStack::open(device, so, &err);
+  auto stack = blockdev::DeviceStack::open(device, so, &err);
   if (!stack) {
     std::fprintf(stderr, "dump.warpfs: %s\n", err.c_str());
     return 1;

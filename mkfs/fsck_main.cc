@@ -13,8 +13,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "warpfs/blockdev/stack.h"
+#include "warpfs/fs/format.h"
 #include "warpfs/fs/fsck.h"
-#include "warpfs/fs/stack.h"
 
 using namespace warpfs;
 
@@ -98,12 +99,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fsck.warpfs: %s: no such device or image file\n", spec.path.c_str());
     return fs::kFsckOperational;
   }
-  fs::StackOptions so;
+  blockdev::StackOptions so;
   so.log = [](const std::string& s) { std::fprintf(stderr, "fsck.warpfs: %s\n", s.c_str()); };
+  so.block_bytes = fs::kBlockSize;
   // Without -y nothing is written: the image is opened read-only under a read lock, so
   // checks may run side by side (never beside a mount, mkfs or repair, which write-lock it).
   so.emulated.read_only = !yes;
-  auto stack = fs::DeviceStack::open(device, so, &err);
+  auto stack = blockdev::DeviceStack::open(device, so, &err);
   if (!stack) {
     std::fprintf(stderr, "fsck.warpfs: %s\n", err.c_str());
     return fs::kFsckOperational;

@@ -13,8 +13,9 @@
 #include <string>
 
 #include "args.h"
+#include "warpfs/blockdev/stack.h"
+#include "warpfs/fs/format.h"
 #include "warpfs/fs/mkfs.h"
-#include "warpfs/fs/stack.h"
 
 using namespace warpfs;
 
@@ -163,10 +164,11 @@ int main(int argc, char** argv) {
                  spec.path.c_str());
     return 1;
   }
-  fs::StackOptions so;
+  blockdev::StackOptions so;
   so.create_bytes = creating ? size : 0;
   so.log = [](const std::string& s) { std::fprintf(stderr, "mkfs.warpfs: %s\n", s.c_str()); };
-  auto stack = fs::DeviceStack::open(device, so, &err);
+  so.block_bytes = fs::kBlockSize;
+  auto stack = blockdev::DeviceStack::open(device, so, &err);
   if (!stack) {
     std::fprintf(stderr, "mkfs.warpfs: %s\n", err.c_str());
     return 1;

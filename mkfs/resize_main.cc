@@ -8,8 +8,9 @@
 #include <string>
 
 #include "args.h"
+#include "warpfs/blockdev/stack.h"
+#include "warpfs/fs/format.h"
 #include "warpfs/fs/resize.h"
-#include "warpfs/fs/stack.h"
 
 using namespace warpfs;
 
@@ -61,11 +62,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "resize.warpfs: bad size '%s'\n", argv[optind + 1]);
     return 2;
   }
-  fs::StackOptions so;
+  blockdev::StackOptions so;
   so.log = [](const std::string& s) { std::fprintf(stderr, "resize.warpfs: %s\n", s.c_str()); };
+  so.block_bytes = fs::kBlockSize;
   std::string err;
   // The image's write lock: refused beside a mount, as mkfs and tune.warpfs are.
-  auto stack = fs::DeviceStack::open(device, so, &err);
+  auto stack = blockdev::DeviceStack::open(device, so, &err);
   if (!stack) {
     std::fprintf(stderr, "resize.warpfs: %s\n", err.c_str());
     return 1;

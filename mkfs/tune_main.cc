@@ -13,7 +13,8 @@
 #include <string>
 
 #include "args.h"
-#include "warpfs/fs/stack.h"
+#include "warpfs/blockdev/stack.h"
+#include "warpfs/fs/format.h"
 #include "warpfs/fs/tune.h"
 
 using namespace warpfs;
@@ -163,12 +164,13 @@ int main(int argc, char** argv) {
   const std::string device = argv[optind];
   const bool change = r.label || r.reserved_percent || r.reserved_blocks || r.reserved_uid ||
                       r.reserved_gid || r.commit_interval_s || r.mount_opts;
-  fs::StackOptions so;
+  blockdev::StackOptions so;
   so.log = [](const std::string& s) { std::fprintf(stderr, "tune.warpfs: %s\n", s.c_str()); };
+  so.block_bytes = fs::kBlockSize;
   std::string err;
   // Like mkfs: the image's write lock (refused beside a mount, waited for beside a daemon
   // that is finishing its unmount).
-  auto stack = fs::DeviceStack::open(device, so, &err);
+  auto stack = blockdev::DeviceStack::open(device, so, &err);
   if (!stack) {
     std::fprintf(stderr, "tune.warpfs: %s\n", err.c_str());
     return 1;

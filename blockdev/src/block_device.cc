@@ -14,8 +14,8 @@ namespace warpfs::blockdev {
 
 void BlockDevice::submit(Io* ios, int n) {
   for (int i = 0; i < n; ++i) {
-    ios[i].status = ios[i].write ? write(ios[i].block, ios[i].lines, ios[i].data)
-                                 : read(ios[i].block, ios[i].lines, ios[i].data);
+    ios[i].status = ios[i].write ? write(ios[i].block, ios[i].count, ios[i].data)
+                                 : read(ios[i].block, ios[i].count, ios[i].data);
   }
 }
 
@@ -28,38 +28,36 @@ void BlockDevice::free_io_buffer(void* p, size_t) {
   std::free(p);
 }
 
+Status BlockDevice::submit_one(uint64_t block, uint32_t count, void* buf, bool write) {
+  Io io{block, count, write, static_cast<uint8_t*>(buf), {}};
+  submit(&io, 1);
+  return io.status;
+}
+
 // --- NvmeBlockDevice --------------------------------------------------------------------
 
 std::unique_ptr<NvmeBlockDevice> NvmeBlockDevice::create(nvme::IoEngine& engine, uint32_t nsid,
                                                          uint32_t block_bytes, std::string* error) {
-  auto b = cache::NvmeBackend::create(engine, nsid, block_bytes, error);
-  if (!b) return nullptr;
-  std::unique_ptr<NvmeBlockDevice> d(new NvmeBlockDevice());
-  d->b_ = std::move(b);
-  return d;
+  auto ns = nvme::NamespaceIo::create(engine, nsid, block_bytes, error);
+  if (!ns) return nullptr;
+  return std::unique_ptr<NvmeBlockDevice>(new NvmeBlockDevice(std::move(ns)));
 }
 
 Status NvmeBlockDevice::read(uint64_t block, uint32_t count, void* buf) {
-  Io io{block, count, false, static_cast<uint8_t*>(buf), {}};
-  submit(&io, 1);
-  return io.status;
+  return submit_one(block, count, buf, false);
 }
 
 Status NvmeBlockDevice::write(uint64_t block, uint32_t count, const void* buf) {
-  Io io{block, count, true, static_cast<uint8_t*>(const_cast<void*>(buf)), {}};
-  submit(&io, 1);
-  return io.status;
+  return submit_one(block, count, const_cast<void*>(buf), true);
 }
 
 void NvmeBlockDevice::submit(Io* ios, int n) {
-  for (int at = 0; at < n; at += cache::Backend::kMaxOps) {
-    b_->io(ios + at, std::min(n - at, cache::Backend::kMaxOps));
-  }
+  for (int at = 0; at < n; at += kMaxSubmit) ns_.io(ios + at, std::min(n - at, kMaxSubmit));
 }
 
 Status NvmeBlockDevice::trim(uint64_t block, uint64_t count) {
   if (Status s = check(block, count); !s.is_ok()) return s;
-  return b_->trim(block, count);
+  return ns_.trim(block, count);
 }
 
 // --- FileBlockDevice --------------------------------------------------------------------
@@ -129,97 +127,83 @@ Status FileBlockDevice::trim(uint64_t block, uint64_t count) {
 
 // --- CachedBlockDevice ------------------------------------------------------------------
 
-// The cache's backend over any block device: lines are blocks.
-class CachedBlockDevice::Adapter final : public cache::Backend {
- public:
-  explicit Adapter(BlockDevice& d) : d_(d) {}
-  uint32_t line_bytes() const override { return d_.block_bytes(); }
-  uint64_t line_count() const override { return d_.block_count(); }
-  Status alloc(size_t bytes, void** out) override { return d_.alloc_io_buffer(bytes, out); }
-  void free(void* p, size_t bytes) override { d_.free_io_buffer(p, bytes); }
-  void io(Op* ops, int n) override { d_.submit(ops, n); }
-  Status flush() override { return d_.flush(); }
-  Status trim(uint64_t block, uint64_t lines) override { return d_.trim(block, lines); }
-
- private:
-  BlockDevice& d_;
-};
-
-CachedBlockDevice::CachedBlockDevice(BlockDevice& inner) : inner_(inner) {}
 CachedBlockDevice::~CachedBlockDevice() {
   cache_.reset();
 }
 
-std::unique_ptr<CachedBlockDevice> CachedBlockDevice::create(BlockDevice& inner,
+std::unique_ptr<CachedBlockDevice> CachedBlockDevice::create(cache::Backend& below,
                                                              const cache::CacheOptions& o,
                                                              std::string* error) {
-  std::unique_ptr<CachedBlockDevice> d(new CachedBlockDevice(inner));
-  d->adapter_ = std::make_unique<Adapter>(inner);
-  d->cache_ = cache::Cache::create(*d->adapter_, o, error);
+  std::unique_ptr<CachedBlockDevice> d(new CachedBlockDevice(below));
+  d->cache_ = cache::Cache::create(below, o, error);
   if (!d->cache_) return nullptr;
   d->bypass_lines_ = std::max<uint32_t>(o.bypass_lines, 1);
   return d;
 }
 
-// Moves up to 32 blocks per warp through the cache; lanes whose set is full of referenced
-// lines go straight to the device (their blocks are not cached, so that is consistent).
-Status CachedBlockDevice::through_cache(uint64_t block, uint32_t count, void* buf, bool write) {
-  const uint32_t bb = block_bytes();
-  auto* p = static_cast<uint8_t*>(buf);
-  for (uint32_t at = 0; at < count; at += cache::Cache::kWarp) {
-    const int n = static_cast<int>(std::min<uint32_t>(cache::Cache::kWarp, count - at));
-    cache::Lane lanes[cache::Cache::kWarp];
-    cache::LineRef refs[cache::Cache::kWarp];
-    bool wrote[cache::Cache::kWarp] = {};
-    for (int i = 0; i < n; ++i) {
-      uint8_t* mine = p + (uint64_t{at} + static_cast<uint64_t>(i)) * bb;
-      lanes[i] = write ? cache::Lane{block + at + i, cache::Intent::kWriteFull, mine}
-                       : cache::Lane{block + at + i, cache::Intent::kRead, nullptr};
-    }
-    cache_->acquire(lanes, n, refs);
-    Status result;
-    for (int i = 0; i < n; ++i) {
-      uint8_t* mine = p + (uint64_t{at} + static_cast<uint64_t>(i)) * bb;
-      if (refs[i].status.is_ok()) {
-        if (write) {
-          std::memcpy(refs[i].data, mine, bb);
-          wrote[i] = true;
-        } else {
-          std::memcpy(mine, refs[i].data, bb);
-        }
-      } else if (refs[i].status.code() == Code::kQueueFull) {
-        // Set full: this block is not cached; go to the device through the cache's bypass,
-        // which keeps any copy a concurrent fill brings in consistent.
-        Status s = write ? cache_->write_direct(lanes[i].block, 1, mine)
-                         : cache_->read_direct(lanes[i].block, 1, mine);
-        if (!s.is_ok() && result.is_ok()) result = s;
-      } else if (result.is_ok()) {
-        result = refs[i].status;
-      }
-    }
-    cache_->release(lanes, n, refs, wrote);
-    if (!result.is_ok()) return result;
-  }
-  return Status::ok();
-}
-
 Status CachedBlockDevice::read(uint64_t block, uint32_t count, void* buf) {
-  if (Status s = check(block, count); !s.is_ok()) return s;
-  if (count >= bypass_lines_) return cache_->read_direct(block, count, buf);
-  return through_cache(block, count, buf, false);
-}
-
-Status CachedBlockDevice::read(cache::ReadStream* stream, uint64_t block, uint32_t count,
-                               void* buf) {
-  Status s = read(block, count, buf);
-  if (s.is_ok()) cache_->note_read(stream, block, count);
-  return s;
+  return submit_one(block, count, buf, false);
 }
 
 Status CachedBlockDevice::write(uint64_t block, uint32_t count, const void* buf) {
-  if (Status s = check(block, count); !s.is_ok()) return s;
-  if (count >= bypass_lines_) return cache_->write_direct(block, count, buf);
-  return through_cache(block, count, const_cast<void*>(buf), true);
+  return submit_one(block, count, const_cast<void*>(buf), true);
+}
+
+// Large transfers go around the cache at once; the blocks of the others are gathered into
+// warps of 32 lanes, whichever transfer each belongs to.
+void CachedBlockDevice::submit(Io* ios, int n) {
+  cache::Lane lanes[cache::Cache::kWarp];
+  LaneOf of[cache::Cache::kWarp];
+  int nl = 0;
+  for (int i = 0; i < n; ++i) {
+    Io& io = ios[i];
+    io.status = check(io.block, io.count);
+    if (!io.status.is_ok()) continue;
+    if (io.count >= bypass_lines_) {
+      io.status = io.write ? cache_->write_direct(io.block, io.count, io.data, io.priority)
+                           : cache_->read_direct(io.block, io.count, io.data, io.priority);
+      continue;
+    }
+    for (uint32_t at = 0; at < io.count; ++at) {
+      const uint8_t* mine = io.data + uint64_t{at} * block_bytes();
+      lanes[nl] = io.write
+                      ? cache::Lane{io.block + at, cache::Intent::kWriteFull, mine, io.priority}
+                      : cache::Lane{io.block + at, cache::Intent::kRead, nullptr, io.priority};
+      of[nl++] = LaneOf{i, at};
+      if (nl == cache::Cache::kWarp) {
+        run_warp(ios, lanes, of, nl);
+        nl = 0;
+      }
+    }
+  }
+  if (nl > 0) run_warp(ios, lanes, of, nl);
+}
+
+// One warp through the cache. A lane whose set is full of referenced lines goes to the device
+// through the cache's bypass, which keeps any copy a concurrent fill brings in consistent
+// (the block is not cached, so that is all consistency needs). A transfer keeps its first
+// error.
+void CachedBlockDevice::run_warp(Io* ios, const cache::Lane* lanes, const LaneOf* of, int n) {
+  const uint32_t bb = block_bytes();
+  cache::LineRef refs[cache::Cache::kWarp];
+  bool wrote[cache::Cache::kWarp] = {};
+  cache_->acquire(lanes, n, refs);
+  for (int i = 0; i < n; ++i) {
+    Io& io = ios[of[i].io];
+    uint8_t* mine = io.data + uint64_t{of[i].at} * bb;
+    Status s = refs[i].status;
+    if (s.is_ok() && io.write) {
+      if (!refs[i].holds_src) std::memcpy(refs[i].data, mine, bb);
+      wrote[i] = true;
+    } else if (s.is_ok()) {
+      std::memcpy(mine, refs[i].data, bb);
+    } else if (s.code() == Code::kSetFull) {
+      s = io.write ? cache_->write_direct(lanes[i].block, 1, mine, io.priority)
+                   : cache_->read_direct(lanes[i].block, 1, mine, io.priority);
+    }
+    if (!s.is_ok() && io.status.is_ok()) io.status = s;
+  }
+  cache_->release(lanes, n, refs, wrote);
 }
 
 Status CachedBlockDevice::flush() {
@@ -229,7 +213,7 @@ Status CachedBlockDevice::flush() {
 Status CachedBlockDevice::trim(uint64_t block, uint64_t count) {
   if (Status s = check(block, count); !s.is_ok()) return s;
   (void)cache_->invalidate_range(block, count);  // lines in use keep their (stale) data
-  return inner_.trim(block, count);
+  return below_.trim(block, count);
 }
 
 }  // namespace warpfs::blockdev

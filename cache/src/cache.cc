@@ -18,7 +18,8 @@ using line_state::kAhead;  // filled by read-ahead, not yet used
 using line_state::kBusy;
 using line_state::kCountMask;
 using line_state::kDirty;
-using line_state::kRef;  // clock: referenced since the hand last passed
+using line_state::kMeta;  // dirty data written by a metadata-class lane
+using line_state::kRef;   // clock: referenced since the hand last passed
 using line_state::kValid;
 
 enum Stat {
@@ -201,9 +202,10 @@ bool Cache::wait_not_busy(LineMeta& m, uint64_t block) {
 
 // Writes a dirty victim back before its line is reused. Called under the set lock, so a
 // reader of the old block (same set) cannot fetch stale data from the device meanwhile.
-Status Cache::write_back_locked(uint32_t line, uint64_t block) {
+Status Cache::write_back_locked(uint32_t line, uint64_t block, nvme::Priority p) {
   Backend::Op op;
   op.block = block;
+  op.priority = p;
   op.write = true;
   op.data = data_of(line);
   b_.io(&op, 1);
@@ -223,7 +225,7 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
       count(kRaHits);
     }
     if (!prefetch) count(locked ? kLockedHits : kHits);  // demand accesses only
-    *out = LineRef{data_of(line), line, cnt, Status::ok()};
+    *out = LineRef{data_of(line), line, cnt, false, Status::ok()};
     return Got::kHit;
   };
   // Fast path: no lock.
@@ -234,7 +236,7 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
     const bool ours = tag_of(m).load(port::Order::kAcquire) == block + 1;
     if ((s & kValid) && !(s & kBusy) && ours) return hit(static_cast<uint32_t>(w), false);
     if ((s & kBusy) && ours) {
-      *out = LineRef{nullptr, static_cast<uint32_t>(w), cnt, Status::ok()};
+      *out = LineRef{nullptr, static_cast<uint32_t>(w), cnt, false, Status::ok()};
       return Got::kBusy;
     }
     m.state.fetch_sub(cnt, port::Order::kRelease);
@@ -252,7 +254,7 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
     sm.lock.unlock();
     // Busy: being filled by someone else. (Valid-less, non-busy lines with a tag do not
     // exist: a failed fill clears the tag before it clears Busy.)
-    *out = LineRef{nullptr, static_cast<uint32_t>(w), cnt, Status::ok()};
+    *out = LineRef{nullptr, static_cast<uint32_t>(w), cnt, false, Status::ok()};
     return Got::kBusy;
   }
   // Clock over the set (BaM §6.3): skip referenced or busy lines, give recently used ones a
@@ -279,13 +281,16 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
   if (victim < 0) {
     sm.lock.unlock();
     count(kSetFull);
-    out->status = Status::error(Code::kQueueFull, "cache set full: every line is referenced");
+    out->status = Status::error(Code::kSetFull, "cache set full: every line is referenced");
     return Got::kError;
   }
   LineMeta& m = meta_[victim];
   if ((prev & kValid) && (prev & kDirty)) {
-    Status st =
-        write_back_locked(static_cast<uint32_t>(victim), tag_of(m).load(port::Order::kRelaxed) - 1);
+    // The evicting lane waits on the write-back: the more urgent of its class and the data's.
+    const nvme::Priority p =
+        (m.flags.load(port::Order::kRelaxed) & kMeta) ? nvme::Priority::kMetadata : lane.priority;
+    Status st = write_back_locked(static_cast<uint32_t>(victim),
+                                  tag_of(m).load(port::Order::kRelaxed) - 1, p);
     if (!st.is_ok()) {  // keep the dirty line: its data must not be lost
       m.state.fetch_and(~kBusy, port::Order::kRelease);
       sm.lock.unlock();
@@ -300,11 +305,13 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
   m.state.fetch_add(cnt, port::Order::kRelaxed);
   sm.lock.unlock();
   if (!prefetch) count(kMisses);  // read-ahead fills are counted as readahead_lines
-  *out = LineRef{data_of(static_cast<uint32_t>(victim)), static_cast<uint32_t>(victim), cnt,
+  *out = LineRef{data_of(static_cast<uint32_t>(victim)), static_cast<uint32_t>(victim), cnt, false,
                  Status::ok()};
   if (lane.intent == Intent::kWriteFull && lane.src != nullptr) {
     // The whole line is being replaced: no read. Copy, then publish Valid + Dirty.
     std::memcpy(out->data, lane.src, line_bytes_);
+    out->holds_src = true;
+    if (lane.priority == nvme::Priority::kMetadata) m.flags.fetch_or(kMeta, port::Order::kRelaxed);
     m.state.fetch_or(kDirty, port::Order::kRelaxed);
     m.state.fetch_xor(kBusy | kValid, port::Order::kRelease);
     return Got::kHit;
@@ -356,6 +363,7 @@ int Cache::acquire_lanes(const Lane* lanes, int n, LineRef* out, bool prefetch) 
       new (&groups[g]) Group{lanes[i], i, 0};
     } else {
       groups[g].lane.intent = combine(groups[g].lane.intent, lanes[i].intent);
+      groups[g].lane.priority = std::min(groups[g].lane.priority, lanes[i].priority);
       if (lanes[i].src != nullptr) groups[g].lane.src = lanes[i].src;
     }
     ++groups[g].count;
@@ -401,6 +409,7 @@ int Cache::acquire_lanes(const Lane* lanes, int n, LineRef* out, bool prefetch) 
       for (int k = 0; k < nfill; ++k) {
         ops[k] = Backend::Op{};
         ops[k].block = groups[fill[k]].lane.block;
+        ops[k].priority = groups[fill[k]].lane.priority;
         ops[k].data = gref[fill[k]].data;
       }
       b_.io(ops, nfill);
@@ -456,11 +465,16 @@ void Cache::release(const Lane* lanes, int n, LineRef* refs, const bool* wrote) 
   n = std::min(n, kWarp);
   for (int i = 0; i < n; ++i) {
     if (lanes[i].intent == Intent::kNone || refs[i].count == 0) continue;
-    bool dirty = false;
+    bool dirty = false, meta = false;
     if (wrote != nullptr) {
-      for (int j = 0; j < n; ++j) dirty |= wrote[j] && refs[j].line == refs[i].line;
+      for (int j = 0; j < n; ++j) {
+        const bool mine = wrote[j] && refs[j].line == refs[i].line;
+        dirty |= mine;
+        meta |= mine && lanes[j].priority == nvme::Priority::kMetadata;
+      }
     }
     LineMeta& m = meta_[refs[i].line];
+    if (meta) m.flags.fetch_or(kMeta, port::Order::kRelaxed);
     // Release: the lane's writes to the line happen before the Dirty bit a flusher reads
     // and before the count drop an evictor reads.
     if (dirty) m.state.fetch_or(kDirty, port::Order::kRelease);
@@ -476,7 +490,7 @@ int Cache::acquire_scalar(Lane* l, LineRef* r) {
   port::Backoff b;
   for (int attempt = 0;; ++attempt) {
     if (acquire(l, 1, r) == 0) return 0;
-    if (r->status.code() != Code::kQueueFull || attempt == kScalarRetries) return 1;
+    if (r->status.code() != Code::kSetFull || attempt == kScalarRetries) return 1;
     b.pause();
   }
 }
@@ -515,6 +529,7 @@ Status Cache::flush_range(uint64_t first, uint64_t count_lines) {
   struct Item {
     uint32_t line;
     uint64_t block;
+    nvme::Priority priority;  // the class of the data's writer (kMeta)
   };
   std::vector<Item> items;
   Status result;
@@ -527,6 +542,7 @@ Status Cache::flush_range(uint64_t first, uint64_t count_lines) {
         ops[k].block = items[at + k].block;
         ops[k].write = true;
         ops[k].data = data_of(items[at + k].line);
+        ops[k].priority = items[at + k].priority;
       }
       b_.io(ops, n);
       for (int k = 0; k < n; ++k) {
@@ -553,7 +569,10 @@ Status Cache::flush_range(uint64_t first, uint64_t count_lines) {
       if (!(s & kValid) || !(s & kDirty) || (s & kBusy)) continue;
       m.state.fetch_add(1, port::Order::kAcquire);  // pinned: not evictable while written
       m.state.fetch_and(~kDirty, port::Order::kAcqRel);
-      items.push_back(Item{w, tag - 1});
+      // A metadata writer racing this may set kMeta and Dirty after we clear them apart: the
+      // line is then written back later in the bulk class. Its class, never its data, is lost.
+      const bool meta = (m.flags.fetch_and(~kMeta, port::Order::kRelaxed) & kMeta) != 0;
+      items.push_back(Item{w, tag - 1, meta ? nvme::Priority::kMetadata : nvme::Priority::kBulk});
     }
     sm.lock.unlock();
   };
@@ -599,7 +618,7 @@ Status Cache::invalidate_range(uint64_t first, uint64_t count_lines) {
       const uint32_t prev = m.state.fetch_or(kBusy, port::Order::kAcquire);
       if ((prev & kCountMask) || (prev & kBusy)) {
         if (!(prev & kBusy)) m.state.fetch_and(~kBusy, port::Order::kRelease);
-        result = Status::error(Code::kQueueFull, "a line to invalidate is in use");
+        result = Status::error(Code::kSetFull, "a line to invalidate is in use");
       } else {
         tag_of(m).store(0, port::Order::kRelease);
         m.state.fetch_and(~(kValid | kDirty | kBusy), port::Order::kRelease);
@@ -640,11 +659,12 @@ void Cache::unpin(const std::vector<std::pair<uint64_t, uint32_t>>& pins) {
 // the result: a cached line is never older than the device (SPIN's consistency rule, §4),
 // and a block that was not cached has its newest data on the device (evictions write back
 // under the set lock before the block leaves; flushes pin the line while they write).
-Status Cache::read_direct(uint64_t first, uint64_t count_lines, void* buf) {
+Status Cache::read_direct(uint64_t first, uint64_t count_lines, void* buf, nvme::Priority p) {
   const auto pins = pin_range(first, count_lines);
   Backend::Op op;
   op.block = first;
-  op.lines = static_cast<uint32_t>(count_lines);
+  op.count = static_cast<uint32_t>(count_lines);
+  op.priority = p;
   op.data = static_cast<uint8_t*>(buf);
   b_.io(&op, 1);
   if (op.status.is_ok()) {
@@ -662,7 +682,8 @@ Status Cache::read_direct(uint64_t first, uint64_t count_lines, void* buf) {
 // 2. Write the device.
 // 3. A fill that started before the device write finished (read-ahead, a set-full fallback
 //    elsewhere) may hold old data: wait for it and overwrite it too.
-Status Cache::write_direct(uint64_t first, uint64_t count_lines, const void* buf) {
+Status Cache::write_direct(uint64_t first, uint64_t count_lines, const void* buf,
+                           nvme::Priority p) {
   const auto* src = static_cast<const uint8_t*>(buf);
   const auto pins = pin_range(first, count_lines);
   for (const auto& [b, w] : pins) {
@@ -671,7 +692,8 @@ Status Cache::write_direct(uint64_t first, uint64_t count_lines, const void* buf
   }
   Backend::Op op;
   op.block = first;
-  op.lines = static_cast<uint32_t>(count_lines);
+  op.count = static_cast<uint32_t>(count_lines);
+  op.priority = p;
   op.write = true;
   op.data = const_cast<uint8_t*>(src);
   b_.io(&op, 1);

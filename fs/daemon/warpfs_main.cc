@@ -37,12 +37,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "latency.h"
-#include "timed_device.h"
 #include "warpfs/blockdev/devices.h"
+#include "warpfs/blockdev/stack.h"
 #include "warpfs/fs/filesystem.h"
-#include "warpfs/fs/stack.h"
 #include "warpfs/fs/tune.h"
+#include "warpfs/nvme/latency.h"
 #include "warpfs/nvme/vfio.h"
 #ifdef WARPFS_HAVE_LIBPCI
 #include "warpfs/nvme/pci.h"
@@ -210,21 +209,91 @@ constexpr const char* kOpNames[kOpCount] = {
     "releasedir", "fsyncdir",  "statfs",       "setxattr", "getxattr", "listxattr", "removexattr",
     "create",     "fallocate", "lseek",        "ioctl"};
 
+// Read buffers in memory the device moves data to without a copy (DMA memory on NVMe): a
+// large read lands there straight from the device, not through a bounce buffer, and reaches
+// the kernel with fuse_reply_buf's one copy. A read leases one for its duration; the pool
+// keeps as many as reads were ever in flight at once (the FUSE workers), each grown to the
+// largest read it served. Heap memory where the device has none to give.
+class ReadBuffers {
+  struct Buf {
+    char* p = nullptr;
+    size_t bytes = 0;
+    bool dma = false;  // from the device's alloc_io_buffer, else new[]
+  };
+
+ public:
+  explicit ReadBuffers(warpfs::blockdev::BlockDevice* dev = nullptr) : dev_(dev) {}
+  ~ReadBuffers() { clear(); }
+  void set_device(warpfs::blockdev::BlockDevice* dev) { dev_ = dev; }
+  // Gives every buffer back to the device. REQUIRES: no lease outstanding.
+  void clear() {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const Buf& b : free_) release(b);
+    free_.clear();
+  }
+
+  class Lease {
+   public:
+    Lease(ReadBuffers& pool, size_t bytes) : pool_(pool), b_(pool.take(bytes)) {}
+    ~Lease() { pool_.give(b_); }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    char* data() { return b_.p; }
+
+   private:
+    ReadBuffers& pool_;
+    Buf b_;
+  };
+
+ private:
+  Buf take(size_t bytes) {
+    Buf b;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (!free_.empty()) {
+        b = free_.back();
+        free_.pop_back();
+      }
+    }
+    if (b.bytes >= bytes) return b;
+    release(b);
+    const size_t want = std::max<size_t>((bytes + 4095) & ~size_t{4095}, 128 << 10);
+    void* p = nullptr;
+    if (dev_ != nullptr && dev_->alloc_io_buffer(want, &p).is_ok())
+      return Buf{static_cast<char*>(p), want, true};
+    return Buf{new char[want], want, false};
+  }
+  void give(const Buf& b) {
+    std::lock_guard<std::mutex> g(mu_);
+    free_.push_back(b);
+  }
+  void release(const Buf& b) {
+    if (b.p == nullptr) return;
+    if (b.dma) {
+      dev_->free_io_buffer(b.p, b.bytes);
+    } else {
+      delete[] b.p;
+    }
+  }
+  warpfs::blockdev::BlockDevice* dev_;  // set before the workers start, then read-only
+  std::mutex mu_;
+  std::vector<Buf> free_;  // mu_
+};
+
 // What every FUSE worker thread reaches through fuse_req_userdata(). Set up before the
 // session loop starts and torn down after it ends: read-only while the workers run, except
 // page_cache (its own mutex) and the live view's counters (atomics). The filesystem and the
 // device stack are thread-safe themselves (filesystem.h, block_device.h).
 struct Daemon {
-  std::unique_ptr<warpfs::fs::DeviceStack> stack;
-  std::unique_ptr<warpfs::daemon::TimedBlockDevice> timed;  // the device, counted and timed
-  std::unique_ptr<warpfs::blockdev::CachedBlockDevice> cached;
+  std::unique_ptr<warpfs::blockdev::DeviceStack> stack;
+  ReadBuffers read_buffers;  // thread-safe itself; emptied before the stack goes
   std::unique_ptr<Filesystem> fs;
   std::string stats_path;
   double timeout = 1.0;
   PageCacheTracker page_cache;
   fuse_session* se = nullptr;
   // The live view's counters: each its own atomics, written by every worker (latency.h).
-  warpfs::daemon::LatencyHistogram latency[kOpCount];
+  warpfs::nvme::LatencyHistogram latency[kOpCount];
   std::atomic<uint64_t> read_bytes{0}, written_bytes{0};
 };
 
@@ -421,14 +490,15 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
 }
 
 void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
-  std::unique_ptr<char[]> buf(new char[size]);
+  Daemon* d = daemon_of(req);
+  ReadBuffers::Lease buf(d->read_buffers, size);
   size_t got = 0;
-  if (int rc = fs_of(req).read(ino, static_cast<uint64_t>(off), size, buf.get(), &got); rc) {
+  if (int rc = fs_of(req).read(ino, static_cast<uint64_t>(off), size, buf.data(), &got); rc) {
     fuse_reply_err(req, rc);
     return;
   }
-  daemon_of(req)->read_bytes.fetch_add(got, std::memory_order_relaxed);
-  fuse_reply_buf(req, buf.get(), got);
+  d->read_bytes.fetch_add(got, std::memory_order_relaxed);
+  fuse_reply_buf(req, buf.data(), got);
 }
 
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
@@ -771,69 +841,61 @@ std::string stats_json(const Daemon& d) {
              {"read_only", s.read_only},
              {"discard", s.discard},
              {"meta_cache_mb", s.meta_cache_mb}};
-  if (d.cached) {
-    const warpfs::cache::CacheStats c = d.cached->cache().stats();
+  const warpfs::blockdev::StackStats st = d.stack->stats();
+  if (st.cached) {
+    const warpfs::cache::CacheStats& c = st.cache;
     j["cache"] = {{"hits", c.hits},
                   {"misses", c.misses},
                   {"locked_hits", c.locked_hits},
                   {"evictions", c.evictions},
                   {"writebacks", c.writebacks},
                   {"coalesced_lanes", c.coalesced_lanes},
-                  {"readahead_lines", c.readahead_lines},
-                  {"readahead_hits", c.readahead_hits},
                   {"bypassed_bytes", c.bypassed_bytes},
                   {"set_full", c.set_full}};
   }
-  const warpfs::nvme::Controller& ctrl = d.stack->controller();
-  const warpfs::nvme::NamespaceInfo* ns = ctrl.find_namespace(d.stack->nsid());
-  const warpfs::nvme::EngineCounters ec = d.stack->engine().counters();
-  json dev = {{"transport", d.stack->controller().transport().name()},
-              {"nsid", d.stack->nsid()},
-              {"lba_bytes", ns ? ns->lba_bytes : 0},
-              {"io_queues", ctrl.io_queues_granted()},
-              {"max_transfer", ctrl.max_transfer_bytes()},
-              {"timeouts", ec.timeouts},
-              {"fatal_status", ec.fatal_status},
-              {"resets", ec.resets},
-              {"failed_resets", ec.failed_resets},
-              {"dead", ec.dead}};
-  if (auto* v = dynamic_cast<warpfs::nvme::VfioTransport*>(&d.stack->controller().transport())) {
-    const warpfs::nvme::VfioCounters c = v->counters();
-    dev["iommu_group"] = v->iommu_group();
-    dev["interrupts"] = c.interrupts;
-    dev["dma_bytes"] = c.dma_bytes;
-    dev["dma_mappings"] = c.dma_mappings;
-    dev["hugepage_bytes"] = c.hugepage_bytes;
+  json dev = {{"transport", st.transport},
+              {"nsid", st.nsid},
+              {"lba_bytes", st.lba_bytes},
+              {"io_queues", st.io_queues},
+              {"max_transfer", st.max_transfer},
+              {"timeouts", st.engine.timeouts},
+              {"fatal_status", st.engine.fatal_status},
+              {"resets", st.engine.resets},
+              {"failed_resets", st.engine.failed_resets},
+              {"dead", st.engine.dead}};
+  if (st.vfio) {
+    dev["iommu_group"] = st.iommu_group;
+    dev["interrupts"] = st.vfio_counters.interrupts;
+    dev["dma_bytes"] = st.vfio_counters.dma_bytes;
+    dev["dma_mappings"] = st.vfio_counters.dma_mappings;
+    dev["hugepage_bytes"] = st.vfio_counters.hugepage_bytes;
   }
   j["device"] = std::move(dev);
-  warpfs::nvme::QueueMapper& m = d.stack->engine().mapper();
-  using warpfs::nvme::Priority;
   json pairs = json::array();
-  for (const warpfs::nvme::IoEngine::QueueLoad& q : d.stack->engine().queue_loads()) {
+  for (const warpfs::nvme::IoEngine::QueueLoad& q : st.pairs) {
     pairs.push_back({{"qid", q.qid}, {"outstanding", q.outstanding}, {"completed", q.completed}});
   }
-  j["queues"] = {{"metadata_queues", m.queues(Priority::kMetadata)},
-                 {"bulk_queues", m.queues(Priority::kBulk)},
-                 {"remaps", m.remaps()},
+  j["queues"] = {{"metadata_queues", st.metadata_queues},
+                 {"bulk_queues", st.bulk_queues},
+                 {"remaps", st.remaps},
                  {"pairs", std::move(pairs)}};
   json commands = json::object();
-  using Timed = warpfs::daemon::TimedBlockDevice;
-  for (unsigned k = 0; k < Timed::kClasses; ++k) {
-    const auto c = static_cast<Timed::Class>(k);
-    const warpfs::daemon::LatencyHistogram::Snapshot h = d.timed->latency(c);
-    commands[Timed::kClassNames[k]] = {{"count", h.count},
-                                       {"bytes", d.timed->bytes(c)},
-                                       {"p50_ns", h.quantile_ns(0.50)},
-                                       {"p99_ns", h.quantile_ns(0.99)},
-                                       {"p999_ns", h.quantile_ns(0.999)},
-                                       {"max_ns", h.max_ns}};
+  using Ns = warpfs::nvme::NamespaceIo;
+  for (unsigned k = 0; k < Ns::kClasses; ++k) {
+    const warpfs::nvme::LatencyHistogram::Snapshot& h = st.commands[k].latency;
+    commands[Ns::kClassNames[k]] = {{"count", h.count},
+                                    {"bytes", st.commands[k].bytes},
+                                    {"p50_ns", h.quantile_ns(0.50)},
+                                    {"p99_ns", h.quantile_ns(0.99)},
+                                    {"p999_ns", h.quantile_ns(0.999)},
+                                    {"max_ns", h.max_ns}};
   }
   j["commands"] = std::move(commands);
   j["io"] = {{"read_bytes", d.read_bytes.load(std::memory_order_relaxed)},
              {"written_bytes", d.written_bytes.load(std::memory_order_relaxed)}};
   json ops = json::object();
   for (unsigned k = 0; k < kOpCount; ++k) {
-    const warpfs::daemon::LatencyHistogram::Snapshot h = d.latency[k].snapshot();
+    const warpfs::nvme::LatencyHistogram::Snapshot h = d.latency[k].snapshot();
     ops[kOpNames[k]] = {{"count", h.count},
                         {"p50_ns", h.quantile_ns(0.50)},
                         {"p99_ns", h.quantile_ns(0.99)},
@@ -953,20 +1015,6 @@ void on_usr1(int) {
 // /proc/self/mountinfo wakes on every change; no polling when idle) and commits, cleans and
 // refuses changes, or marks the image dirty again, with Filesystem::set_read_only.
 
-// Undoes mountinfo's octal escapes (\040 for a space).
-std::string mountinfo_unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
-      out += static_cast<char>(std::stoi(s.substr(i + 1, 3), nullptr, 8));
-      i += 3;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
 // Whether the superblock mounted at `mountpoint` is read-only (mountinfo's super options);
 // false with *found = false where no such mount is listed.
 bool mount_is_read_only(const std::string& mountpoint, bool* found,
@@ -979,7 +1027,7 @@ bool mount_is_read_only(const std::string& mountpoint, bool* found,
     std::istringstream f(line);
     std::string id, parent, devno, root, point;
     f >> id >> parent >> devno >> root >> point;
-    if (mountinfo_unescape(point) != mountpoint) continue;
+    if (warpfs::blockdev::unescape_mountinfo(point) != mountpoint) continue;
     const size_t dash = line.find(" - ");
     if (dash == std::string::npos) continue;
     std::istringstream tail(line.substr(dash + 3));
@@ -1243,7 +1291,7 @@ int main(int argc, char** argv) {
   }
   // Permissions are checked by the kernel; the daemon names itself in /proc/mounts, an
   // emulated image by its absolute path (so that mkfs and fsck recognise it as mounted
-  // whatever directory they run in: fs::warpfs_mount_of_image).
+  // whatever directory they run in: blockdev::warpfs_mount_of_image).
   std::string named = o.device;
   if (named.rfind("vfio:", 0) != 0) {
     std::string path = named.rfind("emu:", 0) == 0 ? named.substr(4) : named;
@@ -1308,7 +1356,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  warpfs::fs::StackOptions so;
+  warpfs::blockdev::StackOptions so;
   so.io_queues = static_cast<uint16_t>(o.queues);
   so.emulated.latency_ns = o.latency_us * 1000;
   so.emulated.worker_threads = o.workers;
@@ -1318,30 +1366,17 @@ int main(int argc, char** argv) {
   so.vfio.teardown_on_signal = false;
   so.io_timeout_ns = uint64_t{o.io_timeout_s} * 1'000'000'000ull;
   so.log = [](const std::string& s) { log_line("nvme: " + s); };
+  so.block_bytes = warpfs::fs::kBlockSize;
+  so.cache_mb = o.cache_mb;
   std::string err;
-  d.stack = warpfs::fs::DeviceStack::open(o.device, so, &err);
+  d.stack = warpfs::blockdev::DeviceStack::open(o.device, so, &err);
   if (!d.stack) {
     std::fprintf(stderr, "warpfs: %s\n", err.c_str());
     report_ready(1);
     return 1;
   }
-  d.timed = std::make_unique<warpfs::daemon::TimedBlockDevice>(d.stack->device());
-  warpfs::blockdev::BlockDevice* dev = d.timed.get();
-  if (o.cache_mb > 0) {
-    warpfs::cache::CacheOptions co;
-    const uint64_t lines = uint64_t{o.cache_mb} << 20 >> 12;
-    co.ways = 8;
-    uint32_t sets = 1;
-    while (uint64_t{sets} * 2 * co.ways <= lines) sets *= 2;
-    co.sets = sets;
-    d.cached = warpfs::blockdev::CachedBlockDevice::create(*dev, co, &err);
-    if (!d.cached) {
-      std::fprintf(stderr, "warpfs: cache: %s\n", err.c_str());
-      report_ready(1);
-      return 1;
-    }
-    dev = d.cached.get();
-  }
+  warpfs::blockdev::BlockDevice* dev = &d.stack->device();
+  d.read_buffers.set_device(dev);
   apply_default_options(*dev, &o);
   if (o.ro == 1) fuse_opt_add_arg(&args, "-oro");  // also where only the superblock said so
   warpfs::fs::MountOptions mo;
@@ -1466,9 +1501,11 @@ int main(int argc, char** argv) {
     rc = 1;
   }
   d.fs.reset();
-  if (d.cached) {
-    d.cached->flush();
-    d.cached.reset();
+  d.read_buffers.clear();  // the workers have ended: no lease is out
+  // unmount() flushed the cache when it worked; after a failed one, try once more.
+  if (const warpfs::blockdev::Status s = d.stack->device().flush(); !s.is_ok()) {
+    std::fprintf(stderr, "warpfs: %s: flush at exit failed: %s\n", o.device, s.to_string().c_str());
+    rc = 1;
   }
   d.stack.reset();
   free(cl.mountpoint);

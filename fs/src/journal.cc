@@ -77,7 +77,7 @@ int Journal::get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
   b->group = group;
   b->owner = owner;
   meta_reads.fetch_add(1, std::memory_order_relaxed);
-  if (blockdev::Status st = dev_.read(block, 1, b->data); !st.is_ok()) {
+  if (blockdev::Status st = meta_io(block, 1, b->data, false); !st.is_ok()) {
     log_("read of metadata block " + std::to_string(block) + " failed: " + st.to_string());
     return EIO;
   }
@@ -319,7 +319,8 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
   for (uint32_t i = 0; i < n + 2;) {
     const uint32_t run =
         static_cast<uint32_t>(std::min<uint64_t>(n + 2 - i, sb_.journal_blocks - p));
-    if (auto st = dev_.write(jblock(p), run, ring.data() + i * size_t{kBlockSize}); !st.is_ok()) {
+    if (auto st = meta_io(jblock(p), run, ring.data() + i * size_t{kBlockSize}, true);
+        !st.is_ok()) {
       return fail("journal write", st);
     }
     i += run;
@@ -332,21 +333,16 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
   ++seq_;
   commits.fetch_add(1, std::memory_order_relaxed);
   // (5) Checkpoint: home locations (durable at the next commit's flush, or at unmount).
-  std::vector<blockdev::BlockDevice::Io> ios;
-  for (size_t i = 0; i < blocks.size(); i += 32) {
-    ios.clear();
-    for (size_t k = i; k < std::min(blocks.size(), i + 32); ++k) {
-      blockdev::BlockDevice::Io io{};
-      io.block = blocks[k].first;
-      io.lines = 1;
-      io.write = true;
-      io.data = const_cast<uint8_t*>(blocks[k].second);
-      ios.push_back(io);
-    }
-    dev_.submit(ios.data(), static_cast<int>(ios.size()));
-    for (auto& io : ios) {
-      if (!io.status.is_ok()) return fail("checkpoint write", io.status);
-    }
+  std::vector<blockdev::BlockDevice::Io> ios(blocks.size());
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    ios[k].block = blocks[k].first;
+    ios[k].write = true;
+    ios[k].priority = nvme::Priority::kMetadata;
+    ios[k].data = const_cast<uint8_t*>(blocks[k].second);
+  }
+  dev_.submit(ios.data(), static_cast<int>(ios.size()));  // a warp of blocks at a time
+  for (const auto& io : ios) {
+    if (!io.status.is_ok()) return fail("checkpoint write", io.status);
   }
   checkpoint_blocks.fetch_add(n, std::memory_order_relaxed);
   checkpointed_seq_.store(seq_ - 1, std::memory_order_release);
@@ -410,8 +406,19 @@ int Journal::write_header() {
   return write_direct(1, &h);
 }
 
+blockdev::Status Journal::meta_io(uint64_t block, uint32_t count, const void* data, bool write) {
+  blockdev::BlockDevice::Io io;
+  io.block = block;
+  io.count = count;
+  io.write = write;
+  io.priority = nvme::Priority::kMetadata;
+  io.data = static_cast<uint8_t*>(const_cast<void*>(data));
+  dev_.submit(&io, 1);
+  return io.status;
+}
+
 int Journal::write_direct(uint64_t block, const void* data) {
-  if (auto st = dev_.write(block, 1, data); !st.is_ok()) {
+  if (auto st = meta_io(block, 1, data, true); !st.is_ok()) {
     log_("write of block " + std::to_string(block) + " failed: " + st.to_string());
     return EIO;
   }

@@ -157,6 +157,9 @@ class Journal {
   std::atomic<uint64_t> meta_reads{0}, meta_cached{0}, checksum_errors{0};
 
  private:
+  // One transfer of the journal's or the metadata's own, in the device's metadata class
+  // (queue_mapper.h): a commit is not stuck behind a deep queue of file data.
+  blockdev::Status meta_io(uint64_t block, uint32_t count, const void* data, bool write);
   void enter();
   void leave();
   int write_header();  // tail at (pos_, seq_); REQUIRES: commit_mu_

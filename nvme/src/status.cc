@@ -99,7 +99,8 @@ std::string Status::to_string() const {
                                        "out of DMA memory",
                                        "invalid argument",
                                        "I/O error",
-                                       "controller not ready"};
+                                       "controller not ready",
+                                       "cache set full"};
   std::string s = kNames[static_cast<int>(code_)];
   if (what_ != nullptr) s += std::string(": ") + what_;
   return s;

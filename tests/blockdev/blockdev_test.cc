@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "cache/cache_rig.h"
@@ -91,7 +92,7 @@ TEST(CachedBlockDevice, ConcurrentRandomIoMatchesModel) {
   o.sets = 8;
   o.ways = 4;
   o.bypass_lines = 24;
-  auto d = CachedBlockDevice::create(*raw, o, &err);
+  auto d = CachedBlockDevice::create(*s->backend, o, &err);
   ASSERT_TRUE(d) << err;
   roundtrip(*d);
   constexpr int kThreads = 3;
@@ -111,7 +112,6 @@ TEST(CachedBlockDevice, ConcurrentRandomIoMatchesModel) {
       std::mt19937_64 rng(static_cast<uint64_t>(t) + 9);
       const uint64_t base = 1000 + t * kSpan;
       std::vector<uint8_t> buf(40 * 4096);
-      cache::ReadStream stream;
       for (int op = 0; op < 400; ++op) {
         const uint32_t n = 1 + static_cast<uint32_t>(rng() % (rng() % 4 ? 8 : 40));
         const uint64_t off = rng() % (kSpan - n + 1);
@@ -121,7 +121,22 @@ TEST(CachedBlockDevice, ConcurrentRandomIoMatchesModel) {
           }
           if (!d->write(base + off, n, buf.data()).is_ok()) bad++;
         } else {
-          if (!d->read(&stream, base + off, n, buf.data()).is_ok()) bad++;
+          if (rng() % 2) {
+            if (!d->read(base + off, n, buf.data()).is_ok()) bad++;
+          } else {  // the same blocks as n one-block transfers in one batch, any class
+            std::vector<BlockDevice::Io> ios(n);
+            for (uint32_t i = 0; i < n; ++i) {
+              ios[i] =
+                  BlockDevice::Io{base + off + i,
+                                  1,
+                                  false,
+                                  buf.data() + i * 4096,
+                                  {},
+                                  rng() % 2 ? nvme::Priority::kMetadata : nvme::Priority::kBulk};
+            }
+            d->submit(ios.data(), static_cast<int>(n));
+            for (const auto& io : ios) bad += io.status.is_ok() ? 0 : 1;
+          }
           for (uint32_t i = 0; i < n; ++i) {
             if (!block_is(buf.data() + i * 4096, base + off + i, gen[t][off + i])) bad++;
           }
@@ -154,7 +169,7 @@ TEST(CachedBlockDevice, FullSetFallsBackToTheDevice) {
   cache::CacheOptions o;
   o.sets = 1;
   o.ways = 2;
-  auto d = CachedBlockDevice::create(*raw, o, &err);
+  auto d = CachedBlockDevice::create(*s->backend, o, &err);
   ASSERT_TRUE(d) << err;
   cache::Lane held[2] = {{0, cache::Intent::kRead, nullptr}, {1, cache::Intent::kRead, nullptr}};
   cache::LineRef refs[2];
@@ -176,7 +191,7 @@ TEST(CachedBlockDevice, TrimDropsCachedLinesAndDeallocates) {
   std::string err;
   auto raw = NvmeBlockDevice::create(*s->engine, 1, 4096, &err);
   ASSERT_TRUE(raw) << err;
-  auto d = CachedBlockDevice::create(*raw, cache::CacheOptions{}, &err);
+  auto d = CachedBlockDevice::create(*s->backend, cache::CacheOptions{}, &err);
   ASSERT_TRUE(d) << err;
   std::vector<uint8_t> w(4 * 4096), r(4 * 4096);
   for (uint64_t b = 0; b < 4; ++b) fill_block(w.data() + b * 4096, 50 + b, 1);
@@ -185,6 +200,48 @@ TEST(CachedBlockDevice, TrimDropsCachedLinesAndDeallocates) {
   ASSERT_TRUE(d->trim(50, 4).is_ok());
   ASSERT_TRUE(d->read(50, 4, r.data()).is_ok());
   EXPECT_EQ(std::count(r.begin(), r.end(), 0), static_cast<long>(r.size()));
+}
+
+// The queues (by qid) the device fetched commands from while `work` ran.
+template <typename F>
+std::set<uint16_t> queues_during(Stack& s, F&& work) {
+  s.transport->trace_fetches(true);
+  work();
+  s.transport->trace_fetches(false);
+  const std::vector<uint16_t> t = s.transport->fetch_trace();
+  return std::set<uint16_t>(t.begin(), t.end());
+}
+
+// A metadata-class write that lands in a cache line keeps its class when the line is
+// written back (a commit's checkpoint waits on it); file data's lines go back as bulk.
+TEST(CachedBlockDevice, WriteBacksKeepTheClassOfTheirWriter) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  std::string err;
+  auto d = CachedBlockDevice::create(*s->backend, cache::CacheOptions{}, &err);
+  ASSERT_TRUE(d) << err;
+  std::vector<uint8_t> buf(8 * 4096);
+  const auto write8 = [&](uint64_t first, nvme::Priority p) {
+    std::vector<BlockDevice::Io> ios(8);
+    for (uint32_t i = 0; i < 8; ++i) {
+      fill_block(buf.data() + i * 4096, first + i, 3);
+      ios[i] = BlockDevice::Io{first + i, 1, true, buf.data() + i * 4096, {}, p};
+    }
+    d->submit(ios.data(), 8);
+    for (const auto& io : ios) ASSERT_TRUE(io.status.is_ok());
+  };
+  write8(200, nvme::Priority::kMetadata);
+  const std::set<uint16_t> meta = queues_during(*s, [&] { ASSERT_TRUE(d->flush().is_ok()); });
+  write8(300, nvme::Priority::kBulk);
+  const std::set<uint16_t> bulk = queues_during(*s, [&] { ASSERT_TRUE(d->flush().is_ok()); });
+  // Each flush is eight write-backs and a Flush (metadata class). The rig's engine has one
+  // metadata queue: the first flush used only it, the second's writes went elsewhere.
+  EXPECT_EQ(meta.size(), 1u) << "metadata write-backs went to a bulk queue";
+  size_t elsewhere = 0;
+  for (uint16_t q : bulk) elsewhere += meta.count(q) == 0 ? 1 : 0;
+  EXPECT_GE(elsewhere, 1u) << "bulk write-backs went to the metadata queue";
+  for (uint64_t b = 200; b < 208; ++b)
+    EXPECT_TRUE(block_is(cache::test::device_block(*s->backend, b).data(), b, 3)) << b;
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Test rig: emulated controller (RAM) -> driver -> IoEngine -> NvmeBackend (4 KiB lines).
+// Test rig: emulated controller (RAM) -> driver -> IoEngine -> NamespaceIo (4 KiB lines),
+// and the cache's backend over it.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,7 +9,6 @@
 #include <string>
 
 #include "warpfs/cache/cache.h"
-#include "warpfs/cache/nvme_backend.h"
 #include "warpfs/nvme/controller.h"
 #include "warpfs/nvme/emulated.h"
 #include "warpfs/nvme/io_engine.h"
@@ -20,7 +20,8 @@ struct Stack {
   std::unique_ptr<nvme::EmulatedTransport> transport;
   std::unique_ptr<nvme::Controller> ctrl;
   std::unique_ptr<nvme::IoEngine> engine;
-  std::unique_ptr<NvmeBackend> backend;
+  std::unique_ptr<nvme::NamespaceIo> ns;
+  std::unique_ptr<NamespaceBackend> backend;
 
   static std::unique_ptr<Stack> make(uint64_t bytes = 8ull << 20,
                                      std::shared_ptr<nvme::BackingStore> store = nullptr,
@@ -44,15 +45,17 @@ struct Stack {
     s->engine = nvme::IoEngine::create(*s->ctrl, eo, &err);
     EXPECT_TRUE(s->engine) << err;
     if (!s->engine) return nullptr;
-    s->backend = NvmeBackend::create(*s->engine, 1, 4096, &err);
-    EXPECT_TRUE(s->backend) << err;
-    if (!s->backend) return nullptr;
+    s->ns = nvme::NamespaceIo::create(*s->engine, 1, 4096, &err);
+    EXPECT_TRUE(s->ns) << err;
+    if (!s->ns) return nullptr;
+    s->backend = std::make_unique<NamespaceBackend>(*s->ns);
     return s;
   }
   uint64_t device_reads() const { return transport->counters().reads; }
   uint64_t device_writes() const { return transport->counters().writes; }
   ~Stack() {
     backend.reset();
+    ns.reset();
     engine.reset();
     ctrl.reset();
   }

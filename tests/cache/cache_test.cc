@@ -16,6 +16,7 @@ std::unique_ptr<Cache> make_cache(Backend& b, uint32_t sets, uint32_t ways, bool
   CacheOptions o;
   o.sets = sets;
   o.ways = ways;
+  o.readahead_lines = 32;
   o.readahead_thread = ra_thread;
   std::string err;
   auto c = Cache::create(b, o, &err);
@@ -111,7 +112,7 @@ TEST(Cache, ReferencedLinesAreNeverEvictedAndAFullSetFailsCleanly) {
   Lane other{9, Intent::kRead, nullptr};
   LineRef r;
   EXPECT_EQ(c->acquire(&other, 1, &r), 1);
-  EXPECT_EQ(r.status.code(), Code::kQueueFull);
+  EXPECT_EQ(r.status.code(), Code::kSetFull);
   EXPECT_EQ(c->stats().set_full, 1u);
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(block_is(refs[i].data, static_cast<uint64_t>(i), 2));
   c->release(held, 4, refs, nullptr);

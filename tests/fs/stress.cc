@@ -20,6 +20,7 @@
 
 #include "fs/crash_harness.h"
 #include "warpfs/blockdev/devices.h"
+#include "warpfs/blockdev/stack.h"
 #include "warpfs/fs/fsck.h"
 #include "warpfs/fs/mkfs.h"
 
@@ -66,12 +67,8 @@ struct Machine {
     if (!nvme) return err;
     blockdev::BlockDevice* dev = nvme.get();
     if (o.cache_mb > 0) {
-      cache::CacheOptions co;
-      co.ways = 8;
-      uint32_t sets = 1;
-      while (uint64_t{sets} * 2 * co.ways <= (uint64_t{o.cache_mb} << 20) / kB) sets *= 2;
-      co.sets = sets;
-      cached = blockdev::CachedBlockDevice::create(*nvme, co, &err);
+      cached = blockdev::CachedBlockDevice::create(
+          *stack->backend, blockdev::cache_of_size(o.cache_mb, kBlockSize), &err);
       if (!cached) return "cache: " + err;
       dev = cached.get();
     }

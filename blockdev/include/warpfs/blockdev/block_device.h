@@ -1,7 +1,9 @@
 // The block-device interface the filesystem reads and writes through: whole blocks, errors
-// as values. Implementations: NvmeBlockDevice (a namespace through the queue mapper),
-// CachedBlockDevice (the warp-coalesced cache over any block device) and FileBlockDevice
-// (pread/pwrite on a file: a benchmark baseline only).
+// as values, a small vtable with one line of intent per entry (as ixy's device.h is).
+// Implementations (devices.h): NvmeBlockDevice (an NVMe namespace, uncached),
+// CachedBlockDevice (the warp-coalesced cache over a namespace) and FileBlockDevice
+// (pread/pwrite on a file: a benchmark baseline only). stack.h assembles the one a DEVICE
+// name stands for.
 //
 // Thread-safety: every method may be called from any number of threads. Concurrent writes
 // to the same block, or a read racing a write of it, give one of the two contents: callers
@@ -13,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "warpfs/cache/backend.h"
+#include "warpfs/nvme/namespace_io.h"
 #include "warpfs/nvme/status.h"
 
 namespace warpfs::blockdev {
@@ -23,26 +25,33 @@ using nvme::Status;
 
 class BlockDevice {
  public:
-  // One transfer for submit(): `lines` blocks from `block`. The same record the cache hands
-  // its backend, so a cached device passes its fills and write-backs through unchanged.
-  using Io = cache::Backend::Op;
+  // One transfer for submit(): `count` blocks from `block`, in the priority class it names
+  // (the journal's and the metadata's I/O is nvme::Priority::kMetadata). The record the
+  // namespace I/O unit takes, so nothing is translated on the way down.
+  using Io = nvme::BlockIo;
+  static constexpr int kMaxSubmit = nvme::NamespaceIo::kMaxIos;
 
   virtual ~BlockDevice() = default;
   virtual uint32_t block_bytes() const = 0;
   virtual uint64_t block_count() const = 0;
+  // One transfer in the bulk class (file data).
   virtual Status read(uint64_t block, uint32_t count, void* buf) = 0;
   virtual Status write(uint64_t block, uint32_t count, const void* buf) = 0;
   // Everything written before is durable when this returns ok.
   virtual Status flush() = 0;
   // The blocks' contents are no longer needed (reads return zeroes or old data).
   virtual Status trim(uint64_t block, uint64_t count) = 0;
-  // Several transfers, in flight together where the device can (at most 32). Default: in turn.
+  // Several transfers (any number), in flight together where the device can; sets each
+  // one's status. Default: read() and write() in turn (no priorities).
   virtual void submit(Io* ios, int n);
   // Memory the device moves without a copy (DMA memory for NVMe). Default: aligned heap.
   virtual Status alloc_io_buffer(size_t bytes, void** out);
   virtual void free_io_buffer(void* p, size_t bytes);
 
  protected:
+  // One bulk-class transfer through submit(): read() and write() of the devices whose
+  // submit() is their real path. (Never from a submit() that calls read() or write().)
+  Status submit_one(uint64_t block, uint32_t count, void* buf, bool write);
   // Range check shared by the implementations.
   Status check(uint64_t block, uint64_t count) const {
     if (count == 0 || block >= block_count() || count > block_count() - block) {

@@ -1,33 +1,40 @@
-// The block devices. See block_device.h for the contract.
+// The block devices. See block_device.h for the contract; stack.h builds them for a DEVICE.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "warpfs/blockdev/block_device.h"
+#include "warpfs/cache/backend.h"
 #include "warpfs/cache/cache.h"
-#include "warpfs/cache/nvme_backend.h"
+#include "warpfs/nvme/namespace_io.h"
 
 namespace warpfs::blockdev {
 
-// An NVMe namespace through the IoEngine's queue mapper, in blocks of `block_bytes`.
+// An NVMe namespace, uncached: every call is device I/O through the namespace I/O unit.
 // Buffers from alloc_io_buffer() move without a copy; others are bounced.
 class NvmeBlockDevice final : public BlockDevice {
  public:
+  // Over a namespace the caller keeps alive (the device stack's).
+  explicit NvmeBlockDevice(nvme::NamespaceIo& ns) : ns_(ns) {}
+  // Opens namespace `nsid` in blocks of `block_bytes` and owns it (tests, tools).
   static std::unique_ptr<NvmeBlockDevice> create(nvme::IoEngine& engine, uint32_t nsid,
                                                  uint32_t block_bytes, std::string* error);
-  uint32_t block_bytes() const override { return b_->line_bytes(); }
-  uint64_t block_count() const override { return b_->line_count(); }
+  uint32_t block_bytes() const override { return ns_.block_bytes(); }
+  uint64_t block_count() const override { return ns_.block_count(); }
   Status read(uint64_t block, uint32_t count, void* buf) override;
   Status write(uint64_t block, uint32_t count, const void* buf) override;
-  Status flush() override { return b_->flush(); }
+  Status flush() override { return ns_.flush(); }
   Status trim(uint64_t block, uint64_t count) override;
   void submit(Io* ios, int n) override;
-  Status alloc_io_buffer(size_t bytes, void** out) override { return b_->alloc(bytes, out); }
-  void free_io_buffer(void* p, size_t bytes) override { b_->free(p, bytes); }
+  Status alloc_io_buffer(size_t bytes, void** out) override { return ns_.alloc(bytes, out); }
+  void free_io_buffer(void* p, size_t bytes) override { ns_.free(p, bytes); }
 
  private:
-  std::unique_ptr<cache::NvmeBackend> b_;
+  NvmeBlockDevice(std::unique_ptr<nvme::NamespaceIo> owned)
+      : owned_(std::move(owned)), ns_(*owned_) {}
+  std::unique_ptr<nvme::NamespaceIo> owned_;  // null when the caller keeps the namespace
+  nvme::NamespaceIo& ns_;
 };
 
 // A plain file through pread/pwrite/fdatasync: the baseline the benchmarks compare with.
@@ -51,35 +58,39 @@ class FileBlockDevice final : public BlockDevice {
   uint64_t blocks_;
 };
 
-// The warp-coalesced cache over any block device. Reads and writes of fewer than
-// bypass_lines blocks go through the cache 32 lanes at a time; larger ones bypass it
+// The warp-coalesced cache (cache.h) over the cache's backend: the layer below, called
+// directly. Transfers of fewer than bypass_lines blocks go through the cache, 32 lanes (one
+// warp) at a time, whatever transfer each lane belongs to: a batch of single-block writes
+// (a journal checkpoint) is one acquire per 32 blocks. Larger transfers bypass the cache
 // (consistent with dirty cached lines). A block whose cache set is full of referenced lines
-// goes straight to the device. flush() writes dirty lines back, then flushes the device.
+// goes straight to the device. Each transfer's priority class reaches the device with its
+// fills, write-backs and bypasses. flush() writes dirty lines back, then flushes the device.
 class CachedBlockDevice final : public BlockDevice {
  public:
-  static std::unique_ptr<CachedBlockDevice> create(BlockDevice& inner, const cache::CacheOptions& o,
+  static std::unique_ptr<CachedBlockDevice> create(cache::Backend& below,
+                                                   const cache::CacheOptions& o,
                                                    std::string* error);
   ~CachedBlockDevice() override;
-  uint32_t block_bytes() const override { return inner_.block_bytes(); }
-  uint64_t block_count() const override { return inner_.block_count(); }
+  uint32_t block_bytes() const override { return below_.line_bytes(); }
+  uint64_t block_count() const override { return below_.line_count(); }
   Status read(uint64_t block, uint32_t count, void* buf) override;
   Status write(uint64_t block, uint32_t count, const void* buf) override;
   Status flush() override;
   Status trim(uint64_t block, uint64_t count) override;
-  Status alloc_io_buffer(size_t bytes, void** out) override {
-    return inner_.alloc_io_buffer(bytes, out);
-  }
-  void free_io_buffer(void* p, size_t bytes) override { inner_.free_io_buffer(p, bytes); }
-  // A read on a stream: sequential streams get read-ahead (SPIN's P-readahead).
-  Status read(cache::ReadStream* stream, uint64_t block, uint32_t count, void* buf);
+  void submit(Io* ios, int n) override;
+  Status alloc_io_buffer(size_t bytes, void** out) override { return below_.alloc(bytes, out); }
+  void free_io_buffer(void* p, size_t bytes) override { below_.free(p, bytes); }
   cache::Cache& cache() { return *cache_; }
 
  private:
-  class Adapter;
-  CachedBlockDevice(BlockDevice& inner);
-  Status through_cache(uint64_t block, uint32_t count, void* buf, bool write);
-  BlockDevice& inner_;
-  std::unique_ptr<Adapter> adapter_;
+  // Which transfer a lane serves, and its block's place in it.
+  struct LaneOf {
+    int io;
+    uint32_t at;
+  };
+  explicit CachedBlockDevice(cache::Backend& below) : below_(below) {}
+  void run_warp(Io* ios, const cache::Lane* lanes, const LaneOf* of, int n);
+  cache::Backend& below_;
   std::unique_ptr<cache::Cache> cache_;
   uint32_t bypass_lines_ = 32;
 };

@@ -1,13 +1,14 @@
-// What the cache reads lines from and writes them back to. The cache sits above nvme/ and
-// below blockdev/: NvmeBackend (here) drives a namespace through the queue mapper with one
-// IoBatch per warp; blockdev/ adapts any BlockDevice to this interface.
+// What the cache reads lines from and writes them back to: its one seam downward. A line is
+// one block of the backend. The product's backend is an NVMe namespace (NamespaceBackend
+// below, over nvme::NamespaceIo); tests and benchmarks may put anything behind the seam.
 //
-// Thread-safety: io() and flush() may be called from any number of threads at once.
+// Thread-safety: every method may be called from any number of threads at once.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "warpfs/nvme/namespace_io.h"
 #include "warpfs/nvme/status.h"
 
 namespace warpfs::cache {
@@ -17,15 +18,9 @@ using nvme::Status;
 
 class Backend {
  public:
-  // One transfer of `lines` whole lines starting at line `block`.
-  struct Op {
-    uint64_t block = 0;
-    uint32_t lines = 1;
-    bool write = false;
-    uint8_t* data = nullptr;
-    Status status;
-  };
-  static constexpr int kMaxOps = 32;  // one warp
+  // One transfer of `count` whole lines from line `block`, in the priority class it names.
+  using Op = nvme::BlockIo;
+  static constexpr int kMaxOps = nvme::NamespaceIo::kMaxIos;  // one warp
 
   virtual ~Backend() = default;
   virtual uint32_t line_bytes() const = 0;
@@ -40,6 +35,23 @@ class Backend {
   virtual Status flush() = 0;
   // Tells the device the lines no longer hold data (NVMe Dataset Management, deallocate).
   virtual Status trim(uint64_t block, uint64_t lines) = 0;
+};
+
+// Lines on an NVMe namespace: each call goes straight to the namespace I/O unit.
+class NamespaceBackend final : public Backend {
+ public:
+  explicit NamespaceBackend(nvme::NamespaceIo& ns) : ns_(ns) {}
+  uint32_t line_bytes() const override { return ns_.block_bytes(); }
+  uint64_t line_count() const override { return ns_.block_count(); }
+  Status alloc(size_t bytes, void** out) override { return ns_.alloc(bytes, out); }
+  void free(void* p, size_t bytes) override { ns_.free(p, bytes); }
+  void io(Op* ops, int n) override { ns_.io(ops, n); }
+  Status flush() override { return ns_.flush(); }
+  Status trim(uint64_t block, uint64_t lines) override { return ns_.trim(block, lines); }
+  nvme::NamespaceIo& ns() { return ns_; }
+
+ private:
+  nvme::NamespaceIo& ns_;
 };
 
 }  // namespace warpfs::cache

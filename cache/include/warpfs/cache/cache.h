@@ -28,7 +28,7 @@
 //
 // Full sets. When every way of a set is referenced or busy, acquire() does not wait (a warp
 // holding references to lines of that set would wait on itself: BaM's array_ref deadlock,
-// §7.2.2). The lane fails with Code::kQueueFull ("set full") and the caller bypasses the cache
+// §7.2.2). The lane fails with Code::kSetFull ("set full") and the caller bypasses the cache
 // for that block (blockdev's CachedBlockDevice does so, going straight to the device).
 //
 // Writes of whole lines (Intent::kWriteFull) never read the old data (BaM's open issue): the
@@ -69,6 +69,9 @@ struct Lane {
   uint64_t block = 0;
   Intent intent = Intent::kNone;
   const void* src = nullptr;  // kWriteFull: the line's new contents (line_bytes bytes)
+  // The class of the device I/O this lane causes (its fill, a victim's write-back); lanes
+  // that coalesce take the most urgent of theirs.
+  nvme::Priority priority = nvme::Priority::kBulk;
 };
 
 // What a lane gets back. Only the group's leader holds the references (count of them).
@@ -77,15 +80,21 @@ struct LineRef {
   uint8_t* data = nullptr;
   uint32_t line = kNoLine;
   uint16_t count = 0;  // references held by this lane (the leader's group size, else 0)
+  // kWriteFull: the line already holds the group's `src` (a miss published it with the new
+  // contents), so the lane need not copy it again. The group's src is its last writer's.
+  bool holds_src = false;
   Status status;
 };
 
 struct CacheOptions {
   uint32_t sets = 1024;  // a power of two
   uint32_t ways = 8;
-  uint32_t readahead_lines = 32;  // window fetched ahead of a sequential stream; 0: off
-  uint32_t bypass_lines = 32;     // transfers of at least this many lines skip the cache
-  bool readahead_thread = true;   // fetch the window in the background
+  // Window fetched ahead of a sequential stream (note_read). 0, the default: off, and no
+  // read-ahead thread (the filesystem does not drive it: the kernel's page cache reads ahead
+  // of buffered readers, and reads of bypass_lines or more skip the cache).
+  uint32_t readahead_lines = 0;
+  uint32_t bypass_lines = 32;    // transfers of at least this many lines skip the cache
+  bool readahead_thread = true;  // fetch the window in the background
 };
 
 struct CacheStats {
@@ -119,14 +128,14 @@ class Cache {
   // The warp API. Lanes on the same block coalesce: the first lane of a group (the leader)
   // takes `count` references for the group and every lane gets the pointer; intents are
   // OR-ed. The group's misses are filled together (one IoBatch). Returns the number of
-  // lanes that failed (their status says why; Code::kQueueFull means "set full").
+  // lanes that failed (their status says why; Code::kSetFull means "set full").
   int acquire(const Lane* lanes, int n, LineRef* out);
   // Releases what acquire() handed out. `wrote[i]` (may be null: none wrote) marks lanes
   // that modified their line; their lines become dirty.
   void release(const Lane* lanes, int n, LineRef* refs, const bool* wrote);
 
   // Scalar helpers over one block. A full set is retried briefly (the helper holds nothing
-  // meanwhile) before the kQueueFull error.
+  // meanwhile) before the kSetFull error.
   Status read(uint64_t block, uint32_t offset, void* buf, uint32_t len);
   Status write(uint64_t block, uint32_t offset, const void* buf, uint32_t len);
 
@@ -135,7 +144,7 @@ class Cache {
   Status flush_range(uint64_t first, uint64_t count);
   Status flush_all();
   // Drops cached lines in the range without writing them back (their data is discarded:
-  // trim). Lines still referenced are left alone and reported with kQueueFull.
+  // trim). Lines still referenced are left alone and reported with kSetFull.
   Status invalidate_range(uint64_t first, uint64_t count);
 
   // SPIN's P-router: moves [first, first + count) directly between the device and `buf`.
@@ -143,8 +152,10 @@ class Cache {
   // the device's data; writes update them (Dirty) and also any line a concurrent fill (say,
   // read-ahead) brought in while the device write was in flight.
   // REQUIRES: no other writer of the range meanwhile (the filesystem holds the file's lock).
-  Status read_direct(uint64_t first, uint64_t count, void* buf);
-  Status write_direct(uint64_t first, uint64_t count, const void* buf);
+  Status read_direct(uint64_t first, uint64_t count, void* buf,
+                     nvme::Priority p = nvme::Priority::kBulk);
+  Status write_direct(uint64_t first, uint64_t count, const void* buf,
+                      nvme::Priority p = nvme::Priority::kBulk);
 
   // SPIN's P-readahead: call after a read of [block, block + count) on `stream`; when the
   // stream is sequential, the next readahead_lines lines are fetched in the background.
@@ -211,7 +222,7 @@ class Cache {
   int acquire_lanes(const Lane* lanes, int n, LineRef* out, bool prefetch);
   int acquire_scalar(Lane* lane, LineRef* out);
   static constexpr int kScalarRetries = 200;  // ~2 ms of backed-off retries
-  Status write_back_locked(uint32_t line, uint64_t block);
+  Status write_back_locked(uint32_t line, uint64_t block, nvme::Priority p);
   void prefetch(uint64_t first, uint64_t count);
   std::vector<std::pair<uint64_t, uint32_t>> pin_range(uint64_t first, uint64_t count);
   void unpin(const std::vector<std::pair<uint64_t, uint32_t>>& pins);

@@ -28,9 +28,12 @@ inline constexpr uint32_t kValid = 1u << 31;
 inline constexpr uint32_t kBusy = 1u << 30;
 inline constexpr uint32_t kDirty = 1u << 29;
 inline constexpr uint32_t kCountMask = kDirty - 1;
-// Line flags (a second word beside the state): the clock's reference bit, read-ahead.
+// Line flags (a second word beside the state): the clock's reference bit, read-ahead, and
+// whether a metadata-class lane wrote the line's dirty data (its write-back then goes in the
+// metadata class too: a commit's checkpoint waits on it).
 inline constexpr uint32_t kRef = 1;
 inline constexpr uint32_t kAhead = 2;
+inline constexpr uint32_t kMeta = 4;
 
 // Valid and not being filled or evicted: a reference taken on it is a hit.
 WARPFS_HD constexpr bool usable(uint32_t s) {

@@ -19,8 +19,8 @@
 // the high WRR class, kBulk the low class, so a command of the first is never stuck behind a
 // deep queue of the second when the controller offers WRR; without WRR the classes still have
 // separate queues and so no head-of-line blocking between them. Which commands a caller sends
-// as which is the caller's choice: today the block device sends Flush as kMetadata and every
-// read and write, the journal's included, as kBulk.
+// as which is the caller's choice: the filesystem's journal and metadata I/O, its cache
+// lines' write-backs and Flush are kMetadata; file data is kBulk (NamespaceIo, BlockIo).
 //
 // GPU threads route through the same rule (gpu/io.cuh): the mapper's whole state is one block
 // of plain data, Tables, with one layout under g++ and nvcc, which the GPU rig builds with this

@@ -21,6 +21,7 @@ enum class Code : uint8_t {
   kInvalidArgument,  // the caller asked for something the device or layer cannot do
   kIoError,          // transport or backing-store failure
   kNotReady,         // controller disabled, failed (CSTS.CFS) or shut down
+  kSetFull,          // the software cache: every line of the block's set is in use
 };
 
 class Status {

@@ -1,13 +1,13 @@
-// The live view's latency histograms (fs/daemon/latency.h): bucket bounds, quantiles within a
-// bucket of the truth, and no sample lost when every FUSE worker adds at once.
-#include "../../fs/daemon/latency.h"
+// The latency histograms (nvme/latency.h): bucket bounds, quantiles within a bucket of the
+// truth, and no sample lost when many threads add at once.
+#include "warpfs/nvme/latency.h"
 
 #include <gtest/gtest.h>
 
 #include <thread>
 #include <vector>
 
-namespace warpfs::daemon {
+namespace warpfs::nvme {
 namespace {
 
 TEST(Latency, BucketsCoverEveryValueWithinAQuarterOfItsPowerOfTwo) {
@@ -59,4 +59,4 @@ TEST(Latency, ConcurrentAddsLoseNothing) {
 }
 
 }  // namespace
-}  // namespace warpfs::daemon
+}  // namespace warpfs::nvme

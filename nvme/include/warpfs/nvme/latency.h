@@ -1,13 +1,14 @@
-// Latency histograms for the live view (warpfs-stat): log-linear buckets, four per power of
-// two of nanoseconds (a value lands within 19 % of its bucket's bounds), updated with relaxed
-// atomics from every FUSE worker at once and read without stopping them.
+// Latency histograms: log-linear buckets, four per power of two of nanoseconds (a value
+// lands within 19 % of its bucket's bounds), updated with relaxed atomics from any number of
+// threads at once and read without stopping them. The namespace I/O unit times its commands
+// with them; the FUSE daemon its operations.
 #pragma once
 
 #include <atomic>
 #include <bit>
 #include <cstdint>
 
-namespace warpfs::daemon {
+namespace warpfs::nvme {
 
 class LatencyHistogram {
  public:
@@ -75,4 +76,4 @@ class LatencyHistogram {
   std::atomic<uint64_t> max_{0};
 };
 
-}  // namespace warpfs::daemon
+}  // namespace warpfs::nvme
