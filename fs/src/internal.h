@@ -287,6 +287,8 @@ class FsImpl final : public Filesystem {
     bool unwritten;
   };
   Mapping map_lookup(Node& n, uint32_t lblk);
+  // Whole blocks of a file into dst (holes as zeroes). REQUIRES: n.rw held, n mapped.
+  int read_blocks(Node& n, uint64_t first, uint64_t count, uint8_t* dst);
   // Removes [l, l + count) from the mapping; removed runs go to `removed`.
   int map_remove(Node& n, uint32_t l, uint64_t count, std::vector<Extent>* removed);
   int map_insert(Node& n, Extent e);  // REQUIRES: [e.logical, +blocks) is a hole
