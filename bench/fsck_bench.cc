@@ -121,8 +121,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// mkfs with room for the files and directories, then the files through the core.
-void build_image(blockdev::BlockDevice& dev, const Options& o, uint64_t dirs, uint64_t inodes) {
+// mkfs with room for the files and directories, then the files through the core. Returns
+// the block groups.
+uint32_t build_image(blockdev::BlockDevice& dev, const Options& o, uint64_t dirs,
+                     uint64_t inodes) {
   fs::MkfsOptions mo;
   mo.inodes = inodes;
   mo.seed = 1;
@@ -148,6 +150,7 @@ void build_image(blockdev::BlockDevice& dev, const Options& o, uint64_t dirs, ui
     f->forget(dir.ino, 1);
   }
   if (int rc = f->unmount()) die("unmount: errno " + std::to_string(rc));
+  return g.group_count;
 }
 
 // One timed check; the image must be clean.
@@ -178,13 +181,13 @@ int main(int argc, char** argv) {
   const uint64_t dirs = fs::div_up(o.files, o.per_dir);
   const uint64_t inodes = o.files + dirs + 1024;  // the root, lost+found and some slack
   // A group holds at most 32768 inodes (one bitmap block): groups enough, plus one.
-  const uint64_t groups = fs::div_up(inodes, fs::kBlocksPerGroup) + 1;
-  Device d = Device::open((groups * fs::kBlocksPerGroup + 16384) * fs::kBlockSize);
+  const uint64_t room = fs::div_up(inodes, fs::kBlocksPerGroup) + 1;
+  Device d = Device::open((room * fs::kBlocksPerGroup + 16384) * fs::kBlockSize);
   const auto t0 = std::chrono::steady_clock::now();
-  build_image(*d.dev, o, dirs, inodes);
+  const uint32_t groups = build_image(*d.dev, o, dirs, inodes);
   std::printf("{\"bench\":\"fsck\",\"phase\":\"build\",\"files\":%" PRIu64 ",\"dirs\":%" PRIu64
-              ",\"inodes\":%" PRIu64 ",\"seconds\":%.3f}\n",
-              o.files, dirs, inodes, seconds_since(t0));
+              ",\"inodes\":%" PRIu64 ",\"groups\":%u,\"seconds\":%.3f}\n",
+              o.files, dirs, inodes, groups, seconds_since(t0));
   std::fflush(stdout);
   std::map<unsigned, std::vector<double>> times;
   for (uint64_t r = 0; r < o.repeat; ++r) {

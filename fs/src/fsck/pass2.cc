@@ -41,7 +41,8 @@ void Checker::check_targets(Info& d, std::vector<Ent>& ents) {
   const std::string where = "directory " + num(d.ino);
   for (Ent& e : ents) {
     if (e.drop) continue;
-    const std::string entry = where + ": entry '" + printable(e.name) + "'";
+    // Built only for a report: a million entries are checked, few are reported.
+    auto entry = [&] { return where + ": entry '" + printable(e.name) + "'"; };
     Info* t = info(e.ino);
     std::string why;
     if (e.ino == 0 || e.ino > L_.inode_count) {
@@ -54,13 +55,13 @@ void Checker::check_targets(Info& d, std::vector<Ent>& ents) {
       why = "names the root directory";
     }
     if (!why.empty()) {
-      problem(entry + " " + why, "removed");
+      problem(entry() + " " + why, "removed");
       e.drop = true;
       d.rebuild = true;
       continue;
     }
     if (e.type != dtype(t->mode)) {
-      problem(entry + " has type " + num(e.type) + ", but inode " + num(e.ino) + " is " +
+      problem(entry() + " has type " + num(e.type) + ", but inode " + num(e.ino) + " is " +
                   type_name(t->mode),
               "type set to " + num(dtype(t->mode)));
       e.type = dtype(t->mode);
