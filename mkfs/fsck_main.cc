@@ -23,7 +23,7 @@ namespace {
 
 void usage(FILE* f) {
   std::fprintf(f,
-               "usage: fsck.warpfs [-y | -p | -a | -n] [-f] [-v] [-C FD] DEVICE\n"
+               "usage: fsck.warpfs [-y | -p | -a | -n] [-f] [-v] [-j N] [-C FD] DEVICE\n"
                "  DEVICE  emu:PATH or PATH (an image file), or vfio:DDDD:BB:DD.F\n"
                "  -y      repair what is found (answer yes to every question)\n"
                "  -p, -a  repair without questions, as fsck(8) and systemd-fsck ask (as -y:\n"
@@ -31,6 +31,8 @@ void usage(FILE* f) {
                "  -n      check only, write nothing (the default)\n"
                "  -f      check even a filesystem that was cleanly unmounted\n"
                "  -v      verbose: also say what each pass found\n"
+               "  -j N    scan inodes and groups on N threads (default 0: every hardware\n"
+               "          thread; 1: one); the outcome is the same at any N\n"
                "  -C FD   progress: lines \"PASS DONE TOTAL DEVICE\" to descriptor FD (e2fsck's\n"
                "          format, for fsck(8) and systemd-fsck); 0: a progress line on a terminal\n"
                "  -V      print the version (also --version)\n");
@@ -45,7 +47,8 @@ int main(int argc, char** argv) {
                                  {nullptr, 0, nullptr, 0}};
   int c;
   int progress_fd = -1;  // -C FD
-  while ((c = getopt_long(argc, argv, "ynfvpaC:hV", longs, nullptr)) != -1) {
+  unsigned threads = 0;  // -j N
+  while ((c = getopt_long(argc, argv, "ynfvpaC:j:hV", longs, nullptr)) != -1) {
     switch (c) {
       case 'y':
       case 'p':
@@ -61,6 +64,16 @@ int main(int argc, char** argv) {
           return fs::kFsckUsage;
         }
         progress_fd = static_cast<int>(fd);
+        break;
+      }
+      case 'j': {
+        char* end = nullptr;
+        const unsigned long n = std::strtoul(optarg, &end, 10);
+        if (end == optarg || *end != '\0' || optarg[0] == '-' || n > 1024) {
+          std::fprintf(stderr, "fsck.warpfs: -j %s: not a thread count (0 to 1024)\n", optarg);
+          return fs::kFsckUsage;
+        }
+        threads = static_cast<unsigned>(n);
         break;
       }
       case 'n':
@@ -115,6 +128,7 @@ int main(int argc, char** argv) {
   o.repair = yes;
   o.skip_if_clean = !force;
   o.verbose = verbose;
+  o.threads = threads;
   const bool tty = isatty(STDOUT_FILENO);
   if (progress_fd > 0) {
     // e2fsck's -C FD protocol: "pass current max device", one line per step.

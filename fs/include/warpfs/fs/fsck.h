@@ -12,14 +12,19 @@
 //   3  reachability from the root and the orphan list; parent fields; /lost+found
 //   4  link counts
 //   5  block and inode bitmaps, their checksums, free counts, group descriptors, superblock
+// Passes 1 and 5 run their groups side by side on FsckOptions::threads threads (oneTBB);
+// what is reported, in what order, and what is repaired do not depend on the thread count.
 //
 // What a crash leaves (a dirty superblock, committed transactions in the journal, inodes on
 // the orphan list) is not a problem: it is reported as a notice, replayed and freed with
 // `repair`. Exit codes and the other policy choices (/lost+found, shared blocks, directory
-// rebuilds) are written at the top of fs/src/fsck.cc.
+// rebuilds) are written at the top of fs/src/fsck/fsck.cc, one file per pass beside it. The
+// checker is offline code: it lives in warpfs_fs_offline, which the daemon does not link.
 //
 // Thread-safety: one call at a time per device, and nothing else may use the device while
-// it runs (the filesystem must not be mounted). Without `repair` nothing is ever written:
+// it runs (the filesystem must not be mounted). With threads != 1 the device is read from
+// several threads at once (block_device.h allows it); `report` and `progress` are called on
+// the calling thread only. Without `repair` nothing is ever written:
 // the journal is replayed into memory, and the check sees what a mount would see.
 #pragma once
 
@@ -40,6 +45,8 @@ struct FsckOptions {
   bool skip_if_clean = false;  // a clean filesystem with an empty journal is not checked
                                // further (fsck.warpfs without -f)
   bool verbose = false;        // also report what each pass found, not only problems
+  unsigned threads = 0;        // threads for the inode and group passes: 0 all hardware
+                               // threads, 1 the calling thread alone (no oneTBB arena)
   // Called as the inode pass advances (groups done, groups in all).
   std::function<void(uint64_t done, uint64_t total)> progress;
 };

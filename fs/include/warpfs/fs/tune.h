@@ -2,6 +2,10 @@
 // (FORMAT.md "Superblock"): its label, the blocks kept for root and who may use them, the
 // default journal commit interval and default mount options, as tune2fs does for ext4. Nothing else
 // is touched.
+//
+// Libraries: tune() and read_tunable_superblock() are offline code (warpfs_fs_offline, linked
+// by tune.warpfs and the tests); the default mount options' parser and accessor are the
+// core's (warpfs_fs), since the daemon applies them at mount.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,350 @@
+// The checker's state, shared by its passes (the contract is in warpfs/fs/fsck.h; the policy
+// choices are written at the top of fsck.cc in this folder).
+//
+// Everything is read once, in big sequential reads where the layout allows (descriptor
+// table, bitmaps, inode tables in 1 MiB chunks, each directory's blocks by extent), and
+// checked against an in-memory model: one Info per allocated inode with its extents, mapping
+// blocks and xattr block, a bitmap of the blocks those claim, and each directory's entries.
+// Repairs change the model; the write phase (repair_*.cc) then rewrites exactly what changed.
+// The passes, one file each, in the order run() calls them, in the manner of e2fsck's
+// pass1.c ... pass5.c: each says at its top what it assumes and what it leaves for later.
+//   superblock.cc  0, J  superblock, backup, journal, group descriptors and bitmaps as read
+//   pass1.cc       1     inodes, extent trees, xattr blocks; block claims (parallel by group)
+//   pass1b.cc      1B    blocks with several owners
+//   pass2.cc       2     directories' entries, names and targets (pass2_dir.cc: one directory)
+//   pass3.cc       3     reachability, the root, /lost+found, parent fields
+//   pass4.cc       4     link counts; the orphan list (read after pass 1, freed after pass 3)
+//   pass5.cc       5     bitmaps, descriptor and superblock counts (parallel by group)
+//   repair_*.cc          allocation and the write phase
+//
+// Thread-safety: a Checker is used by one thread. The passes that fan out (1 and 5) hand
+// their workers only what is immutable while they run (the Layout, the device, the model
+// pass 1 built) and give each worker an output record of its own (GroupScan, GroupCheck),
+// merged by the calling thread in group order: messages, their order and the repairs do not
+// depend on the thread count.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "warpfs/fs/format.h"
+#include "warpfs/fs/fsck.h"
+#include "warpfs/fs/layout.h"
+#include "warpfs/fs/replay.h"
+
+namespace warpfs::fs::fsck_impl {
+
+using blockdev::BlockDevice;
+using blockdev::Status;
+
+inline constexpr uint64_t kNoLogical = uint64_t{1} << 32;  // one past the last file block
+inline constexpr uint64_t kHashEnd = uint64_t{1} << 63;    // above every name hash
+inline constexpr size_t kLeafSpace = kBlockSize - sizeof(DirLeafHeader);
+inline constexpr uint32_t kChunk = 256;  // blocks per big read: 1 MiB
+inline constexpr uint64_t kMaxDirBlocks =
+    1 + kDirIndexCapacity + uint64_t{kDirIndexCapacity} * kDirIndexCapacity;
+inline constexpr size_t kMaxLines = 10000;
+
+// --- small helpers (util.cc) --------------------------------------------------------------
+
+std::string num(uint64_t v);
+uint16_t rec_len(size_t name_len);
+uint8_t dtype(uint32_t mode);
+bool test_bit(const uint8_t* bm, uint64_t i);
+void set_bit(uint8_t* bm, uint64_t i);
+uint64_t zero_bits(const std::vector<uint8_t>& bm);
+bool valid_type(uint32_t mode);
+const char* type_name(uint32_t mode);
+std::string printable(std::string_view s);  // control and non-ASCII bytes escaped
+std::string extent_str(const Extent& e);
+std::string span_str(const char* what, uint64_t a, uint64_t b);  // "block 7", "blocks 7-9"
+// "" or why `sb` cannot describe a warpfs on a device of `dev_blocks` blocks.
+std::string superblock_problem(const Superblock& sb, uint64_t dev_blocks);
+// The same fixed geometry, seed and uuid (sizes and dynamic fields may differ).
+bool same_filesystem(const Superblock& a, const Superblock& b);
+// "" or why a block that starts with a Header (magic, owner, checksum at
+// kHeaderChecksumOffset: FORMAT.md "Checksums") is not inode `owner`'s block of that kind.
+template <typename Header>
+std::string header_problem(const uint8_t* block, uint32_t magic, uint64_t owner, uint64_t seed) {
+  Header h;
+  std::memcpy(&h, block, sizeof h);
+  if (h.magic != magic) return "bad magic";
+  if (h.owner != owner) return "owned by inode " + num(h.owner);
+  if (h.checksum != block_checksum(block, kHeaderChecksumOffset, seed)) return "checksum mismatch";
+  return "";
+}
+// Reads n blocks from b in 1 MiB commands: "" or the error (the unread part is zeroed).
+std::string read_blocks(BlockDevice& dev, uint64_t b, uint64_t n, void* buf);
+
+// A device whose writes stay in memory: check mode replays the journal into it, so the
+// check sees the replayed metadata and the real device is never written.
+// Thread-safety: reads may run on several threads once the writes (the replay) are done:
+// they only look blocks_ up.
+class OverlayDevice final : public BlockDevice {
+ public:
+  explicit OverlayDevice(BlockDevice& d) : d_(d) {}
+  uint32_t block_bytes() const override { return d_.block_bytes(); }
+  uint64_t block_count() const override { return d_.block_count(); }
+  Status read(uint64_t block, uint32_t count, void* buf) override;
+  Status write(uint64_t block, uint32_t count, const void* buf) override;
+  Status flush() override { return Status::ok(); }
+  Status trim(uint64_t, uint64_t) override { return Status::ok(); }
+
+ private:
+  BlockDevice& d_;
+  std::map<uint64_t, std::vector<uint8_t>> blocks_;
+};
+
+// --- the model -----------------------------------------------------------------------------
+
+// One directory entry as the checker keeps it.
+struct Ent {
+  uint64_t hash;
+  uint64_t ino;
+  uint8_t type;
+  bool drop;  // removed by a repair
+  std::string name;
+};
+
+enum class State : uint8_t { kLive, kBad, kFreed };
+
+// A rewritten inode root (write_mapping).
+struct RootPatch {
+  uint32_t count = 0, depth = 0;
+  uint8_t root[sizeof(Inode::root)] = {};
+};
+
+// One allocated inode.
+struct Info {
+  uint64_t ino = 0;
+  uint32_t mode = 0, links = 0, flags = 0;
+  uint64_t size = 0, blocks = 0, parent = 0, next_orphan = 0, xattr = 0, dir_seed = 0;
+  std::vector<Extent> ext;     // sorted by logical, non-overlapping
+  std::vector<uint64_t> tree;  // extent-tree blocks
+  std::unique_ptr<RootPatch> root;
+  State state = State::kLive;
+  bool on_orphan_list = false;
+  bool dirty = false;    // the inode is rewritten
+  bool remap = false;    // its extent tree is rewritten from `ext`
+  bool rebuild = false;  // directories: rewritten from their entries
+  bool fresh = false;    // created by the checker (root, lost+found)
+  bool reached = false;
+  uint32_t names = 0, subdirs = 0;  // pass 4
+  uint64_t namer = 0;               // directories: the directory whose entry names it
+};
+
+inline bool is_dir(const Info& n) {
+  return S_ISDIR(n.mode);
+}
+// A directory whose entries count: allocated, sound, not on its way out.
+inline bool dir_live(const Info& n) {
+  return S_ISDIR(n.mode) && n.state == State::kLive && !n.on_orphan_list;
+}
+inline std::string iname(const Info& n) {
+  return (is_dir(n) ? "directory " : "inode ") + num(n.ino);
+}
+// One past the last logical block n's extents map.
+uint64_t mapped_end(const Info& n);
+
+// A problem a worker found, reported later by the calling thread (Checker::report_all).
+struct Finding {
+  std::string line, fix;
+};
+using Findings = std::vector<Finding>;
+
+// Calls f(first, count) for every block range `n` owns, in a fixed order: the xattr block,
+// the extent-tree blocks, the extents.
+template <typename F>
+void for_each_claim(const Info& n, F f) {
+  if (n.xattr) f(n.xattr, uint64_t{1});
+  for (uint64_t b : n.tree) f(b, uint64_t{1});
+  for (const Extent& e : n.ext) f(e.physical, uint64_t{e.blocks()});
+}
+
+// Runs body(i) for every i in [0, n): on the calling thread when threads == 1, else on a
+// oneTBB arena of `threads` workers (0: all hardware threads). Returns when all are done.
+// REQUIRES: body(i) and body(j) touch no common mutable state for i != j.
+void for_each_index(unsigned threads, uint32_t n, const std::function<void(uint32_t)>& body);
+
+// --- the checker ---------------------------------------------------------------------------
+
+struct GroupScan;   // pass1.cc: what pass 1 found in one group
+struct GroupCheck;  // pass5.cc: what pass 5 found in one group
+class DirScan;      // pass2_dir.cc: one directory's blocks
+
+class Checker {
+ public:
+  Checker(BlockDevice& dev, const FsckOptions& o,
+          const std::function<void(const std::string&)>& report)
+      : dev_(dev),
+        o_(o),
+        report_(report),
+        overlay_(dev),
+        io_(o.repair ? &dev : static_cast<BlockDevice*>(&overlay_)) {}
+  Checker(const Checker&) = delete;
+  Checker& operator=(const Checker&) = delete;
+  FsckResult run();
+
+ private:
+  friend class DirScan;  // pass 2's walk of one directory reports and reads as the Checker
+
+  // --- reporting (fsck.cc)
+  void problem(const std::string& line, const std::string& fix = "");
+  void unfixable(const std::string& line);
+  void notice(const std::string& line) {
+    if (report_) report_(line);
+  }
+  void verbose(const std::string& line) {
+    if (o_.verbose && report_) report_(line);
+  }
+  void report_all(const Findings& f) {
+    for (const Finding& x : f) problem(x.line, x.fix);
+  }
+  bool fail(const std::string& why) {
+    if (error_.empty()) error_ = why;
+    return false;
+  }
+  bool failed() const { return !error_.empty(); }
+  FsckResult finish();
+  bool check_and_repair();
+  bool skip_clean();
+  void write_phase();
+
+  // --- I/O: reads through the overlay in check mode; writes only with repair (fsck.cc).
+  bool read(uint64_t b, uint64_t n, void* buf) {
+    const std::string why = read_blocks(*io_, b, n, buf);
+    return why.empty() || fail(why);
+  }
+  bool write(uint64_t b, uint64_t n, const void* buf);
+
+  Info* info(uint64_t ino) {
+    if (ino == 0 || ino > L_.inode_count) return nullptr;
+    const uint32_t s = slot_[ino];
+    return s ? &infos_[s - 1] : nullptr;
+  }
+  size_t index_of(const Info& n) const { return static_cast<size_t>(&n - infos_.data()); }
+  unsigned threads() const;
+
+  // --- block claims (pass1.cc)
+  bool claimed(uint64_t b) const { return (claimed_[b / 64] >> (b % 64)) & 1; }
+  void claim(uint64_t first, uint64_t n);
+
+  // --- pass 0 and the journal (superblock.cc)
+  bool load_superblock();
+  bool use_backup(const std::string& why);
+  bool find_backup(Superblock* out, uint64_t* at);
+  bool check_journal();
+  bool replay();
+  bool discard_journal(const std::string& what, bool clean);
+  void load_groups();
+  void check_descriptor(uint32_t g);
+  // --- pass 1 (pass1.cc)
+  void pass1();
+  void claim_metadata();
+  void merge_group(GroupScan& s);
+  void pass1_summary();
+  // --- pass 1B (pass1b.cc)
+  void pass1b();
+  std::vector<std::vector<uint64_t>> dup_owners();
+  void report_dups(const std::vector<std::vector<uint64_t>>& owners);
+  void move_shared(Info& n, std::vector<bool>& taken);
+  bool must_move(uint64_t b, std::vector<bool>& taken);
+  bool move_extent(Info& n, const Extent& e, std::vector<bool>& taken, std::vector<Extent>* out);
+  bool copy_run(Info& n, const Extent& e, uint64_t from, uint64_t to, std::vector<Extent>* out);
+  // --- pass 2 (pass2.cc, pass2_dir.cc)
+  void pass2();
+  void scan_dir(Info& d, std::vector<Ent>& out);
+  void resolve_entries();
+  void check_targets(Info& d, std::vector<Ent>& ents);
+  void one_name_per_directory();
+  // --- pass 3 (pass3.cc)
+  void pass3();
+  Info* check_root();
+  void unorphan_named();
+  void free_unlinked();
+  void connect_unreachable();
+  void open_loop(Info& top);
+  void check_parents();
+  void reach(Info& start);
+  Info* lost_found();
+  Info* find_lost_found(std::string* name);
+  void connect(Info& n, bool loop);
+  Info* make_directory(uint64_t ino, uint64_t parent);
+  // --- pass 4 and the orphan list (pass4.cc)
+  void orphan_list();
+  void free_orphans();
+  void pass4();
+  void count_names();
+  // --- pass 5 (pass5.cc); the const ones run on workers
+  void check_groups();
+  void check_group(uint32_t g, GroupCheck* out) const;
+  void check_block_bitmap(uint32_t g, const std::vector<uint8_t>& want, Findings* f) const;
+  uint32_t inode_want(uint32_t g, std::vector<uint8_t>* want) const;
+  void check_descriptor_counts(uint32_t g, const GroupCheck& c, uint32_t dirs, Findings* f) const;
+  void check_superblock_counts(uint64_t free_blocks, uint64_t free_inodes);
+  // --- repair: allocation (repair_alloc.cc)
+  bool alloc(uint64_t want, uint64_t* first, uint64_t* got);
+  bool alloc_in_group(uint32_t g, bool trust_bitmap, uint64_t want, uint64_t* first, uint64_t* got);
+  uint64_t alloc_inode();
+  bool copy_blocks(uint64_t from, uint64_t to, uint64_t n);
+  // --- repair: directories (repair_dir.cc)
+  void write_directory(Info& d);
+  bool dir_blocks(Info& d, uint64_t need, std::vector<uint64_t>* phys);
+  // --- repair: mappings, inodes, groups, superblock (repair_write.cc)
+  void write_mapping(Info& n);
+  bool write_leaves(const Info& n, const std::vector<Extent>& ext, std::vector<uint64_t>& pool,
+                    std::vector<uint64_t>* used, std::vector<ExtentIndex>* idx);
+  bool write_upper(const Info& n, const std::vector<ExtentIndex>& idx, std::vector<uint64_t>& pool,
+                   std::vector<uint64_t>* used, RootPatch* rp);
+  bool take_block(std::vector<uint64_t>& pool, std::vector<uint64_t>* used, uint64_t* b);
+  bool write_node(uint64_t block, uint16_t depth, const void* entries, size_t count,
+                  uint64_t owner);
+  void write_inodes();
+  void patch_inode(const Info& n, uint64_t now, uint8_t* p) const;
+  void build_bitmaps(std::vector<std::vector<uint8_t>>* bb, std::vector<std::vector<uint8_t>>* ib,
+                     std::vector<uint32_t>* dirs) const;
+  void write_groups();
+  void reset_journal();
+  void write_superblock();
+  void summarize();
+
+  BlockDevice& dev_;
+  const FsckOptions& o_;
+  const std::function<void(const std::string&)>& report_;
+  OverlayDevice overlay_;
+  BlockDevice* io_;
+  FsckResult res_;
+  uint64_t uncorrected_ = 0, orphans_freed_ = 0;
+  bool written_ = false;
+  std::string error_;
+
+  std::unique_ptr<Superblock> sb_ = std::make_unique<Superblock>();
+  Layout L_;
+  bool used_backup_ = false, primary_bad_ = false, backup_bad_ = false, journal_header_bad_ = false;
+  ReplayResult pending_;
+
+  std::vector<GroupDesc> gd_;
+  std::vector<uint8_t> gdt_raw_;
+  std::vector<bool> gd_ok_, bb_ok_, ib_ok_;
+  std::vector<std::vector<uint8_t>> bb_, ib_;
+
+  std::vector<uint64_t> claimed_, found_claims_, dups_;
+  std::vector<Info> infos_;
+  size_t found_infos_ = 0;  // infos_ as pass 1 found them (the rest are created)
+  std::vector<uint32_t> slot_;
+  std::vector<std::vector<Ent>> ents_;
+  std::vector<uint32_t> extra_names_;  // check mode: names /lost+found would give
+  uint64_t lost_found_ = 0;
+  uint32_t alloc_group_ = 0;
+};
+
+}  // namespace warpfs::fs::fsck_impl
