@@ -13,6 +13,22 @@
 
 namespace warpfs::tools {
 
+// The end of every tool's option switch: -h prints the usage to standard output and -V the
+// version, both ending with `ok`; anything else prints the usage to standard error and ends
+// with `bad`. Returns the exit status.
+inline int help_version_or_usage(int c, const char* prog, void (*usage)(FILE*), int ok, int bad) {
+  if (c == 'h' || c == 'V') {
+    if (c == 'h') {
+      usage(stdout);
+    } else {
+      std::printf("%s %s\n", prog, WARPFS_VERSION);
+    }
+    return ok;
+  }
+  usage(stderr);
+  return bad;
+}
+
 // A decimal number in [0, max]: no sign, no suffix, nothing after it.
 inline bool parse_u64(const char* s, uint64_t max, uint64_t* out) {
   char* end = nullptr;

@@ -242,15 +242,8 @@ int main(int argc, char** argv) {
       case 'j':
         as_json = true;
         break;
-      case 'h':
-        usage(stdout);
-        return 0;
-      case 'V':
-        std::printf("dump.warpfs %s\n", WARPFS_VERSION);
-        return 0;
-      default:
-        usage(stderr);
-        return 2;
+      default:  // -h, -V, or not an option
+        return tools::help_version_or_usage(c, "dump.warpfs", usage, 0, 2);
     }
   }
   if (optind + 1 != argc || (want_ino != 0 && !want_path.empty())) {

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "args.h"
 #include "warpfs/blockdev/stack.h"
 #include "warpfs/fs/format.h"
 #include "warpfs/fs/fsck.h"
@@ -85,15 +86,9 @@ int main(int argc, char** argv) {
       case 'v':
         verbose = true;
         break;
-      case 'h':
-        usage(stdout);
-        return fs::kFsckClean;
-      case 'V':
-        std::printf("fsck.warpfs %s\n", WARPFS_VERSION);
-        return fs::kFsckClean;
-      default:
-        usage(stderr);
-        return fs::kFsckUsage;
+      default:  // -h, -V, or not an option
+        return tools::help_version_or_usage(c, "fsck.warpfs", usage, fs::kFsckClean,
+                                            fs::kFsckUsage);
     }
   }
   if (optind + 1 != argc || (yes && no)) {

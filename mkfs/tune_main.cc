@@ -142,15 +142,8 @@ int main(int argc, char** argv) {
         r.mount_opts = opts;
         break;
       }
-      case 'h':
-        usage(stdout);
-        return 0;
-      case 'V':
-        std::printf("tune.warpfs %s\n", WARPFS_VERSION);
-        return 0;
-      default:
-        usage(stderr);
-        return 2;
+      default:  // -h, -V, or not an option
+        return tools::help_version_or_usage(c, "tune.warpfs", usage, 0, 2);
     }
   }
   if (optind + 1 != argc) {
