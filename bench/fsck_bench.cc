@@ -123,8 +123,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // mkfs with room for the files and directories, then the files through the core. Returns
 // the block groups.
-uint32_t build_image(blockdev::BlockDevice& dev, const Options& o, uint64_t dirs,
-                     uint64_t inodes) {
+uint32_t build_image(blockdev::BlockDevice& dev, const Options& o, uint64_t dirs, uint64_t inodes) {
   fs::MkfsOptions mo;
   mo.inodes = inodes;
   mo.seed = 1;
