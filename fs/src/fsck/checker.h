@@ -11,17 +11,19 @@
 //   superblock.cc  0, J  superblock, backup, journal, group descriptors and bitmaps as read
 //   pass1.cc       1     inodes, extent trees, xattr blocks; block claims (parallel by group)
 //   pass1b.cc      1B    blocks with several owners
-//   pass2.cc       2     directories' entries, names and targets (pass2_dir.cc: one directory)
+//   pass2.cc       2     directories' entries, names and targets (pass2_dir.cc: one directory,
+//                        directories read in parallel)
 //   pass3.cc       3     reachability, the root, /lost+found, parent fields
 //   pass4.cc       4     link counts; the orphan list (read after pass 1, freed after pass 3)
 //   pass5.cc       5     bitmaps, descriptor and superblock counts (parallel by group)
 //   repair_*.cc          allocation and the write phase
 //
-// Thread-safety: a Checker is used by one thread. The passes that fan out (1 and 5) hand
+// Thread-safety: a Checker is used by one thread. The passes that fan out (1, 2 and 5) hand
 // their workers only what is immutable while they run (the Layout, the device, the model
-// pass 1 built) and give each worker an output record of its own (GroupScan, GroupCheck),
-// merged by the calling thread in group order: messages, their order and the repairs do not
-// depend on the thread count. (ThreadSanitizer builds run the workers on plain threads:
+// pass 1 built) and give each worker an output record of its own (GroupScan; DirFindings
+// with its directory's entries and rebuild flag; GroupCheck), merged by the calling thread in
+// group or inode order: messages, their order and the repairs do not depend on the thread
+// count. (ThreadSanitizer builds run the workers on plain threads:
 // parallel.cc says why.)
 #pragma once
 
