@@ -1,5 +1,5 @@
 // warpfs-bench-fsck: how long fsck takes on an image with many files, at several thread
-// counts side by side (FsckOptions::threads: passes 1 and 5 run their groups in parallel).
+// counts side by side (FsckOptions::threads: passes 1, 2 and 5 fan out to the workers).
 //
 // The image is built in-process through the Filesystem API on an emulated NVMe controller
 // over a RAM store (commands run in the submitting thread: inline_io), mkfs'd with just
@@ -123,8 +123,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // mkfs with room for the files and directories, then the files through the core. Returns
 // the block groups.
-uint32_t build_image(blockdev::BlockDevice& dev, const Options& o, uint64_t dirs,
-                     uint64_t inodes) {
+uint32_t build_image(blockdev::BlockDevice& dev, const Options& o, uint64_t dirs, uint64_t inodes) {
   fs::MkfsOptions mo;
   mo.inodes = inodes;
   mo.seed = 1;

@@ -1,6 +1,7 @@
-// fsck at one thread and at four (FsckOptions::threads: passes 1 and 5 scan their groups in
-// parallel) on the same damaged images: the same exit code and counts, the same lines in the
-// same order, and, with repair, the same blocks written with the same contents.
+// fsck at one thread and at four (FsckOptions::threads: passes 1 and 5 scan their groups,
+// pass 2 its directories in parallel) on the same damaged images: the same exit code and counts,
+// the same lines in the same order, and, with repair, the same blocks written with the same
+// contents.
 #include <sys/stat.h>
 
 #include <functional>
@@ -138,9 +139,9 @@ Tree populate(Rig& r) {
   EXPECT_EQ(r.write(t.b, 0, pattern(2, 0, 4096)), 0);
   EXPECT_EQ(r.write(t.c, 0, pattern(3, 0, 20000)), 0);
   EXPECT_EQ(r.fs->setxattr(t.c, "user.color", "blue", 4, 0), 0);
-  for (int d = 0; d < 6; ++d) {
+  for (int d = 0; d < 20; ++d) {  // enough directories for pass 2 to fan out too
     const Ino sub = r.mkdir(kRootInode, "s" + std::to_string(d));
-    for (int f = 0; f < 40; ++f) r.create(sub, "f" + std::to_string(f));
+    for (int f = 0; f < 12; ++f) r.create(sub, "f" + std::to_string(f));
   }
   return t;
 }

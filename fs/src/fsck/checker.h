@@ -11,17 +11,20 @@
 //   superblock.cc  0, J  superblock, backup, journal, group descriptors and bitmaps as read
 //   pass1.cc       1     inodes, extent trees, xattr blocks; block claims (parallel by group)
 //   pass1b.cc      1B    blocks with several owners
-//   pass2.cc       2     directories' entries, names and targets (pass2_dir.cc: one directory)
+//   pass2.cc       2     directories' entries, names and targets (pass2_dir.cc: one directory,
+//                        directories read in parallel)
 //   pass3.cc       3     reachability, the root, /lost+found, parent fields
 //   pass4.cc       4     link counts; the orphan list (read after pass 1, freed after pass 3)
 //   pass5.cc       5     bitmaps, descriptor and superblock counts (parallel by group)
 //   repair_*.cc          allocation and the write phase
 //
-// Thread-safety: a Checker is used by one thread. The passes that fan out (1 and 5) hand
+// Thread-safety: a Checker is used by one thread. The passes that fan out (1, 2 and 5) hand
 // their workers only what is immutable while they run (the Layout, the device, the model
-// pass 1 built) and give each worker an output record of its own (GroupScan, GroupCheck),
-// merged by the calling thread in group order: messages, their order and the repairs do not
-// depend on the thread count.
+// pass 1 built) and give each worker an output record of its own (GroupScan; DirFindings
+// with its directory's entries and rebuild flag; GroupCheck), merged by the calling thread in
+// group or inode order: messages, their order and the repairs do not depend on the thread
+// count. (ThreadSanitizer builds run the workers on plain threads:
+// parallel.cc says why.)
 #pragma once
 
 #include <sys/stat.h>
@@ -170,16 +173,42 @@ void for_each_claim(const Info& n, F f) {
   for (const Extent& e : n.ext) f(e.physical, uint64_t{e.blocks()});
 }
 
-// Runs body(i) for every i in [0, n): on the calling thread when threads == 1, else on a
-// oneTBB arena of `threads` workers (0: all hardware threads). Returns when all are done.
-// REQUIRES: body(i) and body(j) touch no common mutable state for i != j.
-void for_each_index(unsigned threads, uint32_t n, const std::function<void(uint32_t)>& body);
+// The threads passes 1, 2 and 5 fan out to (parallel.cc): a oneTBB arena of `threads`
+// (0: all hardware threads) made once per check, or the calling thread alone (1).
+// Thread-safety: used by the Checker's thread; the bodies it runs are what runs in parallel.
+class Workers {
+ public:
+  explicit Workers(unsigned threads);
+  ~Workers();
+  Workers(const Workers&) = delete;
+  Workers& operator=(const Workers&) = delete;
+  unsigned count() const { return count_; }
+  // Runs body(i) for every i in [0, n); returns when all are done.
+  // REQUIRES: body(i) and body(j) touch no common mutable state for i != j.
+  void for_each_index(uint32_t n, const std::function<void(uint32_t)>& body);
+
+ private:
+  struct Arena;
+  unsigned count_;
+  std::unique_ptr<Arena> arena_;  // null with one thread
+};
+
+// What pass 2 found in one directory: written by the one worker that scans it, read by the
+// calling thread after for_each_index returns.
+struct DirFindings {
+  Findings findings;  // in the order a serial scan reports them
+  std::string error;  // the read error that stopped the scan
+};
+// Pass 2 on one directory (pass2_dir.cc): checks d's blocks and collects its entries into
+// `out`; any structural fault sets d.rebuild. Thread-safety: writes only d.rebuild, `out` and
+// `f`; reads d, the device (any thread) and the Layout. So workers may scan different
+// directories at once.
+void scan_dir(BlockDevice& io, const Layout& l, Info& d, std::vector<Ent>& out, DirFindings* f);
 
 // --- the checker ---------------------------------------------------------------------------
 
 struct GroupScan;   // pass1.cc: what pass 1 found in one group
 struct GroupCheck;  // pass5.cc: what pass 5 found in one group
-class DirScan;      // pass2_dir.cc: one directory's blocks
 
 class Checker {
  public:
@@ -195,8 +224,6 @@ class Checker {
   FsckResult run();
 
  private:
-  friend class DirScan;  // pass 2's walk of one directory reports and reads as the Checker
-
   // --- reporting (fsck.cc)
   void problem(const std::string& line, const std::string& fix = "");
   void unfixable(const std::string& line);
@@ -232,7 +259,7 @@ class Checker {
     return s ? &infos_[s - 1] : nullptr;
   }
   size_t index_of(const Info& n) const { return static_cast<size_t>(&n - infos_.data()); }
-  unsigned threads() const;
+  Workers& workers();
 
   // --- block claims (pass1.cc)
   bool claimed(uint64_t b) const { return (claimed_[b / 64] >> (b % 64)) & 1; }
@@ -262,7 +289,7 @@ class Checker {
   bool copy_run(Info& n, const Extent& e, uint64_t from, uint64_t to, std::vector<Extent>* out);
   // --- pass 2 (pass2.cc, pass2_dir.cc)
   void pass2();
-  void scan_dir(Info& d, std::vector<Ent>& out);
+  size_t merge_dir(size_t k, const DirFindings& f);
   void resolve_entries();
   void check_targets(Info& d, std::vector<Ent>& ents);
   void one_name_per_directory();
@@ -317,34 +344,42 @@ class Checker {
   void write_superblock();
   void summarize();
 
+  // What the workers of passes 1, 2 and 5 share is marked [shared]: they only read it, and the
+  // calling thread writes it only between passes, never while Workers::for_each_index runs (its
+  // return orders the workers' reads before the next write). The rest is the calling
+  // thread's alone.
   BlockDevice& dev_;
   const FsckOptions& o_;
   const std::function<void(const std::string&)>& report_;
   OverlayDevice overlay_;
-  BlockDevice* io_;
+  BlockDevice* io_;  // [shared] pass 1 reads through it (block_device.h: any thread)
   FsckResult res_;
   uint64_t uncorrected_ = 0, orphans_freed_ = 0;
   bool written_ = false;
   std::string error_;
 
   std::unique_ptr<Superblock> sb_ = std::make_unique<Superblock>();
-  Layout L_;
+  Layout L_;  // [shared]
   bool used_backup_ = false, primary_bad_ = false, backup_bad_ = false, journal_header_bad_ = false;
   ReplayResult pending_;
 
+  // [shared] by pass 5: the descriptors and bitmaps as read, and whether they are trusted.
   std::vector<GroupDesc> gd_;
   std::vector<uint8_t> gdt_raw_;
   std::vector<bool> gd_ok_, bb_ok_, ib_ok_;
   std::vector<std::vector<uint8_t>> bb_, ib_;
 
-  std::vector<uint64_t> claimed_, found_claims_, dups_;
-  std::vector<Info> infos_;
-  size_t found_infos_ = 0;  // infos_ as pass 1 found them (the rest are created)
-  std::vector<uint32_t> slot_;
-  std::vector<std::vector<Ent>> ents_;
-  std::vector<uint32_t> extra_names_;  // check mode: names /lost+found would give
+  std::vector<uint64_t> claimed_, dups_;
+  std::vector<uint64_t> found_claims_;  // [shared] by pass 5: claims as pass 1 found them
+  std::vector<Info>
+      infos_;               // [shared] by pass 5; pass 2's workers set one directory's rebuild each
+  size_t found_infos_ = 0;  // [shared] infos_ as pass 1 found them (the rest are created)
+  std::vector<uint32_t> slot_;          // [shared] by pass 5: inode -> infos_ index + 1
+  std::vector<std::vector<Ent>> ents_;  // pass 2's workers fill one directory's each
+  std::vector<uint32_t> extra_names_;   // check mode: names /lost+found would give
   uint64_t lost_found_ = 0;
   uint32_t alloc_group_ = 0;
+  std::unique_ptr<Workers> workers_;  // made on first use
 };
 
 }  // namespace warpfs::fs::fsck_impl

@@ -23,7 +23,6 @@
 //  - Regular files may be sparse: FORMAT.md's "size <= mapped range" is checked for
 //    directories (size = blocks x 4096) and symlinks only.
 #include <algorithm>
-#include <thread>
 
 #include "fsck/checker.h"
 
@@ -69,9 +68,9 @@ bool Checker::write(uint64_t b, uint64_t n, const void* buf) {
   return true;
 }
 
-unsigned Checker::threads() const {
-  if (o_.threads != 0) return o_.threads;
-  return std::max(1u, std::thread::hardware_concurrency());
+Workers& Checker::workers() {
+  if (!workers_) workers_ = std::make_unique<Workers>(o_.threads);
+  return *workers_;
 }
 
 // --- the run -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 // allocated inode, in inode order) and the block claims (claimed_), whose repeats go to
 // pass 1B. Nothing here looks at another inode: directories are pass 2's.
 //
-// The groups are scanned side by side (for_each_index), each by an InodeScanner that reads
+// The groups are scanned side by side (Workers::for_each_index), each by an InodeScanner that reads
 // only the device and the Layout and writes only its GroupScan; the calling thread then
 // merges the scans in group order (reports, Infos, claims), so the outcome is the serial one.
 #include <algorithm>
@@ -16,7 +16,7 @@
 namespace warpfs::fs::fsck_impl {
 
 // What pass 1 found in one group: written by the one worker that scans the group, read by
-// the calling thread after for_each_index returns (its join orders the two).
+// the calling thread after Workers::for_each_index returns (its join orders the two).
 struct GroupScan {
   std::vector<Info> infos;  // the group's allocated inodes, in inode order
   Findings findings;        // in the order a serial scan reports them
@@ -363,15 +363,17 @@ void Checker::pass1() {
   slot_.assign(L_.inode_count + 1, 0);
   claimed_.assign(div_up(L_.block_count, 64), 0);
   claim_metadata();
-  const unsigned t = threads();
+  // The superblock's count of used inodes, as a hint: the Infos are appended without moving.
+  infos_.reserve(L_.inode_count - std::min(sb_->free_inodes, L_.inode_count) + 64);
+  const unsigned t = workers().count();
   // A window of groups at a time: enough tasks to balance the workers, while the reports
   // and the progress callback still advance as the scan does.
   const uint32_t window = t == 1 ? 1 : 4 * t;
   for (uint32_t base = 0; base < L_.groups && !failed(); base += window) {
     const uint32_t n = std::min(window, L_.groups - base);
     std::vector<GroupScan> scans(n);
-    for_each_index(t, n,
-                   [&](uint32_t i) { InodeScanner(*io_, L_, scans[i]).scan_group(base + i); });
+    workers().for_each_index(
+        n, [&](uint32_t i) { InodeScanner(*io_, L_, scans[i]).scan_group(base + i); });
     for (uint32_t i = 0; i < n && !failed(); ++i) {
       merge_group(scans[i]);
       if (!scans[i].table_read) return;

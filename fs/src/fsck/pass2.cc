@@ -1,31 +1,59 @@
 // Pass 2: directories. Assumes pass 1's model (and pass 1B's: no block has two owners with
-// repair). Reads every live directory's blocks (pass2_dir.cc), then checks every entry's
-// target (allocated, sound, of the entry's type) and that each directory has exactly one
+// repair). Reads every live directory's blocks (pass2_dir.cc; directories side by side on
+// the workers, merged in inode order as passes 1 and 5 merge their groups), then checks every
+// entry's target (allocated, sound, of the entry's type) and that each directory has exactly one
 // name. Leaves ents_ (each directory's entries, removals marked `drop`) and each
 // directory's `namer` for pass 3; reachability is not looked at yet.
+#include <algorithm>
+
 #include "fsck/checker.h"
 
 namespace warpfs::fs::fsck_impl {
 
+constexpr size_t kMinParallelDirs = 16;
+
 void Checker::pass2() {
-  uint64_t entries = 0;
-  for (size_t k = 0; k < found_infos_ && !failed(); ++k) {
-    Info& d = infos_[k];
+  std::vector<size_t> dirs;  // the directories to read, as infos_ indexes
+  for (size_t k = 0; k < found_infos_; ++k) {
+    const Info& d = infos_[k];
     if (d.state != State::kLive || !is_dir(d)) continue;
     // An orphan directory that the mount had begun to free: it truncates the inode in
     // transactions of its own (the inode stays on the orphan list until the last one), so
     // its mapping may end short of its size. Nothing to read.
-    if (d.on_orphan_list && mapped_end(d) < d.size / kBlockSize) continue;
-    scan_dir(d, ents_[k]);
-    entries += ents_[k].size();
-    if (d.on_orphan_list && !ents_[k].empty()) {
-      problem("directory " + num(d.ino) + ": on the orphan list, but it has " +
-                  num(ents_[k].size()) + " entries",
-              "they go with it");
+    if (!d.on_orphan_list || mapped_end(d) >= d.size / kBlockSize) dirs.push_back(k);
+  }
+  uint64_t entries = 0;
+  // A few directories are read faster than workers are woken.
+  const unsigned t = dirs.size() < kMinParallelDirs ? 1 : workers().count();
+  const size_t window = t == 1 ? 1 : 64 * size_t{t};  // directories scanned side by side
+  for (size_t base = 0; base < dirs.size() && !failed(); base += window) {
+    const auto n = static_cast<uint32_t>(std::min(window, dirs.size() - base));
+    std::vector<DirFindings> found(n);
+    workers().for_each_index(n, [&](uint32_t i) {
+      const size_t k = dirs[base + i];
+      scan_dir(*io_, L_, infos_[k], ents_[k], &found[i]);
+    });
+    for (uint32_t i = 0; i < n; ++i) {
+      // After a read error the serial scan stops: what the window read past it is dropped.
+      if (failed()) ents_[dirs[base + i]].clear();
+      if (!failed()) entries += merge_dir(dirs[base + i], found[i]);
     }
   }
   verbose("pass 2: " + num(entries) + " directory entries");
   resolve_entries();
+}
+
+// One directory's scan joins the model, as if the calling thread had scanned it.
+size_t Checker::merge_dir(size_t k, const DirFindings& f) {
+  report_all(f.findings);
+  if (!f.error.empty()) fail(f.error);
+  const Info& d = infos_[k];
+  if (d.on_orphan_list && !ents_[k].empty()) {
+    problem("directory " + num(d.ino) + ": on the orphan list, but it has " + num(ents_[k].size()) +
+                " entries",
+            "they go with it");
+  }
+  return ents_[k].size();
 }
 
 // Checks every entry's target and that each directory has one name; removes what cannot

@@ -10,17 +10,20 @@
 namespace warpfs::fs::fsck_impl {
 
 // Checks one directory's blocks and collects its entries into `out`.
-// Thread-safety: used by the Checker's thread alone.
+// Thread-safety: one per worker (scan_dir in checker.h says what it touches).
 class DirScan {
  public:
-  DirScan(Checker& c, Info& d, std::vector<Ent>& out)
-      : c_(c), d_(d), out_(out), where_("directory " + num(d.ino)) {}
+  DirScan(BlockDevice& io, const Layout& l, Info& d, std::vector<Ent>& out, DirFindings& f)
+      : io_(io), L_(l), d_(d), out_(out), f_(f), where_("directory " + num(d.ino)) {}
   void run();
 
  private:
   enum : uint8_t { kNone, kRoot, kIndex, kLeaf };
+  void problem(const std::string& line, const std::string& fix) {
+    f_.findings.push_back(Finding{line, fix});
+  }
   void flag(const std::string& line) {
-    c_.problem(where_ + ": " + line, "directory rebuilt");
+    problem(where_ + ": " + line, "directory rebuilt");
     d_.rebuild = true;
   }
   const uint8_t* blk(uint64_t k) const { return buf_.data() + k * kBlockSize; }
@@ -45,9 +48,11 @@ class DirScan {
   void salvage_unreferenced();
   void drop_duplicates();
 
-  Checker& c_;
+  BlockDevice& io_;
+  const Layout& L_;
   Info& d_;
   std::vector<Ent>& out_;
+  DirFindings& f_;
   const std::string where_;
   uint64_t n_ = 0;              // directory blocks looked at
   std::vector<uint64_t> phys_;  // directory block -> device block (0: not mapped)
@@ -113,7 +118,8 @@ bool DirScan::read_all() {
     }
     uint64_t j = k + 1;
     while (j < n_ && phys_[j] == phys_[j - 1] + 1) ++j;
-    if (!c_.read(phys_[k], j - k, buf_.data() + k * kBlockSize)) return false;
+    f_.error = read_blocks(io_, phys_[k], j - k, buf_.data() + k * kBlockSize);
+    if (!f_.error.empty()) return false;
     k = j;
   }
   return true;
@@ -179,8 +185,7 @@ bool DirScan::index_entries(uint64_t k, uint16_t want_depth, uint64_t lo, uint64
 
 // "" or what is wrong with an index node's header (want_depth 0: the root, depth 1 or 2).
 std::string DirScan::index_problem(uint64_t k, uint16_t want_depth) const {
-  const std::string why =
-      header_problem<DirIndexHeader>(blk(k), kDirIndexMagic, d_.ino, c_.L_.seed);
+  const std::string why = header_problem<DirIndexHeader>(blk(k), kDirIndexMagic, d_.ino, L_.seed);
   if (!why.empty()) return why;
   DirIndexHeader h;
   std::memcpy(&h, blk(k), sizeof h);
@@ -251,7 +256,7 @@ bool DirScan::leaf_header(uint64_t k, const DirLeafHeader& h, bool* salvage) {
            (h.magic != kDirLeafMagic ? "bad magic" : "owned by inode " + num(h.owner)));
     return false;
   }
-  if (h.checksum != block_checksum(blk(k), kHeaderChecksumOffset, c_.L_.seed)) {
+  if (h.checksum != block_checksum(blk(k), kHeaderChecksumOffset, L_.seed)) {
     if (!*salvage) flag(bname("leaf ", k) + ": checksum mismatch");
     *salvage = true;
   }
@@ -276,14 +281,14 @@ bool DirScan::entry_at(const uint8_t* b, size_t off, size_t end, bool verify, Di
 bool DirScan::keep_entry(uint64_t k, const DirEntryHeader& e, const std::string& name,
                          uint64_t hash, uint64_t lo, uint64_t hi, uint64_t* prev, bool* sorted) {
   if (bad_name(name)) {
-    c_.problem(where_ + ": entry '" + printable(name) + "' has an invalid name", "removed");
+    problem(where_ + ": entry '" + printable(name) + "' has an invalid name", "removed");
     d_.rebuild = true;
     return false;
   }
   if (e.hash != hash) {
-    c_.problem(where_ + ": entry '" + printable(name) + "' has hash " + num(e.hash) +
-                   ", but its name hashes to " + num(hash),
-               "rehashed");
+    problem(where_ + ": entry '" + printable(name) + "' has hash " + num(e.hash) +
+                ", but its name hashes to " + num(hash),
+            "rehashed");
     d_.rebuild = true;
     return true;
   }
@@ -315,16 +320,15 @@ void DirScan::drop_duplicates() {
   std::unordered_set<std::string> seen;
   for (Ent& e : out_) {
     if (!seen.insert(e.name).second) {
-      c_.problem(where_ + ": entry '" + printable(e.name) + "' appears twice",
-                 "the second removed");
+      problem(where_ + ": entry '" + printable(e.name) + "' appears twice", "the second removed");
       e.drop = true;
       d_.rebuild = true;
     }
   }
 }
 
-void Checker::scan_dir(Info& d, std::vector<Ent>& out) {
-  DirScan(*this, d, out).run();
+void scan_dir(BlockDevice& io, const Layout& l, Info& d, std::vector<Ent>& out, DirFindings* f) {
+  DirScan(io, l, d, out, *f).run();
 }
 
 }  // namespace warpfs::fs::fsck_impl

@@ -5,16 +5,17 @@
 // counts with the sum. Repairs are not made here: the write phase rebuilds bitmaps,
 // descriptors and superblock from the model.
 //
-// The groups are compared side by side (for_each_index): each worker reads the model, which
-// nothing writes during this pass, and writes only its GroupCheck; the calling thread
-// reports them in group order.
+// The groups are compared side by side (Workers::for_each_index): each worker reads the model,
+// which nothing writes during this pass, and writes only its GroupCheck; the calling thread reports
+// them in group order.
 #include <cstring>
 
 #include "fsck/checker.h"
 
 namespace warpfs::fs::fsck_impl {
 
-// What pass 5 found in one group: written by one worker, read after for_each_index returns.
+// What pass 5 found in one group: written by one worker, read after Workers::for_each_index
+// returns.
 struct GroupCheck {
   Findings findings;  // in the order a serial check reports them
   uint64_t bfree = 0, ifree = 0;
@@ -55,7 +56,7 @@ bool all_set(const std::vector<uint8_t>& bm, uint64_t from, uint64_t to) {
 
 void Checker::check_groups() {
   std::vector<GroupCheck> checks(L_.groups);
-  for_each_index(threads(), L_.groups, [&](uint32_t g) { check_group(g, &checks[g]); });
+  workers().for_each_index(L_.groups, [&](uint32_t g) { check_group(g, &checks[g]); });
   uint64_t free_blocks = 0, free_inodes = 0;
   for (const GroupCheck& c : checks) {
     report_all(c.findings);

@@ -12,8 +12,9 @@
 //   3  reachability from the root and the orphan list; parent fields; /lost+found
 //   4  link counts
 //   5  block and inode bitmaps, their checksums, free counts, group descriptors, superblock
-// Passes 1 and 5 run their groups side by side on FsckOptions::threads threads (oneTBB);
-// what is reported, in what order, and what is repaired do not depend on the thread count.
+// Passes 1 and 5 run their groups, pass 2 its directories side by side on
+// FsckOptions::threads threads (oneTBB); what is reported, in what order, and what is
+// repaired do not depend on the thread count.
 //
 // What a crash leaves (a dirty superblock, committed transactions in the journal, inodes on
 // the orphan list) is not a problem: it is reported as a notice, replayed and freed with
