@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "journal.h"
+#include "locks.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/format.h"
 #include "warpfs/fs/layout.h"
@@ -100,7 +101,7 @@ struct Node {
   // argued where it happens: `disk.parent` and `disk.next_orphan` change only under
   // namespace_mu_ too, and are read under it alone (rename's ancestor walk, orphan_pred);
   // a node being created is not locked (no name reaches it yet, create_locked).
-  std::shared_mutex rw;
+  SharedMutex rw;
   Inode disk{};
   bool mapped = false;  // leaves loaded
   std::vector<ExtentLeaf> leaves;
@@ -125,13 +126,34 @@ struct Node {
   // Kernel references (FUSE lookups) and open handles: FsImpl::table_mu_.
   uint64_t nlookup = 0;
   uint32_t opens = 0;
+
+#if WARPFS_DEBUG_CHECKS
+  // From new_node() until create_locked() has given it a name (or undone it): no other
+  // thread can reach the node, which is therefore changed without its lock.
+  std::atomic<bool> creating{false};
+#endif
 };
 
+// For WARPFS_DCHECK (locks.h): whether this thread may change `n` (it holds n.rw exclusive,
+// or creates the node) or read it (n.rw in either mode, or creating it).
+#if WARPFS_DEBUG_CHECKS
+inline bool changeable_by_me(const Node& n) {
+  return held_exclusive_by_me(n.rw) || n.creating.load(std::memory_order_relaxed);
+}
+inline bool readable_by_me(const Node& n) {
+  return held_by_me(n.rw) || n.creating.load(std::memory_order_relaxed);
+}
+#else
+bool changeable_by_me(const Node& n);
+bool readable_by_me(const Node& n);
+#endif
+
 // Exclusive locks on several nodes, always taken in inode-number order (so that no two
-// operations can ever hold them in opposite orders). REQUIRES: namespace_mu_.
+// operations can ever hold them in opposite orders). REQUIRES: namespace_mu_ (`ns`).
 class NodeLocks {
  public:
-  explicit NodeLocks(std::vector<Node*> nodes) {
+  NodeLocks(const Mutex& ns, std::vector<Node*> nodes) {
+    WARPFS_DCHECK(held_by_me(ns), "NodeLocks without namespace_mu_");
     nodes.erase(std::remove(nodes.begin(), nodes.end(), nullptr), nodes.end());
     std::sort(nodes.begin(), nodes.end(), [](Node* a, Node* b) { return a->ino < b->ino; });
     nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
@@ -139,7 +161,7 @@ class NodeLocks {
   }
 
  private:
-  std::vector<std::unique_lock<std::shared_mutex>> locks_;
+  std::vector<std::unique_lock<SharedMutex>> locks_;
 };
 
 class FsImpl final : public Filesystem {
@@ -151,8 +173,8 @@ class FsImpl final : public Filesystem {
   int unmount() override;
   // After a failed start(): stop the committer and write nothing, not even at destruction.
   void abandon();
-  // Grows the filesystem to at most `blocks` (resize.cc). REQUIRES: no other operation in
-  // flight or to come (the resizer's own mount).
+  // Grows the filesystem to at most `blocks` (resize.cc). REQUIRES (unchecked): no other
+  // operation in flight or to come (the resizer's own mount).
   int grow(uint64_t blocks, std::string* error);
   bool plan_growth(uint64_t blocks, Superblock* out, std::string* error) const;
   int lookup(Ino parent, std::string_view name, Attr* out) override;
@@ -207,8 +229,10 @@ class FsImpl final : public Filesystem {
   using NodeRef = std::shared_ptr<Node>;
 
   // --- inodes (inode.cc)
-  int get_node(Ino ino, NodeRef* out);  // loads and verifies; EIO, ENOENT (free inode)
-  int store(Node& n);                   // REQUIRES: rw exclusive, in a transaction
+  // Loads and verifies; EIO, ENOENT (free inode).
+  int get_node(Ino ino, NodeRef* out);
+  // REQUIRES: rw exclusive (or the node being created), in a transaction.
+  int store(Node& n);
   void publish(Node& n);
   template <typename D>  // Inode or Node::Published
   void fill_attr(const D& d, Ino ino, Attr* out) const {
@@ -233,13 +257,15 @@ class FsImpl final : public Filesystem {
   int alloc_inode(Ino parent, bool dir, Ino* out);  // in a transaction
   void free_inode_bit(Ino ino, bool dir);
   // The inode slot becomes free (its generation kept for the next user) and its bit
-  // clears. REQUIRES: rw exclusive or unpublished, in a transaction.
+  // clears. REQUIRES: rw exclusive or the node being created, in a transaction.
   int free_inode(Node& n);
-  int new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out);  // in a transaction
+  // In a transaction.
+  int new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out);
   void ref(Node& n, uint64_t lookups, uint32_t opens);
   // Frees an inode whose links, lookups and opens are all zero. REQUIRES: namespace_mu_.
   int reclaim(const NodeRef& n);
-  int orphan_add(Node& n);  // REQUIRES: namespace_mu_, n.rw exclusive, in a transaction
+  // REQUIRES: namespace_mu_, n.rw exclusive, in a transaction.
+  int orphan_add(Node& n);
   // The node before `n` on the orphan list (null: n is the head or not on it).
   // REQUIRES: namespace_mu_.
   int orphan_pred(const Node& n, NodeRef* pred);
@@ -274,11 +300,12 @@ class FsImpl final : public Filesystem {
   void take_freed();
   void release_freed();
 
-  // --- extents (extents.cc); REQUIRES: rw held (exclusive for changes)
+  // --- extents (extents.cc); REQUIRES: rw held (exclusive for changes, which are in a
+  // transaction), or the node being created; the mapping loaded (but by load_map)
   int load_map(Node& n);
   // A shared lock on n.rw with the mapping loaded: the exclusive lock is taken only for the
   // first load, so readers of a loaded node never exclude each other. Unlocked on error.
-  int lock_mapped(Node& n, std::shared_lock<std::shared_mutex>* lk);
+  int lock_mapped(Node& n, std::shared_lock<SharedMutex>* lk);
   // Finds the extent covering `lblk`, or the hole up to the next extent.
   struct Mapping {
     bool hole;
@@ -293,7 +320,8 @@ class FsImpl final : public Filesystem {
   int map_store(Node& n);             // writes changed leaves/index, then the inode
   // Frees the mapped blocks in [l, end) and their accounting. In a transaction.
   int punch(Node& n, uint32_t l, uint64_t count);
-  int truncate_blocks(Node& n, uint64_t new_size);  // frees beyond; its own transactions
+  // Frees beyond, in transactions of its own. REQUIRES: rw exclusive, not in a transaction.
+  int truncate_blocks(Node& n, uint64_t new_size);
   uint64_t alloc_goal(Node& n, uint32_t lblk);
   int alloc_meta_block(Node& n, uint64_t* out);
 
@@ -301,13 +329,16 @@ class FsImpl final : public Filesystem {
   int write_locked(Node& n, uint64_t off, size_t len, const char* buf, size_t* written);
   int zero_range(Node& n, uint64_t off, uint64_t len);  // within mapped blocks
   int set_size(Node& n, uint64_t size);
-  int drop_past_eof(Node& n, uint64_t old, uint64_t size);  // before growing from old to size
+  // Before growing from old to size.
+  int drop_past_eof(Node& n, uint64_t old, uint64_t size);
 
-  // --- directories (dir.cc); REQUIRES: dir rw held
+  // --- directories (dir.cc); REQUIRES: dir rw held (exclusive for changes, which are in a
+  // transaction), or the directory being created
   int dir_find(Node& dir, std::string_view name, Ino* ino, uint8_t* type);
-  int dir_add(Node& dir, std::string_view name, Ino ino, uint8_t type);  // in a transaction
-  int dir_remove(Node& dir, std::string_view name);                      // in a transaction
-  int dir_set(Node& dir, std::string_view name, Ino ino, uint8_t type);  // replace target
+  // These three in a transaction; dir_set replaces the target of an existing name.
+  int dir_add(Node& dir, std::string_view name, Ino ino, uint8_t type);
+  int dir_remove(Node& dir, std::string_view name);
+  int dir_set(Node& dir, std::string_view name, Ino ino, uint8_t type);
   int dir_is_empty(Node& dir, bool* empty);
   int dir_init(Node& dir, Ino parent);  // a new directory's index root and first leaf
   int dir_block(Node& dir, uint32_t lblk, MetaBuf** out);
@@ -408,8 +439,8 @@ class FsImpl final : public Filesystem {
 
   // Level 1 (filesystem.h): every change of a name (create, link, unlink, rename) and the
   // freeing of an inode (reclaim, the orphan list), so that they may lock several nodes.
-  std::mutex namespace_mu_;
-  mutable std::mutex table_mu_;  // leaf: nodes_, table_epoch_, and Node::nlookup/opens
+  Mutex namespace_mu_;
+  mutable Mutex table_mu_;  // leaf: nodes_, table_epoch_, and Node::nlookup/opens
   std::unordered_map<Ino, NodeRef> nodes_;
   uint64_t table_epoch_ = 0;  // bumped whenever a node leaves nodes_ (get_node's re-check)
   // Leaf locks over the inode slots of the inode-table buffers: store() writes a slot while

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "locks.h"
 #include "warpfs/blockdev/block_device.h"
 #include "warpfs/fs/format.h"
 
@@ -84,23 +85,25 @@ class Journal {
     uint64_t owner;
   };
   std::vector<Candidate> eviction_candidates(size_t max);
-  // Drops `block`'s buffer if it is still clean and written home. REQUIRES: the caller
-  // excludes every user of the buffer by the rules at MetaBuf (the slot lock, or the
-  // owner's lock, or the owner's absence from the node table held locked).
+  // Drops `block`'s buffer if it is still clean and written home. REQUIRES (unchecked: the
+  // locks are the filesystem's, not the journal's): the caller excludes every user of the
+  // buffer by the rules at MetaBuf (the slot lock, or the owner's lock, or the owner's
+  // absence from the node table held locked).
   bool drop_if_clean(uint64_t block);
   size_t cached_buffers() const { return buffers_.load(std::memory_order_relaxed); }
   std::atomic<uint64_t> evicted{0};
   // A freed metadata block: dropped from the cache and from the running transaction.
   void forget_block(uint64_t block);
-  // REQUIRES: inside a transaction.
+  // REQUIRES: inside a transaction, or committing under the closed gate (the finish hook).
   void dirty(MetaBuf* b);
   // The filesystem grew (FsImpl::grow): blocks up to the new end are metadata it may cache.
-  // REQUIRES: no other operation in flight.
+  // REQUIRES (unchecked): no other operation in flight.
   void set_geometry(const Superblock& sb) { sb_ = sb; }
 
   // A transaction: operations enter it (shared) and leave; commit waits until none is
-  // inside. REQUIRES: the caller holds no lock an operation inside a transaction may wait
-  // for (filesystem.h's order: no namespace or inode lock is taken inside).
+  // inside. REQUIRES (unchecked: the locks are the filesystem's): the caller holds no lock
+  // an operation inside a transaction may wait for (filesystem.h's order: no namespace or
+  // inode lock is taken inside).
   class Txn {
    public:
     explicit Txn(Journal& j) : j_(&j) { j.enter(); }
@@ -152,6 +155,9 @@ class Journal {
   // Writes a block directly (superblock at unmount), bypassing the journal.
   int write_direct(uint64_t block, const void* data);
   bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  // Whether this thread is inside a transaction of this journal (a Txn in scope). Debug-check
+  // builds only (WARPFS_DCHECK): the count is kept only there.
+  bool in_transaction() const;
 
   std::atomic<uint64_t> commits{0}, journal_blocks_written{0}, checkpoint_blocks{0};
   std::atomic<uint64_t> meta_reads{0}, meta_cached{0}, checksum_errors{0};
@@ -159,6 +165,9 @@ class Journal {
  private:
   void enter();
   void leave();
+#if WARPFS_DEBUG_CHECKS
+  static std::vector<const Journal*>& txns_of_this_thread();
+#endif
   int write_header();  // tail at (pos_, seq_); REQUIRES: commit_mu_
   int write_transaction(const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks);
 
@@ -175,8 +184,8 @@ class Journal {
   int active_ = 0;
   bool closed_ = false;
 
-  std::mutex commit_mu_;  // one commit at a time; outside the gate
-  uint64_t pos_, seq_;    // commit_mu_
+  Mutex commit_mu_;     // one commit at a time; outside the gate
+  uint64_t pos_, seq_;  // commit_mu_
   // The last transaction whose checkpoint is written (its buffers' homes are current).
   std::atomic<uint64_t> checkpointed_seq_{0};
   std::atomic<size_t> buffers_{0};  // in the shards
@@ -193,7 +202,9 @@ class Journal {
     std::unordered_map<uint64_t, std::unique_ptr<MetaBuf>> map;
   };
   Shard shards_[kShards];
-  Shard& shard(uint64_t block) { return shards_[block % kShards]; }
+  Shard& shard(uint64_t block) {
+    return shards_[block % kShards];
+  }
   // Buffers dead (freed) in the running transaction: its dirty_ may still point at them,
   // so they are freed only by the commit that prunes them from that list (commit()).
   std::mutex graveyard_mu_;  // leaf

@@ -184,7 +184,7 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
     s->state = kStateDirty;
     if (int rc = write_dirty_superblock(error); rc) return rc;
     // Inodes unlinked while open when the last mount ended: free them now.
-    std::lock_guard<std::mutex> ns(namespace_mu_);
+    std::lock_guard<Mutex> ns(namespace_mu_);
     for (uint64_t steps = 0; s->orphan_head != 0 && steps < sb_.inode_count; ++steps) {
       NodeRef n;
       const Ino ino = s->orphan_head;
@@ -198,7 +198,7 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
       }
       if (n->disk.links != 0) {
         // Linked again: just take it off the list.
-        NodeLocks locks({n.get()});
+        NodeLocks locks(namespace_mu_, {n.get()});
         Journal::Txn t(*journal_);
         if (int rc = orphan_remove(*n, nullptr); rc) break;  // it is the head
         continue;
@@ -293,6 +293,7 @@ int FsImpl::write_clean_superblock() {
 }
 
 int FsImpl::set_read_only(bool read_only) {
+  WARPFS_DCHECK(!unmounted_, "set_read_only after unmount()");
   std::lock_guard<std::mutex> g(remount_mu_);
   if (read_only == ro_.load()) return 0;  // (never after unmount(): the daemon stops calling first)
   if (read_only) {
@@ -397,7 +398,7 @@ FsStats FsImpl::stats() const {
   s.discard = opts_.discard;
   s.meta_cache_mb = opts_.meta_cache_mb;
   {
-    std::lock_guard<std::mutex> g(table_mu_);
+    std::lock_guard<Mutex> g(table_mu_);
     s.nodes = nodes_.size();
   }
   return s;

@@ -53,6 +53,9 @@ IoEngine::~IoEngine() {
     wd_cv_.notify_all();
     watchdog_.join();
   }
+  for (const VirtualQueuePtr& vq : vqs_) {
+    WARPFS_DCHECK(vq->inside() == 0, "IoEngine destroyed with I/O in flight");
+  }
   mapper_.reset();
   vqs_.clear();
   for (const QueueView& v : views_) (void)c_.delete_queue_pair(v.qid);

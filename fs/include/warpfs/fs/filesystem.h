@@ -208,9 +208,9 @@ class Filesystem {
   virtual bool read_only() const = 0;
   // Remount (mount -o remount,ro|rw): read-only commits everything and leaves the image
   // clean, as an unmount does, and refuses changes from then on (EROFS); read-write marks it
-  // dirty again and takes changes. REQUIRES: no modifying call under way (the kernel stops
-  // writers first: its remount to read-only fails while a file is open for writing), and not
-  // after unmount(). Orphans wait for the next read-write mount. 0, or EIO.
+  // dirty again and takes changes. REQUIRES: not after unmount(); and (unchecked) no
+  // modifying call under way (the kernel stops writers first: its remount to read-only fails
+  // while a file is open for writing). Orphans wait for the next read-write mount. 0, or EIO.
   virtual int set_read_only(bool read_only) = 0;
 
  protected:
