@@ -1467,7 +1467,7 @@ int main(int argc, char** argv) {
   }
   d.fs.reset();
   if (d.cached) {
-    d.cached->flush();
+    (void)d.cached->flush();  // TODO(review): was silently ignored
     d.cached.reset();
   }
   d.stack.reset();

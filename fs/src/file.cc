@@ -160,8 +160,9 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
     if (m.unwritten) {
       // The fallocated range now holds data: split off a written extent.
       std::vector<Extent> removed;
-      map_remove(n, static_cast<uint32_t>(b), run, &removed);
-      map_insert(n, Extent{static_cast<uint32_t>(b), static_cast<uint32_t>(run), phys});
+      if ((rc = map_remove(n, static_cast<uint32_t>(b), run, &removed)) != 0) break;
+      rc = map_insert(n, Extent{static_cast<uint32_t>(b), static_cast<uint32_t>(run), phys});
+      if (rc) break;
     }
     *written = static_cast<size_t>(std::min<uint64_t>(we, off + len) - off);
     b += run;

@@ -196,7 +196,9 @@ void FsImpl::maybe_reclaim(Ino ino) {
     std::lock_guard<Mutex> g(table_mu_);
     if (n->nlookup != 0 || n->opens != 0) return;  // looked up again meanwhile
   }
-  reclaim(n);
+  // Nobody to tell (the kernel's forget has no reply): a failure leaves the inode on the
+  // orphan list, which the next read-write mount frees.
+  (void)reclaim(n);
 }
 
 int FsImpl::reclaim(const NodeRef& n) {

@@ -185,7 +185,9 @@ void Journal::dirty(MetaBuf* b) {
 void Journal::enter() {
   // A transaction over half its capacity is committed before more operations join it: the
   // other half is headroom for the operations already inside (each dirties a few blocks).
-  if (dirty_count_.load(std::memory_order_relaxed) >= capacity_ / 2) commit();
+  // Its result is not this operation's: a failed commit fails every later one (failed_),
+  // and the operation's own commit, fsync or sync reports it.
+  if (dirty_count_.load(std::memory_order_relaxed) >= capacity_ / 2) (void)commit();
   std::unique_lock<std::mutex> g(gate_mu_);
   gate_cv_.wait(g, [&] { return !closed_; });
   ++active_;

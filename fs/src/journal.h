@@ -71,8 +71,9 @@ class Journal {
   // EIO, logged with the block and kind; `verify` checks kinds that need context (bitmaps
   // against their descriptor, header magic): it returns "" or the problem.
   // `owner`: kHeader blocks' inode (MetaBuf::owner).
-  int get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
-          const std::function<std::string(const MetaBuf&)>& verify = nullptr, uint64_t owner = 0);
+  [[nodiscard]] int get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
+                        const std::function<std::string(const MetaBuf&)>& verify = nullptr,
+                        uint64_t owner = 0);
   // A zeroed buffer for a newly allocated metadata block (no read).
   MetaBuf* create(uint64_t block, MetaKind kind, uint64_t owner = 0);
 
@@ -110,7 +111,8 @@ class Journal {
     ~Txn() {
       if (!j_) return;
       j_->leave();
-      if (j_->commit_each_transaction) j_->commit();
+      // Crash testing only; a failure is sticky (failed()): the next commit reports it.
+      if (j_->commit_each_transaction) (void)j_->commit();
     }
     Txn(const Txn&) = delete;
     Txn& operator=(const Txn&) = delete;
@@ -122,7 +124,7 @@ class Journal {
   // Commits the running transaction (if it has anything) and makes it durable. Returns 0 or
   // EIO. Serialised; a caller arriving during a commit waits for it and commits again only if
   // more was dirtied.
-  int commit();
+  [[nodiscard]] int commit();
   // Blocks a transaction may still dirty before a commit is forced.
   uint32_t capacity() const { return capacity_; }
 
@@ -151,9 +153,9 @@ class Journal {
 
   // Commits, makes every checkpoint durable and leaves the journal empty (the header's tail
   // at the next position): a later replay finds nothing. For unmount.
-  int close();
+  [[nodiscard]] int close();
   // Writes a block directly (superblock at unmount), bypassing the journal.
-  int write_direct(uint64_t block, const void* data);
+  [[nodiscard]] int write_direct(uint64_t block, const void* data);
   bool failed() const { return failed_.load(std::memory_order_relaxed); }
   // Whether this thread is inside a transaction of this journal (a Txn in scope). Debug-check
   // builds only (WARPFS_DCHECK): the count is kept only there.
@@ -168,8 +170,9 @@ class Journal {
 #if WARPFS_DEBUG_CHECKS
   static std::vector<const Journal*>& txns_of_this_thread();
 #endif
-  int write_header();  // tail at (pos_, seq_); REQUIRES: commit_mu_
-  int write_transaction(const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks);
+  [[nodiscard]] int write_header();  // tail at (pos_, seq_); REQUIRES: commit_mu_
+  [[nodiscard]] int write_transaction(
+      const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks);
 
   blockdev::BlockDevice& dev_;
   Superblock sb_;  // geometry and seed (changed only by grow(), which runs alone)

@@ -240,7 +240,9 @@ void FsImpl::commit_loop() {
     // commit, then the blocks of forgotten inodes.
     if (pressed) evict_metadata();
     if (!pressed || journal_->cached_buffers() > meta_cap_) {
-      if (!ro_) journal_->commit();
+      // The timer's commit: a failure is sticky (Journal::failed), so the next fsync, sync or
+      // unmount reports it to someone who can act on it.
+      if (!ro_) (void)journal_->commit();
       evict_metadata();
     }
     lk.lock();
@@ -248,7 +250,9 @@ void FsImpl::commit_loop() {
 }
 
 FsImpl::~FsImpl() {
-  unmount();
+  // A destructor cannot report: a caller who needs the result called unmount() itself (a
+  // second call returns at once).
+  (void)unmount();
 }
 
 void FsImpl::abandon() {
@@ -373,7 +377,9 @@ int FsImpl::sync() {
 }
 
 void FsImpl::shrink_caches() {
-  if (!ro_) journal_->commit();
+  // Best effort (it only makes buffers clean, hence evictable); a failure is sticky and the
+  // next fsync, sync or unmount reports it.
+  if (!ro_) (void)journal_->commit();
   // Twice: the first sweep gives recently used blocks their second chance.
   evict_metadata();
   evict_metadata();

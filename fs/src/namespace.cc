@@ -257,8 +257,9 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
         if (const blockdev::Status st = dev_.write(phys, 1, block.data()); !st.is_ok()) {
           free_blocks(phys, 1);
           rc = errno_of(st);
+        } else if ((rc = map_insert(*n, Extent{0, 1, phys})) != 0) {
+          free_blocks(phys, 1);
         } else {
-          map_insert(*n, Extent{0, 1, phys});
           d.blocks = 1;
         }
       }
@@ -272,13 +273,18 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
   if (rc == 0) rc = map_store(*n);
   if (rc == 0) rc = dir_add(*dir, name, n->ino, dtype(mode));
   if (rc != 0) {
-    // Undo: give back the inode and anything it got (the transaction keeps it atomic).
-    punch(*n, 0, uint64_t{1} << 32);
+    // Undo: give back the inode and anything it got (the transaction keeps it atomic). The
+    // caller hears the create's error; an undo that fails too leaves an inode no name
+    // reaches, which fsck frees.
+    int urc = punch(*n, 0, uint64_t{1} << 32);
     if (d.xattr_block) {  // an inherited ACL
       journal_->forget_block(d.xattr_block);
       free_blocks(d.xattr_block, 1);
     }
-    free_inode(*n);
+    if (int frc = free_inode(*n); frc && !urc) urc = frc;
+    if (urc) {
+      log("inode " + std::to_string(n->ino) + ": undoing a failed create failed (run fsck.warpfs)");
+    }
 #if WARPFS_DEBUG_CHECKS
     n->creating.store(false, std::memory_order_relaxed);
 #endif

@@ -58,6 +58,8 @@ IoEngine::~IoEngine() {
   }
   mapper_.reset();
   vqs_.clear();
+  // Best effort: a destructor cannot report, and the controller's shutdown (or reset) drops
+  // every queue the device still has.
   for (const QueueView& v : views_) (void)c_.delete_queue_pair(v.qid);
 }
 
