@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   {
     std::vector<uint64_t> v(max_n);
     for (uint64_t i = 0; i < max_n; ++i) v[i] = i + 1;
-    (void)store->write(0, v.data(), max_n * 8);
+    (void)store->write(0, v.data(), max_n * 8);  // a RAM store, which cannot fail
   }
   gpu::RigOptions o;
   o.queues = 4;

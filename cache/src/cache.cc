@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "warpfs/cache/line_state.h"
+#include "warpfs/nvme/check.h"
 
 namespace warpfs::cache {
 namespace {
@@ -136,6 +137,13 @@ std::unique_ptr<Cache> Cache::create(Backend& backend, const CacheOptions& o, st
 
 Cache::~Cache() {
   ra_.reset();
+  // The REQUIRES: a reference left would point into the memory freed below.
+  if constexpr (port::kDebugChecks) {
+    for (uint64_t a = 0; meta_ != nullptr && a < lines(); ++a) {
+      WARPFS_DCHECK((meta_[a].state.load(port::Order::kAcquire) & kCountMask) == 0,
+                    "Cache destroyed with a reference held");
+    }
+  }
   if (tags_ != nullptr) ::operator delete (tags_, std::align_val_t{port::kCacheLine});
   if (data_ != nullptr) b_.free(data_, lines() * line_bytes_);
 }

@@ -114,6 +114,7 @@ void index_insert(MetaBuf* b, uint16_t after, uint64_t hash_low, uint32_t block)
 
 // A directory block by its index within the directory.
 int FsImpl::dir_block(Node& dir, uint32_t lblk, MetaBuf** out) {
+  WARPFS_DCHECK(readable_by_me(dir), "dir_block: dir rw held");
   if (int rc = load_map(dir); rc) return rc;
   const Mapping m = map_lookup(dir, lblk);
   if (m.hole || m.unwritten) {
@@ -194,6 +195,8 @@ struct DirOps {
 };
 
 int FsImpl::dir_init(Node& dir, Ino parent) {
+  WARPFS_DCHECK(changeable_by_me(dir), "dir_init: dir rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "dir_init: in a transaction");
   dir.disk.size = 0;
   dir.disk.parent = parent;
   dir.disk.dir_seed = (now_ns() * 0x9e3779b97f4a7c15ull) ^ (dir.ino * 0xbf58476d1ce4e5b9ull);
@@ -208,6 +211,7 @@ int FsImpl::dir_init(Node& dir, Ino parent) {
 }
 
 int FsImpl::dir_find(Node& dir, std::string_view name, Ino* ino, uint8_t* type) {
+  WARPFS_DCHECK(readable_by_me(dir), "dir_find: dir rw held");
   const uint64_t h = name_hash(name.data(), name.size(), dir.disk.dir_seed);
   Path p;
   MetaBuf *root, *index, *leaf;
@@ -227,6 +231,8 @@ int FsImpl::dir_find(Node& dir, std::string_view name, Ino* ino, uint8_t* type) 
 }
 
 int FsImpl::dir_add(Node& dir, std::string_view name, Ino ino, uint8_t type) {
+  WARPFS_DCHECK(changeable_by_me(dir), "dir_add: dir rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "dir_add: in a transaction");
   const uint64_t h = name_hash(name.data(), name.size(), dir.disk.dir_seed);
   const uint16_t need = rec_len(name.size());
   // The worst case below takes three blocks (two index blocks and a leaf) and a mapping
@@ -314,6 +320,8 @@ int FsImpl::dir_add(Node& dir, std::string_view name, Ino ino, uint8_t type) {
 }
 
 int FsImpl::dir_remove(Node& dir, std::string_view name) {
+  WARPFS_DCHECK(changeable_by_me(dir), "dir_remove: dir rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "dir_remove: in a transaction");
   const uint64_t h = name_hash(name.data(), name.size(), dir.disk.dir_seed);
   Path p;
   MetaBuf *root, *index, *leaf;
@@ -329,6 +337,8 @@ int FsImpl::dir_remove(Node& dir, std::string_view name) {
 }
 
 int FsImpl::dir_set(Node& dir, std::string_view name, Ino ino, uint8_t type) {
+  WARPFS_DCHECK(changeable_by_me(dir), "dir_set: dir rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "dir_set: in a transaction");
   const uint64_t h = name_hash(name.data(), name.size(), dir.disk.dir_seed);
   Path p;
   MetaBuf *root, *index, *leaf;
@@ -353,6 +363,7 @@ int FsImpl::dir_set(Node& dir, std::string_view name, Ino ino, uint8_t type) {
 }
 
 int FsImpl::dir_is_empty(Node& dir, bool* empty) {
+  WARPFS_DCHECK(readable_by_me(dir), "dir_is_empty: dir rw held");
   *empty = true;
   return dir_readdir(dir, 2, [&](const DirEntry&) {
     *empty = false;
@@ -362,6 +373,7 @@ int FsImpl::dir_is_empty(Node& dir, bool* empty) {
 
 int FsImpl::dir_readdir(Node& dir, uint64_t offset,
                         const std::function<bool(const DirEntry&)>& emit) {
+  WARPFS_DCHECK(readable_by_me(dir), "dir_readdir: dir rw held");
   if (offset == 0 && !emit(DirEntry{".", dir.ino, DT_DIR, 1})) return 0;
   if (offset <= 1 && !emit(DirEntry{"..", dir.disk.parent, DT_DIR, 2})) return 0;
   const uint64_t from = std::max<uint64_t>(offset, 2);

@@ -53,12 +53,13 @@ int FsImpl::meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner, u
   return journal_->get(block, MetaKind::kHeader, 0, out, verify, owner);
 }
 
-int FsImpl::lock_mapped(Node& n, std::shared_lock<std::shared_mutex>* lk) {
-  *lk = std::shared_lock<std::shared_mutex>(n.rw);
+int FsImpl::lock_mapped(Node& n, std::shared_lock<SharedMutex>* lk) {
+  WARPFS_DCHECK(!held_by_me(n.rw), "lock_mapped: rw already held");
+  *lk = std::shared_lock<SharedMutex>(n.rw);
   if (n.mapped) return 0;
   lk->unlock();
   {
-    std::unique_lock<std::shared_mutex> ex(n.rw);
+    std::unique_lock<SharedMutex> ex(n.rw);
     if (int rc = load_map(n); rc) return rc;
   }
   lk->lock();
@@ -66,6 +67,8 @@ int FsImpl::lock_mapped(Node& n, std::shared_lock<std::shared_mutex>* lk) {
 }
 
 int FsImpl::load_map(Node& n) {
+  WARPFS_DCHECK(n.mapped ? readable_by_me(n) : changeable_by_me(n),
+                "load_map: rw held (exclusive for the first load)");
   if (n.mapped) return 0;
   n.leaves.clear();
   n.index_blocks.clear();
@@ -147,6 +150,8 @@ int FsImpl::load_map(Node& n) {
 }
 
 FsImpl::Mapping FsImpl::map_lookup(Node& n, uint32_t lblk) {
+  WARPFS_DCHECK(readable_by_me(n), "map_lookup: rw held");
+  WARPFS_DCHECK(n.mapped, "map_lookup: mapping loaded");
   const size_t li = leaf_for(n.leaves, lblk);
   const std::vector<Extent>& ext = n.leaves[li].ext;
   auto it = std::upper_bound(ext.begin(), ext.end(), lblk,
@@ -169,6 +174,8 @@ FsImpl::Mapping FsImpl::map_lookup(Node& n, uint32_t lblk) {
 }
 
 int FsImpl::map_remove(Node& n, uint32_t l, uint64_t count, std::vector<Extent>* removed) {
+  WARPFS_DCHECK(changeable_by_me(n), "map_remove: rw exclusive");
+  WARPFS_DCHECK(n.mapped, "map_remove: mapping loaded");
   const uint64_t end = std::min<uint64_t>(uint64_t{l} + count, kNoBlock);
   bool changed_starts = false;
   for (size_t li = leaf_for(n.leaves, l); li < n.leaves.size(); ++li) {
@@ -207,6 +214,14 @@ int FsImpl::map_remove(Node& n, uint32_t l, uint64_t count, std::vector<Extent>*
 }
 
 int FsImpl::map_insert(Node& n, Extent e) {
+  WARPFS_DCHECK(changeable_by_me(n), "map_insert: rw exclusive");
+  WARPFS_DCHECK(n.mapped, "map_insert: mapping loaded");
+  WARPFS_DCHECK(
+      [&] {
+        const Mapping m = map_lookup(n, e.logical);
+        return m.hole && m.length >= e.blocks();
+      }(),
+      "map_insert: the range is a hole");
   const size_t li = leaf_for(n.leaves, e.logical);
   std::vector<Extent>& ext = n.leaves[li].ext;
   auto it = std::upper_bound(ext.begin(), ext.end(), e.logical,
@@ -228,6 +243,7 @@ int FsImpl::map_insert(Node& n, Extent e) {
 }
 
 uint64_t FsImpl::alloc_goal(Node& n, uint32_t lblk) {
+  WARPFS_DCHECK(readable_by_me(n), "alloc_goal: rw held");
   if (lblk > 0) {
     Mapping m = map_lookup(n, lblk - 1);
     if (!m.hole) return m.physical + 1;
@@ -238,6 +254,8 @@ uint64_t FsImpl::alloc_goal(Node& n, uint32_t lblk) {
 }
 
 int FsImpl::alloc_meta_block(Node& n, uint64_t* out) {
+  WARPFS_DCHECK(changeable_by_me(n), "alloc_meta_block: rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "alloc_meta_block: in a transaction");
   uint32_t got;
   const uint64_t g = group_of_inode(n.ino, sb_.inodes_per_group);
   if (int rc = alloc_blocks(group_start(static_cast<uint32_t>(g)), 1, out, &got, true); rc)
@@ -250,6 +268,8 @@ int FsImpl::alloc_meta_block(Node& n, uint64_t* out) {
 // first brought into shape: the inline form while 8 extents suffice, full leaves split,
 // empty ones dropped, and a second index level when more than 8 leaves are needed.
 int FsImpl::map_store(Node& n) {
+  WARPFS_DCHECK(changeable_by_me(n), "map_store: rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "map_store: in a transaction");
   if (n.disk.flags & Inode::kFlagInlineSymlink) return store(n);
   auto free_meta = [&](uint64_t b) {
     journal_->forget_block(b);
@@ -379,6 +399,8 @@ int FsImpl::map_store(Node& n) {
 }
 
 int FsImpl::punch(Node& n, uint32_t l, uint64_t count) {
+  WARPFS_DCHECK(changeable_by_me(n), "punch: rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "punch: in a transaction");
   std::vector<Extent> removed;
   if (int rc = map_remove(n, l, count, &removed); rc) return rc;
   for (const Extent& e : removed) {
@@ -392,6 +414,8 @@ int FsImpl::punch(Node& n, uint32_t l, uint64_t count) {
 // transaction so that truncating a huge fragmented file never overflows the journal. A
 // crash in between leaves blocks past EOF mapped: harmless, and freed by the next truncate.
 int FsImpl::truncate_blocks(Node& n, uint64_t new_size) {
+  WARPFS_DCHECK(changeable_by_me(n), "truncate_blocks: rw exclusive");
+  WARPFS_DCHECK(!journal_->in_transaction(), "truncate_blocks: not in a transaction");
   if (n.disk.flags & Inode::kFlagInlineSymlink) return 0;
   if (int rc = load_map(n); rc) return rc;
   const uint64_t keep = (new_size + kBlockSize - 1) / kBlockSize;

@@ -43,7 +43,7 @@ int FsImpl::read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) {
   *got = 0;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::shared_lock<std::shared_mutex> lk;
+  std::shared_lock<SharedMutex> lk;
   if (int rc = lock_mapped(*n, &lk); rc) return rc;
   if (S_ISDIR(n->disk.mode)) return EISDIR;
   if (off >= n->disk.size || len == 0) return 0;
@@ -78,7 +78,7 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
   if (int rc = check_writable(); rc) return rc;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::unique_lock<std::shared_mutex> lk(n->rw);
+  std::unique_lock<SharedMutex> lk(n->rw);
   if (S_ISDIR(n->disk.mode)) return EISDIR;
   // Immutable: no write. Append-only: only past the end (an O_APPEND open's writes).
   if (immutable(n->disk) || (append_only(n->disk) && off < n->disk.size)) return EPERM;
@@ -106,6 +106,8 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
 
 // One transaction's worth of a write. REQUIRES: rw exclusive, mapping loaded.
 int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, size_t* written) {
+  WARPFS_DCHECK(changeable_by_me(n), "write_locked: rw exclusive");
+  WARPFS_DCHECK(n.mapped, "write_locked: mapping loaded");
   // Bytes past the end of file in its last block read as zeroes once the file grows over
   // them. They are not always zero on the media: a write that extended the file may have
   // reached the media before a crash lost its new size. Zero the gap between the old end and
@@ -176,8 +178,9 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
     if (m.unwritten) {
       // The fallocated range now holds data: split off a written extent.
       std::vector<Extent> removed;
-      map_remove(n, static_cast<uint32_t>(b), run, &removed);
-      map_insert(n, Extent{static_cast<uint32_t>(b), static_cast<uint32_t>(run), phys});
+      if ((rc = map_remove(n, static_cast<uint32_t>(b), run, &removed)) != 0) break;
+      rc = map_insert(n, Extent{static_cast<uint32_t>(b), static_cast<uint32_t>(run), phys});
+      if (rc) break;
     }
     *written = static_cast<size_t>(std::min<uint64_t>(we, off + len) - off);
     b += run;
@@ -199,6 +202,7 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
 // Zeroes [off, off + len) where it is mapped and written (the partial edge blocks of a
 // truncate or punch). REQUIRES: rw exclusive, in a transaction or not (data only).
 int FsImpl::zero_range(Node& n, uint64_t off, uint64_t len) {
+  WARPFS_DCHECK(changeable_by_me(n), "zero_range: rw exclusive");
   if (len == 0) return 0;
   std::vector<uint8_t> block(kBlockSize);
   for (uint64_t pos = off; pos < off + len;) {
@@ -223,6 +227,9 @@ int FsImpl::zero_range(Node& n, uint64_t off, uint64_t len) {
 // preallocation past the end) read as zeroes already and stay. REQUIRES: rw exclusive,
 // mapping loaded, not in a transaction.
 int FsImpl::drop_past_eof(Node& n, uint64_t old, uint64_t size) {
+  WARPFS_DCHECK(changeable_by_me(n), "drop_past_eof: rw exclusive");
+  WARPFS_DCHECK(n.mapped, "drop_past_eof: mapping loaded");
+  WARPFS_DCHECK(!journal_->in_transaction(), "drop_past_eof: not in a transaction");
   const uint64_t end = std::min<uint64_t>((size + kBlockSize - 1) / kBlockSize, kNoBlock);
   for (uint64_t b = (old + kBlockSize - 1) / kBlockSize; b < end;) {
     const Mapping m = map_lookup(n, static_cast<uint32_t>(b));
@@ -238,6 +245,8 @@ int FsImpl::drop_past_eof(Node& n, uint64_t old, uint64_t size) {
 
 // REQUIRES: rw exclusive, not in a transaction.
 int FsImpl::set_size(Node& n, uint64_t size) {
+  WARPFS_DCHECK(changeable_by_me(n), "set_size: rw exclusive");
+  WARPFS_DCHECK(!journal_->in_transaction(), "set_size: not in a transaction");
   if (size > kMaxFileSize) return EFBIG;
   if (int rc = load_map(n); rc) return rc;
   const uint64_t old = n.disk.size;
@@ -269,7 +278,7 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
   if ((mode & FALLOC_FL_PUNCH_HOLE) && !(mode & FALLOC_FL_KEEP_SIZE)) return EINVAL;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::unique_lock<std::shared_mutex> lk(n->rw);
+  std::unique_lock<SharedMutex> lk(n->rw);
   if (S_ISDIR(n->disk.mode)) return EISDIR;
   if (!S_ISREG(n->disk.mode)) return ENODEV;
   // As vfs_fallocate(): nothing on an immutable file, only allocation on an append-only one.
@@ -357,7 +366,7 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
 int FsImpl::lseek(Ino ino, uint64_t off, int whence, uint64_t* out) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::shared_lock<std::shared_mutex> lk;
+  std::shared_lock<SharedMutex> lk;
   if (int rc = lock_mapped(*n, &lk); rc) return rc;
   const uint64_t size = n->disk.size;
   if (whence != SEEK_DATA && whence != SEEK_HOLE) return EINVAL;
@@ -380,7 +389,7 @@ int FsImpl::lseek(Ino ino, uint64_t off, int whence, uint64_t* out) {
 int FsImpl::inspect(Ino ino, InodeReport* out) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::shared_lock<std::shared_mutex> lk;
+  std::shared_lock<SharedMutex> lk;
   if (int rc = lock_mapped(*n, &lk); rc) return rc;
   out->disk = n->disk;
   out->extents.clear();

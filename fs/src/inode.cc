@@ -42,7 +42,7 @@ int FsImpl::get_node(Ino ino, NodeRef* out) {
   for (;;) {
     uint64_t epoch;
     {
-      std::lock_guard<std::mutex> g(table_mu_);
+      std::lock_guard<Mutex> g(table_mu_);
       auto it = nodes_.find(ino);
       if (it != nodes_.end()) {
         *out = it->second;
@@ -64,7 +64,7 @@ int FsImpl::get_node(Ino ino, NodeRef* out) {
       return EIO;
     }
     n->pub = n->disk;
-    std::lock_guard<std::mutex> g(table_mu_);
+    std::lock_guard<Mutex> g(table_mu_);
     auto it = nodes_.find(ino);
     if (it != nodes_.end()) {
       *out = it->second;  // another thread loaded it meanwhile: the one in the table counts
@@ -80,6 +80,8 @@ int FsImpl::get_node(Ino ino, NodeRef* out) {
 }
 
 int FsImpl::store(Node& n) {
+  WARPFS_DCHECK(changeable_by_me(n), "store: rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "store: in a transaction");
   n.disk.checksum = inode_checksum(n.disk, n.ino, sb_.checksum_seed);
   if (int rc = with_slot(n.ino,
                          [&](MetaBuf* buf, size_t off) {
@@ -132,6 +134,9 @@ int FsImpl::new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out) {
     return rc;
   }
   auto n = std::make_shared<Node>(ino);
+#if WARPFS_DEBUG_CHECKS
+  n->creating.store(true, std::memory_order_relaxed);  // until create_locked names it
+#endif
   Inode& d = n->disk;
   d = Inode{};
   d.mode = mode;
@@ -143,7 +148,7 @@ int FsImpl::new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out) {
   n->mapped = true;
   n->leaves.assign(1, ExtentLeaf{});
   {
-    std::lock_guard<std::mutex> g(table_mu_);
+    std::lock_guard<Mutex> g(table_mu_);
     auto& slot = nodes_[ino];
     if (slot) {
       // A stale node of a freed inode (kept only while some operation still held it).
@@ -156,7 +161,7 @@ int FsImpl::new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out) {
 }
 
 void FsImpl::ref(Node& n, uint64_t lookups, uint32_t opens) {
-  std::lock_guard<std::mutex> g(table_mu_);
+  std::lock_guard<Mutex> g(table_mu_);
   n.nlookup += lookups;
   n.opens += opens;
 }
@@ -165,7 +170,7 @@ void FsImpl::ref(Node& n, uint64_t lookups, uint32_t opens) {
 void FsImpl::maybe_reclaim(Ino ino) {
   NodeRef n;
   {
-    std::lock_guard<std::mutex> g(table_mu_);
+    std::lock_guard<Mutex> g(table_mu_);
     auto it = nodes_.find(ino);
     if (it == nodes_.end()) return;
     n = it->second;
@@ -177,7 +182,7 @@ void FsImpl::maybe_reclaim(Ino ino) {
     unlinked = n->pub.links == 0;
   }
   if (!unlinked) {
-    std::lock_guard<std::mutex> g(table_mu_);
+    std::lock_guard<Mutex> g(table_mu_);
     // Only the table and `n` hold it: nobody is inside an operation on it.
     if (n->nlookup == 0 && n->opens == 0 && n.use_count() == 2) {
       nodes_.erase(ino);
@@ -186,18 +191,21 @@ void FsImpl::maybe_reclaim(Ino ino) {
     return;
   }
   if (ro_) return;  // reclaimed at the next read-write mount (it is on the orphan list)
-  std::lock_guard<std::mutex> ns(namespace_mu_);
+  std::lock_guard<Mutex> ns(namespace_mu_);
   {
-    std::lock_guard<std::mutex> g(table_mu_);
+    std::lock_guard<Mutex> g(table_mu_);
     if (n->nlookup != 0 || n->opens != 0) return;  // looked up again meanwhile
   }
-  reclaim(n);
+  // Nobody to tell (the kernel's forget has no reply): a failure leaves the inode on the
+  // orphan list, which the next read-write mount frees.
+  (void)reclaim(n);
 }
 
 int FsImpl::reclaim(const NodeRef& n) {
+  WARPFS_DCHECK(held_by_me(namespace_mu_), "reclaim: namespace_mu_");
   NodeRef pred;
   if (int rc = orphan_pred(*n, &pred); rc) return rc;
-  NodeLocks locks({n.get(), pred.get()});
+  NodeLocks locks(namespace_mu_, {n.get(), pred.get()});
   if (n->disk.mode == 0 || n->disk.links != 0) return 0;
   if (int rc = truncate_blocks(*n, 0); rc) return rc;
   {
@@ -211,7 +219,7 @@ int FsImpl::reclaim(const NodeRef& n) {
     }
     if (int rc = free_inode(*n); rc) return rc;
   }
-  std::lock_guard<std::mutex> g(table_mu_);
+  std::lock_guard<Mutex> g(table_mu_);
   auto it = nodes_.find(n->ino);
   if (it != nodes_.end() && it->second == n) {
     nodes_.erase(it);
@@ -221,6 +229,8 @@ int FsImpl::reclaim(const NodeRef& n) {
 }
 
 int FsImpl::free_inode(Node& n) {
+  WARPFS_DCHECK(changeable_by_me(n), "free_inode: rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "free_inode: in a transaction");
   const bool dir = S_ISDIR(n.disk.mode);
   const uint32_t gen = n.disk.generation;
   n.disk = Inode{};
@@ -231,6 +241,9 @@ int FsImpl::free_inode(Node& n) {
 }
 
 int FsImpl::orphan_add(Node& n) {
+  WARPFS_DCHECK(held_by_me(namespace_mu_), "orphan_add: namespace_mu_");
+  WARPFS_DCHECK(changeable_by_me(n), "orphan_add: rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "orphan_add: in a transaction");
   auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
   std::lock_guard<std::mutex> g(orphan_mu_);
   n.disk.next_orphan = s->orphan_head;
@@ -242,6 +255,7 @@ int FsImpl::orphan_add(Node& n) {
 // The orphan list is only changed under namespace_mu_, so its links can be followed
 // without the nodes' locks.
 int FsImpl::orphan_pred(const Node& n, NodeRef* pred) {
+  WARPFS_DCHECK(held_by_me(namespace_mu_), "orphan_pred: namespace_mu_");
   pred->reset();
   const auto* s = reinterpret_cast<const Superblock*>(sb_buf_->data);
   Ino cur = s->orphan_head;
@@ -261,6 +275,9 @@ int FsImpl::orphan_pred(const Node& n, NodeRef* pred) {
 }
 
 int FsImpl::orphan_remove(Node& n, Node* pred) {
+  WARPFS_DCHECK(held_by_me(namespace_mu_), "orphan_remove: namespace_mu_");
+  WARPFS_DCHECK(changeable_by_me(n), "orphan_remove: rw exclusive");
+  WARPFS_DCHECK(pred == nullptr || changeable_by_me(*pred), "orphan_remove: pred rw exclusive");
   auto* s = reinterpret_cast<Superblock*>(sb_buf_->data);
   if (s->orphan_head == n.ino) {
     std::lock_guard<std::mutex> g(orphan_mu_);
@@ -277,6 +294,7 @@ int FsImpl::orphan_remove(Node& n, Node* pred) {
 }
 
 bool FsImpl::forgotten_inode_block(uint64_t block) {
+  WARPFS_DCHECK(held_by_me(table_mu_), "forgotten_inode_block: table_mu_");
   if (block < group_start(0)) return false;
   const uint64_t g = (block - group_start(0)) / kBlocksPerGroup;
   const uint64_t first_table = group_start(static_cast<uint32_t>(g)) + 2;
@@ -300,7 +318,7 @@ void FsImpl::evict_metadata() {
     if (c.kind == MetaKind::kInodeTable) {
       bool forgotten;
       {
-        std::lock_guard<std::mutex> g(table_mu_);
+        std::lock_guard<Mutex> g(table_mu_);
         forgotten = forgotten_inode_block(c.block);
       }
       if (!forgotten && !over) continue;
@@ -311,7 +329,7 @@ void FsImpl::evict_metadata() {
     }
     NodeRef owner;
     {
-      std::lock_guard<std::mutex> g(table_mu_);
+      std::lock_guard<Mutex> g(table_mu_);
       auto it = nodes_.find(c.owner);
       if (it == nodes_.end()) {
         // Forgotten: a node that loads it again is inserted in the table first (which this

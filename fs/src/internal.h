@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "journal.h"
+#include "locks.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/format.h"
 #include "warpfs/fs/layout.h"
@@ -100,7 +101,7 @@ struct Node {
   // argued where it happens: `disk.parent` and `disk.next_orphan` change only under
   // namespace_mu_ too, and are read under it alone (rename's ancestor walk, orphan_pred);
   // a node being created is not locked (no name reaches it yet, create_locked).
-  std::shared_mutex rw;
+  SharedMutex rw;
   Inode disk{};
   bool mapped = false;  // leaves loaded
   std::vector<ExtentLeaf> leaves;
@@ -125,13 +126,34 @@ struct Node {
   // Kernel references (FUSE lookups) and open handles: FsImpl::table_mu_.
   uint64_t nlookup = 0;
   uint32_t opens = 0;
+
+#if WARPFS_DEBUG_CHECKS
+  // From new_node() until create_locked() has given it a name (or undone it): no other
+  // thread can reach the node, which is therefore changed without its lock.
+  std::atomic<bool> creating{false};
+#endif
 };
 
+// For WARPFS_DCHECK (locks.h): whether this thread may change `n` (it holds n.rw exclusive,
+// or creates the node) or read it (n.rw in either mode, or creating it).
+#if WARPFS_DEBUG_CHECKS
+inline bool changeable_by_me(const Node& n) {
+  return held_exclusive_by_me(n.rw) || n.creating.load(std::memory_order_relaxed);
+}
+inline bool readable_by_me(const Node& n) {
+  return held_by_me(n.rw) || n.creating.load(std::memory_order_relaxed);
+}
+#else
+bool changeable_by_me(const Node& n);
+bool readable_by_me(const Node& n);
+#endif
+
 // Exclusive locks on several nodes, always taken in inode-number order (so that no two
-// operations can ever hold them in opposite orders). REQUIRES: namespace_mu_.
+// operations can ever hold them in opposite orders). REQUIRES: namespace_mu_ (`ns`).
 class NodeLocks {
  public:
-  explicit NodeLocks(std::vector<Node*> nodes) {
+  NodeLocks(const Mutex& ns, std::vector<Node*> nodes) {
+    WARPFS_DCHECK(held_by_me(ns), "NodeLocks without namespace_mu_");
     nodes.erase(std::remove(nodes.begin(), nodes.end(), nullptr), nodes.end());
     std::sort(nodes.begin(), nodes.end(), [](Node* a, Node* b) { return a->ino < b->ino; });
     nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
@@ -139,76 +161,82 @@ class NodeLocks {
   }
 
  private:
-  std::vector<std::unique_lock<std::shared_mutex>> locks_;
+  std::vector<std::unique_lock<SharedMutex>> locks_;
 };
 
 class FsImpl final : public Filesystem {
  public:
   FsImpl(blockdev::BlockDevice& dev, const Superblock& sb, const MountOptions& o);
   ~FsImpl() override;
-  int start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* error);
+  [[nodiscard]] int start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* error);
 
-  int unmount() override;
+  [[nodiscard]] int unmount() override;
   // After a failed start(): stop the committer and write nothing, not even at destruction.
   void abandon();
-  // Grows the filesystem to at most `blocks` (resize.cc). REQUIRES: no other operation in
-  // flight or to come (the resizer's own mount).
-  int grow(uint64_t blocks, std::string* error);
+  // Grows the filesystem to at most `blocks` (resize.cc). REQUIRES (unchecked): no other
+  // operation in flight or to come (the resizer's own mount).
+  [[nodiscard]] int grow(uint64_t blocks, std::string* error);
   bool plan_growth(uint64_t blocks, Superblock* out, std::string* error) const;
-  int lookup(Ino parent, std::string_view name, Attr* out) override;
+  [[nodiscard]] int lookup(Ino parent, std::string_view name, Attr* out) override;
   void forget(Ino ino, uint64_t n) override;
-  int lookup_ino(Ino ino, Attr* out) override;
-  int getattr(Ino ino, Attr* out) override;
-  int setattr(Ino ino, const SetAttr& s, Attr* out) override;
-  int mknod(Ino parent, std::string_view name, uint32_t mode, uint64_t rdev, const Caller& c,
-            Attr* out) override;
-  int mkdir(Ino parent, std::string_view name, uint32_t mode, const Caller& c, Attr* out) override;
-  int symlink(Ino parent, std::string_view name, std::string_view target, const Caller& c,
-              Attr* out) override;
-  int readlink(Ino ino, std::string* target) override;
-  int link(Ino ino, Ino new_parent, std::string_view new_name, Attr* out) override;
-  int unlink(Ino parent, std::string_view name) override;
-  int rmdir(Ino parent, std::string_view name) override;
-  int rename(Ino parent, std::string_view name, Ino new_parent, std::string_view new_name,
-             unsigned flags) override;
-  int open(Ino ino, int flags) override;
+  [[nodiscard]] int lookup_ino(Ino ino, Attr* out) override;
+  [[nodiscard]] int getattr(Ino ino, Attr* out) override;
+  [[nodiscard]] int setattr(Ino ino, const SetAttr& s, Attr* out) override;
+  [[nodiscard]] int mknod(Ino parent, std::string_view name, uint32_t mode, uint64_t rdev,
+                          const Caller& c, Attr* out) override;
+  [[nodiscard]] int mkdir(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
+                          Attr* out) override;
+  [[nodiscard]] int symlink(Ino parent, std::string_view name, std::string_view target,
+                            const Caller& c, Attr* out) override;
+  [[nodiscard]] int readlink(Ino ino, std::string* target) override;
+  [[nodiscard]] int link(Ino ino, Ino new_parent, std::string_view new_name, Attr* out) override;
+  [[nodiscard]] int unlink(Ino parent, std::string_view name) override;
+  [[nodiscard]] int rmdir(Ino parent, std::string_view name) override;
+  [[nodiscard]] int rename(Ino parent, std::string_view name, Ino new_parent,
+                           std::string_view new_name, unsigned flags) override;
+  [[nodiscard]] int open(Ino ino, int flags) override;
   void release(Ino ino) override;
-  int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) override;
-  int write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written,
-            bool* dropped_privs = nullptr) override;
-  int fsync(Ino ino, bool datasync) override;
-  int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) override;
-  int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) override;
-  int inspect(Ino ino, InodeReport* out) override;
-  int get_flags(Ino ino, uint32_t* fs_flags) override;
-  int set_flags(Ino ino, uint32_t fs_flags) override;
-  int opendir(Ino ino) override;
-  int readdir(Ino ino, uint64_t offset, const std::function<bool(const DirEntry&)>& emit) override;
-  int setxattr(Ino ino, std::string_view name, const void* value, size_t size, int flags) override;
-  int getxattr(Ino ino, std::string_view name, std::string* value) override;
-  int listxattr(Ino ino, std::string* names) override;
-  int removexattr(Ino ino, std::string_view name) override;
-  int remove_xattr_locked(Node& n, uint8_t index, std::string_view short_name);
+  [[nodiscard]] int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) override;
+  [[nodiscard]] int write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written,
+                          bool* dropped_privs = nullptr) override;
+  [[nodiscard]] int fsync(Ino ino, bool datasync) override;
+  [[nodiscard]] int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) override;
+  [[nodiscard]] int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) override;
+  [[nodiscard]] int inspect(Ino ino, InodeReport* out) override;
+  [[nodiscard]] int get_flags(Ino ino, uint32_t* fs_flags) override;
+  [[nodiscard]] int set_flags(Ino ino, uint32_t fs_flags) override;
+  [[nodiscard]] int opendir(Ino ino) override;
+  [[nodiscard]] int readdir(Ino ino, uint64_t offset,
+                            const std::function<bool(const DirEntry&)>& emit) override;
+  [[nodiscard]] int setxattr(Ino ino, std::string_view name, const void* value, size_t size,
+                             int flags) override;
+  [[nodiscard]] int getxattr(Ino ino, std::string_view name, std::string* value) override;
+  [[nodiscard]] int listxattr(Ino ino, std::string* names) override;
+  [[nodiscard]] int removexattr(Ino ino, std::string_view name) override;
+  [[nodiscard]] int remove_xattr_locked(Node& n, uint8_t index, std::string_view short_name);
   // One attribute of a node whose rw this thread holds (or that nobody can reach yet); the
   // setter inside a transaction. ENODATA, ENOSPC (the block is full).
-  int xattr_get_locked(Node& n, uint8_t index, std::string_view short_name, std::string* value);
-  int xattr_set_locked(Node& n, uint8_t index, std::string_view short_name,
-                       const std::string& value);
-  int drop_capability_locked(Node& n);
-  int statfs(struct statvfs* out) override;
-  int sync() override;
+  [[nodiscard]] int xattr_get_locked(Node& n, uint8_t index, std::string_view short_name,
+                                     std::string* value);
+  [[nodiscard]] int xattr_set_locked(Node& n, uint8_t index, std::string_view short_name,
+                                     const std::string& value);
+  [[nodiscard]] int drop_capability_locked(Node& n);
+  [[nodiscard]] int statfs(struct statvfs* out) override;
+  [[nodiscard]] int sync() override;
   void shrink_caches() override;
   FsStats stats() const override;
   bool read_only() const override { return ro_; }
-  int set_read_only(bool read_only) override;
+  [[nodiscard]] int set_read_only(bool read_only) override;
 
  private:
   friend struct DirOps;
   using NodeRef = std::shared_ptr<Node>;
 
   // --- inodes (inode.cc)
-  int get_node(Ino ino, NodeRef* out);  // loads and verifies; EIO, ENOENT (free inode)
-  int store(Node& n);                   // REQUIRES: rw exclusive, in a transaction
+  // Loads and verifies; EIO, ENOENT (free inode).
+  [[nodiscard]] int get_node(Ino ino, NodeRef* out);
+  // REQUIRES: rw exclusive (or the node being created), in a transaction.
+  [[nodiscard]] int store(Node& n);
   void publish(Node& n);
   template <typename D>  // Inode or Node::Published
   void fill_attr(const D& d, Ino ino, Attr* out) const {
@@ -229,28 +257,31 @@ class FsImpl final : public Filesystem {
   uint64_t inode_block(Ino ino, size_t* off) const;
   // f(buffer, offset) for ino's slot, under its slot lock (MetaBuf's rules): the buffer may
   // be used only inside f.
-  int with_slot(Ino ino, const std::function<void(MetaBuf*, size_t)>& f);
-  int alloc_inode(Ino parent, bool dir, Ino* out);  // in a transaction
+  [[nodiscard]] int with_slot(Ino ino, const std::function<void(MetaBuf*, size_t)>& f);
+  [[nodiscard]] int alloc_inode(Ino parent, bool dir, Ino* out);  // in a transaction
   void free_inode_bit(Ino ino, bool dir);
   // The inode slot becomes free (its generation kept for the next user) and its bit
-  // clears. REQUIRES: rw exclusive or unpublished, in a transaction.
-  int free_inode(Node& n);
-  int new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out);  // in a transaction
+  // clears. REQUIRES: rw exclusive or the node being created, in a transaction.
+  [[nodiscard]] int free_inode(Node& n);
+  // In a transaction.
+  [[nodiscard]] int new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out);
   void ref(Node& n, uint64_t lookups, uint32_t opens);
   // Frees an inode whose links, lookups and opens are all zero. REQUIRES: namespace_mu_.
-  int reclaim(const NodeRef& n);
-  int orphan_add(Node& n);  // REQUIRES: namespace_mu_, n.rw exclusive, in a transaction
+  [[nodiscard]] int reclaim(const NodeRef& n);
+  // REQUIRES: namespace_mu_, n.rw exclusive, in a transaction.
+  [[nodiscard]] int orphan_add(Node& n);
   // The node before `n` on the orphan list (null: n is the head or not on it).
   // REQUIRES: namespace_mu_.
-  int orphan_pred(const Node& n, NodeRef* pred);
+  [[nodiscard]] int orphan_pred(const Node& n, NodeRef* pred);
   // REQUIRES: namespace_mu_; n.rw and pred's exclusive (NodeLocks).
-  int orphan_remove(Node& n, Node* pred);
+  [[nodiscard]] int orphan_remove(Node& n, Node* pred);
   void maybe_reclaim(Ino ino);
 
   // --- allocation (alloc.cc); in a transaction
   // `meta`: a block for metadata (extent-tree, directory, xattr), which may use the reserve
   // that file data may not: an operation that got its data blocks can then always map them.
-  int alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got, bool meta = false);
+  [[nodiscard]] int alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got,
+                                 bool meta = false);
   uint64_t available_blocks() const;  // free and not held by an uncommitted free
   void free_counts(uint64_t* blocks, uint64_t* inodes) const;  // sums over the groups
   // Frees a run of data blocks. Blocks outside every group's data area (the superblocks,
@@ -269,16 +300,17 @@ class FsImpl final : public Filesystem {
   std::string metadata_name(uint64_t b) const;
   // "" or why group g's block bitmap is corrupt: it marks the group's own metadata free.
   std::string check_block_bitmap(uint32_t g) const;
-  int load_groups();
+  [[nodiscard]] int load_groups();
   void finish_commit(std::vector<MetaBuf*>& dirty);
   void take_freed();
   void release_freed();
 
-  // --- extents (extents.cc); REQUIRES: rw held (exclusive for changes)
-  int load_map(Node& n);
+  // --- extents (extents.cc); REQUIRES: rw held (exclusive for changes, which are in a
+  // transaction), or the node being created; the mapping loaded (but by load_map)
+  [[nodiscard]] int load_map(Node& n);
   // A shared lock on n.rw with the mapping loaded: the exclusive lock is taken only for the
   // first load, so readers of a loaded node never exclude each other. Unlocked on error.
-  int lock_mapped(Node& n, std::shared_lock<std::shared_mutex>* lk);
+  [[nodiscard]] int lock_mapped(Node& n, std::shared_lock<SharedMutex>* lk);
   // Finds the extent covering `lblk`, or the hole up to the next extent.
   struct Mapping {
     bool hole;
@@ -290,52 +322,60 @@ class FsImpl final : public Filesystem {
   // Whole blocks of a file into dst (holes as zeroes). REQUIRES: n.rw held, n mapped.
   int read_blocks(Node& n, uint64_t first, uint64_t count, uint8_t* dst);
   // Removes [l, l + count) from the mapping; removed runs go to `removed`.
-  int map_remove(Node& n, uint32_t l, uint64_t count, std::vector<Extent>* removed);
-  int map_insert(Node& n, Extent e);  // REQUIRES: [e.logical, +blocks) is a hole
-  int map_store(Node& n);             // writes changed leaves/index, then the inode
+  [[nodiscard]] int map_remove(Node& n, uint32_t l, uint64_t count, std::vector<Extent>* removed);
+  [[nodiscard]] int map_insert(Node& n, Extent e);  // REQUIRES: [e.logical, +blocks) is a hole
+  [[nodiscard]] int map_store(Node& n);             // writes changed leaves/index, then the inode
   // Frees the mapped blocks in [l, end) and their accounting. In a transaction.
-  int punch(Node& n, uint32_t l, uint64_t count);
-  int truncate_blocks(Node& n, uint64_t new_size);  // frees beyond; its own transactions
+  [[nodiscard]] int punch(Node& n, uint32_t l, uint64_t count);
+  // Frees beyond, in transactions of its own. REQUIRES: rw exclusive, not in a transaction.
+  [[nodiscard]] int truncate_blocks(Node& n, uint64_t new_size);
   uint64_t alloc_goal(Node& n, uint32_t lblk);
-  int alloc_meta_block(Node& n, uint64_t* out);
+  [[nodiscard]] int alloc_meta_block(Node& n, uint64_t* out);
 
   // --- file data (file.cc)
-  int write_locked(Node& n, uint64_t off, size_t len, const char* buf, size_t* written);
-  int zero_range(Node& n, uint64_t off, uint64_t len);  // within mapped blocks
-  int set_size(Node& n, uint64_t size);
-  int drop_past_eof(Node& n, uint64_t old, uint64_t size);  // before growing from old to size
+  [[nodiscard]] int write_locked(Node& n, uint64_t off, size_t len, const char* buf,
+                                 size_t* written);
+  [[nodiscard]] int zero_range(Node& n, uint64_t off, uint64_t len);  // within mapped blocks
+  [[nodiscard]] int set_size(Node& n, uint64_t size);
+  // Before growing from old to size.
+  [[nodiscard]] int drop_past_eof(Node& n, uint64_t old, uint64_t size);
 
-  // --- directories (dir.cc); REQUIRES: dir rw held
-  int dir_find(Node& dir, std::string_view name, Ino* ino, uint8_t* type);
-  int dir_add(Node& dir, std::string_view name, Ino ino, uint8_t type);  // in a transaction
-  int dir_remove(Node& dir, std::string_view name);                      // in a transaction
-  int dir_set(Node& dir, std::string_view name, Ino ino, uint8_t type);  // replace target
-  int dir_is_empty(Node& dir, bool* empty);
-  int dir_init(Node& dir, Ino parent);  // a new directory's index root and first leaf
-  int dir_block(Node& dir, uint32_t lblk, MetaBuf** out);
-  int dir_readdir(Node& dir, uint64_t offset, const std::function<bool(const DirEntry&)>& emit);
+  // --- directories (dir.cc); REQUIRES: dir rw held (exclusive for changes, which are in a
+  // transaction), or the directory being created
+  [[nodiscard]] int dir_find(Node& dir, std::string_view name, Ino* ino, uint8_t* type);
+  // These three in a transaction; dir_set replaces the target of an existing name.
+  [[nodiscard]] int dir_add(Node& dir, std::string_view name, Ino ino, uint8_t type);
+  [[nodiscard]] int dir_remove(Node& dir, std::string_view name);
+  [[nodiscard]] int dir_set(Node& dir, std::string_view name, Ino ino, uint8_t type);
+  [[nodiscard]] int dir_is_empty(Node& dir, bool* empty);
+  [[nodiscard]] int dir_init(Node& dir, Ino parent);  // a new directory's index root and first leaf
+  [[nodiscard]] int dir_block(Node& dir, uint32_t lblk, MetaBuf** out);
+  [[nodiscard]] int dir_readdir(Node& dir, uint64_t offset,
+                                const std::function<bool(const DirEntry&)>& emit);
 
   // --- xattrs (xattr.cc)
-  int xattr_load(Node& n, MetaBuf** out);
+  [[nodiscard]] int xattr_load(Node& n, MetaBuf** out);
 
   // --- helpers
   static int check_name(std::string_view name);
-  int check_writable() const;
+  [[nodiscard]] int check_writable() const;
   void log(const std::string& s) const { log_(s); }
   // A header block of `owner` with magic `magic` (or `alt_magic`, if not 0), verified on
   // its first read.
-  int meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner, uint32_t alt_magic = 0);
+  [[nodiscard]] int meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner,
+                             uint32_t alt_magic = 0);
   // The allocating calls, once; their public versions retry them after a commit
   // (retry_enospc).
-  int link_once(Ino ino, Ino new_parent, std::string_view new_name, Attr* out);
-  int rename_once(Ino parent, std::string_view name, Ino new_parent, std::string_view new_name,
-                  unsigned flags);
-  int setxattr_once(Ino ino, std::string_view name, const void* value, size_t size, int flags);
-  int create_locked(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
-                    std::string_view symlink_target, Attr* out, uint64_t rdev);
-  int create_common(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
-                    std::string_view symlink_target, Attr* out, uint64_t rdev = 0);
-  int unlink_common(Ino parent, std::string_view name, bool dir);
+  [[nodiscard]] int link_once(Ino ino, Ino new_parent, std::string_view new_name, Attr* out);
+  [[nodiscard]] int rename_once(Ino parent, std::string_view name, Ino new_parent,
+                                std::string_view new_name, unsigned flags);
+  [[nodiscard]] int setxattr_once(Ino ino, std::string_view name, const void* value, size_t size,
+                                  int flags);
+  [[nodiscard]] int create_locked(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
+                                  std::string_view symlink_target, Attr* out, uint64_t rdev);
+  [[nodiscard]] int create_common(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
+                                  std::string_view symlink_target, Attr* out, uint64_t rdev = 0);
+  [[nodiscard]] int unlink_common(Ino parent, std::string_view name, bool dir);
   void commit_loop();
   // --- the metadata cache's cap (inode.cc)
   // Drops clean cached metadata (MetaBuf's rules make it safe): blocks whose inodes are not
@@ -370,7 +410,7 @@ class FsImpl final : public Filesystem {
   // the same way).
   static constexpr int kEnospcRetries = 8;
   template <typename F>
-  int retry_enospc(F f) {
+  [[nodiscard]] int retry_enospc(F f) {
     int rc = f();
     for (int i = 0; rc == ENOSPC && i < kEnospcRetries && free_held_blocks(); ++i) rc = f();
     return rc;
@@ -386,10 +426,10 @@ class FsImpl final : public Filesystem {
   // Read-only: set at mount, flipped only by set_read_only (under remount_mu_); read anywhere.
   std::atomic<bool> ro_;
   std::mutex remount_mu_;
-  int write_clean_superblock();  // primary then backup, flushed
+  [[nodiscard]] int write_clean_superblock();  // primary then backup, flushed
   // The live superblock, dirty, written home and flushed (after the commit that marked it):
   // 0, or an errno with *what saying which step failed.
-  int write_dirty_superblock(std::string* what);
+  [[nodiscard]] int write_dirty_superblock(std::string* what);
   std::unique_ptr<Journal> journal_;  // thread-safe itself (journal.h)
   // Pinned buffers: the superblock (orphan_head under orphan_mu_ and namespace_mu_, the
   // counts and checksum written by finish_commit under the closed gate), the descriptor
@@ -406,12 +446,12 @@ class FsImpl final : public Filesystem {
   // counts the others' in its check, so that together they never go below the line.
   std::atomic<uint64_t> unreserved_in_flight_{0};
   bool may_use_root_reserve() const;
-  int alloc_blocks_from(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got);
+  [[nodiscard]] int alloc_blocks_from(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got);
 
   // Level 1 (filesystem.h): every change of a name (create, link, unlink, rename) and the
   // freeing of an inode (reclaim, the orphan list), so that they may lock several nodes.
-  std::mutex namespace_mu_;
-  mutable std::mutex table_mu_;  // leaf: nodes_, table_epoch_, and Node::nlookup/opens
+  Mutex namespace_mu_;
+  mutable Mutex table_mu_;  // leaf: nodes_, table_epoch_, and Node::nlookup/opens
   std::unordered_map<Ino, NodeRef> nodes_;
   uint64_t table_epoch_ = 0;  // bumped whenever a node leaves nodes_ (get_node's re-check)
   // Leaf locks over the inode slots of the inode-table buffers: store() writes a slot while

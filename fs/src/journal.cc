@@ -169,6 +169,8 @@ void Journal::forget_block(uint64_t block) {
 }
 
 void Journal::dirty(MetaBuf* b) {
+  WARPFS_DCHECK(in_transaction() || held_by_me(commit_mu_),
+                "Journal::dirty outside a transaction and outside a commit");
   std::lock_guard<std::mutex> g(dirty_mu_);
   // Not home until a commit has copied it and written its checkpoint: from the commit's
   // prune (dirty goes false) to its copy (home_seq set), nothing may evict it.
@@ -183,19 +185,43 @@ void Journal::dirty(MetaBuf* b) {
 void Journal::enter() {
   // A transaction over half its capacity is committed before more operations join it: the
   // other half is headroom for the operations already inside (each dirties a few blocks).
-  if (dirty_count_.load(std::memory_order_relaxed) >= capacity_ / 2) commit();
+  // Its result is not this operation's: a failed commit fails every later one (failed_),
+  // and the operation's own commit, fsync or sync reports it.
+  if (dirty_count_.load(std::memory_order_relaxed) >= capacity_ / 2) (void)commit();
   std::unique_lock<std::mutex> g(gate_mu_);
   gate_cv_.wait(g, [&] { return !closed_; });
   ++active_;
+#if WARPFS_DEBUG_CHECKS
+  txns_of_this_thread().push_back(this);
+#endif
 }
 
 void Journal::leave() {
+#if WARPFS_DEBUG_CHECKS
+  auto& mine = txns_of_this_thread();
+  auto it = std::find(mine.begin(), mine.end(), this);
+  WARPFS_DCHECK(it != mine.end(), "Journal::leave by a thread that did not enter");
+  mine.erase(it);
+#endif
   std::lock_guard<std::mutex> g(gate_mu_);
   if (--active_ == 0 && closed_) gate_cv_.notify_all();
 }
 
+#if WARPFS_DEBUG_CHECKS
+// One entry per Txn in scope on this thread, by journal (a process may mount several).
+std::vector<const Journal*>& Journal::txns_of_this_thread() {
+  static thread_local std::vector<const Journal*> mine;
+  return mine;
+}
+
+bool Journal::in_transaction() const {
+  const auto& mine = txns_of_this_thread();
+  return std::find(mine.begin(), mine.end(), this) != mine.end();
+}
+#endif
+
 int Journal::commit() {
-  std::lock_guard<std::mutex> c(commit_mu_);
+  std::lock_guard<Mutex> c(commit_mu_);
   if (failed_.load()) return EIO;
   // Close the gate and wait for the operations inside to leave.
   std::vector<MetaBuf*> dirty;
@@ -391,13 +417,14 @@ bool Journal::drop_if_clean(uint64_t block) {
 
 int Journal::close() {
   if (int rc = commit(); rc) return rc;
-  std::lock_guard<std::mutex> c(commit_mu_);
+  std::lock_guard<Mutex> c(commit_mu_);
   if (auto st = dev_.flush(); !st.is_ok()) return EIO;
   if (int rc = write_header(); rc) return rc;
   return dev_.flush().is_ok() ? 0 : EIO;
 }
 
 int Journal::write_header() {
+  WARPFS_DCHECK(held_by_me(commit_mu_), "Journal::write_header without commit_mu_");
   JournalHeader h{};
   h.magic = kJournalHeaderMagic;
   h.tail_block = pos_;

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "locks.h"
 #include "warpfs/blockdev/block_device.h"
 #include "warpfs/fs/format.h"
 
@@ -70,8 +71,9 @@ class Journal {
   // EIO, logged with the block and kind; `verify` checks kinds that need context (bitmaps
   // against their descriptor, header magic): it returns "" or the problem.
   // `owner`: kHeader blocks' inode (MetaBuf::owner).
-  int get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
-          const std::function<std::string(const MetaBuf&)>& verify = nullptr, uint64_t owner = 0);
+  [[nodiscard]] int get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
+                        const std::function<std::string(const MetaBuf&)>& verify = nullptr,
+                        uint64_t owner = 0);
   // A zeroed buffer for a newly allocated metadata block (no read).
   MetaBuf* create(uint64_t block, MetaKind kind, uint64_t owner = 0);
 
@@ -84,30 +86,33 @@ class Journal {
     uint64_t owner;
   };
   std::vector<Candidate> eviction_candidates(size_t max);
-  // Drops `block`'s buffer if it is still clean and written home. REQUIRES: the caller
-  // excludes every user of the buffer by the rules at MetaBuf (the slot lock, or the
-  // owner's lock, or the owner's absence from the node table held locked).
+  // Drops `block`'s buffer if it is still clean and written home. REQUIRES (unchecked: the
+  // locks are the filesystem's, not the journal's): the caller excludes every user of the
+  // buffer by the rules at MetaBuf (the slot lock, or the owner's lock, or the owner's
+  // absence from the node table held locked).
   bool drop_if_clean(uint64_t block);
   size_t cached_buffers() const { return buffers_.load(std::memory_order_relaxed); }
   std::atomic<uint64_t> evicted{0};
   // A freed metadata block: dropped from the cache and from the running transaction.
   void forget_block(uint64_t block);
-  // REQUIRES: inside a transaction.
+  // REQUIRES: inside a transaction, or committing under the closed gate (the finish hook).
   void dirty(MetaBuf* b);
   // The filesystem grew (FsImpl::grow): blocks up to the new end are metadata it may cache.
-  // REQUIRES: no other operation in flight.
+  // REQUIRES (unchecked): no other operation in flight.
   void set_geometry(const Superblock& sb) { sb_ = sb; }
 
   // A transaction: operations enter it (shared) and leave; commit waits until none is
-  // inside. REQUIRES: the caller holds no lock an operation inside a transaction may wait
-  // for (filesystem.h's order: no namespace or inode lock is taken inside).
+  // inside. REQUIRES (unchecked: the locks are the filesystem's): the caller holds no lock
+  // an operation inside a transaction may wait for (filesystem.h's order: no namespace or
+  // inode lock is taken inside).
   class Txn {
    public:
     explicit Txn(Journal& j) : j_(&j) { j.enter(); }
     ~Txn() {
       if (!j_) return;
       j_->leave();
-      if (j_->commit_each_transaction) j_->commit();
+      // Crash testing only; a failure is sticky (failed()): the next commit reports it.
+      if (j_->commit_each_transaction) (void)j_->commit();
     }
     Txn(const Txn&) = delete;
     Txn& operator=(const Txn&) = delete;
@@ -119,7 +124,7 @@ class Journal {
   // Commits the running transaction (if it has anything) and makes it durable. Returns 0 or
   // EIO. Serialised; a caller arriving during a commit waits for it and commits again only if
   // more was dirtied.
-  int commit();
+  [[nodiscard]] int commit();
   // Blocks a transaction may still dirty before a commit is forced.
   uint32_t capacity() const { return capacity_; }
 
@@ -148,10 +153,13 @@ class Journal {
 
   // Commits, makes every checkpoint durable and leaves the journal empty (the header's tail
   // at the next position): a later replay finds nothing. For unmount.
-  int close();
+  [[nodiscard]] int close();
   // Writes a block directly (superblock at unmount), bypassing the journal.
-  int write_direct(uint64_t block, const void* data);
+  [[nodiscard]] int write_direct(uint64_t block, const void* data);
   bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  // Whether this thread is inside a transaction of this journal (a Txn in scope). Debug-check
+  // builds only (WARPFS_DCHECK): the count is kept only there.
+  bool in_transaction() const;
 
   std::atomic<uint64_t> commits{0}, journal_blocks_written{0}, checkpoint_blocks{0};
   std::atomic<uint64_t> meta_reads{0}, meta_cached{0}, checksum_errors{0};
@@ -162,8 +170,12 @@ class Journal {
   blockdev::Status meta_io(uint64_t block, uint32_t count, const void* data, bool write);
   void enter();
   void leave();
-  int write_header();  // tail at (pos_, seq_); REQUIRES: commit_mu_
-  int write_transaction(const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks);
+#if WARPFS_DEBUG_CHECKS
+  static std::vector<const Journal*>& txns_of_this_thread();
+#endif
+  [[nodiscard]] int write_header();  // tail at (pos_, seq_); REQUIRES: commit_mu_
+  [[nodiscard]] int write_transaction(
+      const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks);
 
   blockdev::BlockDevice& dev_;
   Superblock sb_;  // geometry and seed (changed only by grow(), which runs alone)
@@ -178,8 +190,8 @@ class Journal {
   int active_ = 0;
   bool closed_ = false;
 
-  std::mutex commit_mu_;  // one commit at a time; outside the gate
-  uint64_t pos_, seq_;    // commit_mu_
+  Mutex commit_mu_;     // one commit at a time; outside the gate
+  uint64_t pos_, seq_;  // commit_mu_
   // The last transaction whose checkpoint is written (its buffers' homes are current).
   std::atomic<uint64_t> checkpointed_seq_{0};
   std::atomic<size_t> buffers_{0};  // in the shards
@@ -196,7 +208,9 @@ class Journal {
     std::unordered_map<uint64_t, std::unique_ptr<MetaBuf>> map;
   };
   Shard shards_[kShards];
-  Shard& shard(uint64_t block) { return shards_[block % kShards]; }
+  Shard& shard(uint64_t block) {
+    return shards_[block % kShards];
+  }
   // Buffers dead (freed) in the running transaction: its dirty_ may still point at them,
   // so they are freed only by the commit that prunes them from that list (commit()).
   std::mutex graveyard_mu_;  // leaf

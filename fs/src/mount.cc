@@ -184,7 +184,7 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
     s->state = kStateDirty;
     if (int rc = write_dirty_superblock(error); rc) return rc;
     // Inodes unlinked while open when the last mount ended: free them now.
-    std::lock_guard<std::mutex> ns(namespace_mu_);
+    std::lock_guard<Mutex> ns(namespace_mu_);
     for (uint64_t steps = 0; s->orphan_head != 0 && steps < sb_.inode_count; ++steps) {
       NodeRef n;
       const Ino ino = s->orphan_head;
@@ -198,7 +198,7 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
       }
       if (n->disk.links != 0) {
         // Linked again: just take it off the list.
-        NodeLocks locks({n.get()});
+        NodeLocks locks(namespace_mu_, {n.get()});
         Journal::Txn t(*journal_);
         if (int rc = orphan_remove(*n, nullptr); rc) break;  // it is the head
         continue;
@@ -240,7 +240,9 @@ void FsImpl::commit_loop() {
     // commit, then the blocks of forgotten inodes.
     if (pressed) evict_metadata();
     if (!pressed || journal_->cached_buffers() > meta_cap_) {
-      if (!ro_) journal_->commit();
+      // The timer's commit: a failure is sticky (Journal::failed), so the next fsync, sync or
+      // unmount reports it to someone who can act on it.
+      if (!ro_) (void)journal_->commit();
       evict_metadata();
     }
     lk.lock();
@@ -248,7 +250,9 @@ void FsImpl::commit_loop() {
 }
 
 FsImpl::~FsImpl() {
-  unmount();
+  // A destructor cannot report: a caller who needs the result called unmount() itself (a
+  // second call returns at once).
+  (void)unmount();
 }
 
 void FsImpl::abandon() {
@@ -293,6 +297,7 @@ int FsImpl::write_clean_superblock() {
 }
 
 int FsImpl::set_read_only(bool read_only) {
+  WARPFS_DCHECK(!unmounted_, "set_read_only after unmount()");
   std::lock_guard<std::mutex> g(remount_mu_);
   if (read_only == ro_.load()) return 0;  // (never after unmount(): the daemon stops calling first)
   if (read_only) {
@@ -372,7 +377,9 @@ int FsImpl::sync() {
 }
 
 void FsImpl::shrink_caches() {
-  if (!ro_) journal_->commit();
+  // Best effort (it only makes buffers clean, hence evictable); a failure is sticky and the
+  // next fsync, sync or unmount reports it.
+  if (!ro_) (void)journal_->commit();
   // Twice: the first sweep gives recently used blocks their second chance.
   evict_metadata();
   evict_metadata();
@@ -397,7 +404,7 @@ FsStats FsImpl::stats() const {
   s.discard = opts_.discard;
   s.meta_cache_mb = opts_.meta_cache_mb;
   {
-    std::lock_guard<std::mutex> g(table_mu_);
+    std::lock_guard<Mutex> g(table_mu_);
     s.nodes = nodes_.size();
   }
   return s;

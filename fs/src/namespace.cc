@@ -43,9 +43,9 @@ int FsImpl::lookup(Ino parent, std::string_view name, Attr* out) {
     // A file handle's inode (any type): live and named, or the handle is stale.
     NodeRef n;
     if (int rc = get_node(parent, &n); rc) return rc == ENOENT || rc == EINVAL ? ESTALE : rc;
-    std::lock_guard<std::mutex> g(namespace_mu_);  // no unlink between the check and the reference
+    std::lock_guard<Mutex> g(namespace_mu_);  // no unlink between the check and the reference
     {
-      std::shared_lock<std::shared_mutex> lk(n->rw);
+      std::shared_lock<SharedMutex> lk(n->rw);
       if (n->disk.links == 0 || n->disk.mode == 0) return ESTALE;
     }
     ref(*n, 1, 0);
@@ -62,7 +62,7 @@ int FsImpl::lookup(Ino parent, std::string_view name, Attr* out) {
     // directory's lock: an unlink (which needs the lock exclusive) then comes wholly before,
     // and the name is gone, or after, and the reference keeps the inode from being freed
     // (and its number reused) until the kernel forgets it.
-    std::shared_lock<std::shared_mutex> lk;
+    std::shared_lock<SharedMutex> lk;
     if (int rc = lock_mapped(*dir, &lk); rc) return rc;
     if (!S_ISDIR(dir->disk.mode)) return ENOTDIR;
     if (name == ".") {
@@ -112,6 +112,7 @@ class Reclaiming {
 }  // namespace
 
 bool FsImpl::free_held_blocks() {
+  WARPFS_DCHECK(!journal_->in_transaction(), "free_held_blocks: not in a transaction");
   {
     std::unique_lock<std::mutex> g(reclaim_mu_);
     reclaim_cv_.wait_for(g, std::chrono::milliseconds(200), [&] { return reclaiming_ == 0; });
@@ -123,7 +124,7 @@ bool FsImpl::free_held_blocks() {
 void FsImpl::forget(Ino ino, uint64_t count) {
   Reclaiming r(reclaim_mu_, reclaim_cv_, reclaiming_);
   {
-    std::lock_guard<std::mutex> g(table_mu_);
+    std::lock_guard<Mutex> g(table_mu_);
     auto it = nodes_.find(ino);
     if (it == nodes_.end()) return;
     Node& n = *it->second;
@@ -144,7 +145,7 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
   if (int rc = check_writable(); rc) return rc;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::unique_lock<std::shared_mutex> lk(n->rw);
+  std::unique_lock<SharedMutex> lk(n->rw);
   Inode& d = n->disk;
   // As notify_change(): nothing on an immutable inode; on an append-only one no size, mode,
   // owner or explicit time (setting the times to now is an append's own).
@@ -199,10 +200,10 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
   if (name == "." || name == "..") return EEXIST;
   if (S_ISLNK(mode) && target.size() > kMaxSymlink) return ENAMETOOLONG;
   if (S_ISLNK(mode) && target.empty()) return ENOENT;
-  std::lock_guard<std::mutex> ns(namespace_mu_);
+  std::lock_guard<Mutex> ns(namespace_mu_);
   NodeRef dir;
   if (int rc = get_node(parent, &dir); rc) return rc;
-  std::unique_lock<std::shared_mutex> dlk(dir->rw);
+  std::unique_lock<SharedMutex> dlk(dir->rw);
   if (!S_ISDIR(dir->disk.mode)) return ENOTDIR;
   if (dir->disk.links == 0) return ENOENT;  // removed while someone was inside
   if (immutable(dir->disk)) return EPERM;   // an append-only directory takes new names
@@ -256,8 +257,9 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
         if (const blockdev::Status st = dev_.write(phys, 1, block.data()); !st.is_ok()) {
           free_blocks(phys, 1);
           rc = errno_of(st);
+        } else if ((rc = map_insert(*n, Extent{0, 1, phys})) != 0) {
+          free_blocks(phys, 1);
         } else {
-          map_insert(*n, Extent{0, 1, phys});
           d.blocks = 1;
         }
       }
@@ -271,18 +273,29 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
   if (rc == 0) rc = map_store(*n);
   if (rc == 0) rc = dir_add(*dir, name, n->ino, dtype(mode));
   if (rc != 0) {
-    // Undo: give back the inode and anything it got (the transaction keeps it atomic).
-    punch(*n, 0, uint64_t{1} << 32);
+    // Undo: give back the inode and anything it got (the transaction keeps it atomic). The
+    // caller hears the create's error; an undo that fails too leaves an inode no name
+    // reaches, which fsck frees.
+    int urc = punch(*n, 0, uint64_t{1} << 32);
     if (d.xattr_block) {  // an inherited ACL
       journal_->forget_block(d.xattr_block);
       free_blocks(d.xattr_block, 1);
     }
-    free_inode(*n);
-    std::lock_guard<std::mutex> g(table_mu_);
+    if (int frc = free_inode(*n); frc && !urc) urc = frc;
+    if (urc) {
+      log("inode " + std::to_string(n->ino) + ": undoing a failed create failed (run fsck.warpfs)");
+    }
+#if WARPFS_DEBUG_CHECKS
+    n->creating.store(false, std::memory_order_relaxed);
+#endif
+    std::lock_guard<Mutex> g(table_mu_);
     nodes_.erase(n->ino);
     ++table_epoch_;
     return rc;
   }
+#if WARPFS_DEBUG_CHECKS
+  n->creating.store(false, std::memory_order_relaxed);  // named: others reach it from here on
+#endif
   if (S_ISDIR(mode)) dir->disk.links += 1;
   dir->disk.mtime_ns = dir->disk.ctime_ns = d.ctime_ns;
   if ((rc = store(*dir))) return rc;
@@ -313,7 +326,7 @@ int FsImpl::symlink(Ino parent, std::string_view name, std::string_view target, 
 int FsImpl::readlink(Ino ino, std::string* target) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::shared_lock<std::shared_mutex> lk;
+  std::shared_lock<SharedMutex> lk;
   if (int rc = lock_mapped(*n, &lk); rc) return rc;
   const Inode& d = n->disk;
   if (!S_ISLNK(d.mode)) return EINVAL;
@@ -338,11 +351,11 @@ int FsImpl::link(Ino ino, Ino new_parent, std::string_view new_name, Attr* out) 
 int FsImpl::link_once(Ino ino, Ino new_parent, std::string_view new_name, Attr* out) {
   if (int rc = check_writable(); rc) return rc;
   if (int rc = check_name(new_name); rc) return rc;
-  std::lock_guard<std::mutex> ns(namespace_mu_);
+  std::lock_guard<Mutex> ns(namespace_mu_);
   NodeRef dir, n;
   if (int rc = get_node(new_parent, &dir); rc) return rc;
   if (int rc = get_node(ino, &n); rc) return rc;
-  NodeLocks locks({dir.get(), n.get()});
+  NodeLocks locks(namespace_mu_, {dir.get(), n.get()});
   if (!S_ISDIR(dir->disk.mode)) return ENOTDIR;
   if (dir->disk.links == 0) return ENOENT;
   if (S_ISDIR(n->disk.mode)) return EPERM;
@@ -373,12 +386,12 @@ int FsImpl::unlink_common(Ino parent, std::string_view name, bool rmdir) {
   if (name == "..") return ENOTEMPTY;
   NodeRef n;
   {
-    std::lock_guard<std::mutex> ns(namespace_mu_);
+    std::lock_guard<Mutex> ns(namespace_mu_);
     NodeRef dir;
     if (int rc = get_node(parent, &dir); rc) return rc;
     Ino ino;
     {
-      std::unique_lock<std::shared_mutex> dlk(dir->rw);
+      std::unique_lock<SharedMutex> dlk(dir->rw);
       if (!S_ISDIR(dir->disk.mode)) return ENOTDIR;
       if (int rc = load_map(*dir); rc) return rc;
       uint8_t type;
@@ -386,7 +399,7 @@ int FsImpl::unlink_common(Ino parent, std::string_view name, bool rmdir) {
     }
     // Names only change under namespace_mu_: the entry is still there once both are locked.
     if (int rc = get_node(ino, &n); rc) return rc == ENOENT ? EIO : rc;
-    NodeLocks locks({dir.get(), n.get()});
+    NodeLocks locks(namespace_mu_, {dir.get(), n.get()});
     const bool is_dir = S_ISDIR(n->disk.mode);
     if (rmdir && !is_dir) return ENOTDIR;
     if (!rmdir && is_dir) return EISDIR;
@@ -442,7 +455,7 @@ int FsImpl::rename_once(Ino parent, std::string_view name, Ino new_parent,
   if (name == "." || name == ".." || new_name == "." || new_name == "..") return EBUSY;
   NodeRef victim;
   {
-    std::lock_guard<std::mutex> ns(namespace_mu_);
+    std::lock_guard<Mutex> ns(namespace_mu_);
     NodeRef sd, td;
     if (int rc = get_node(parent, &sd); rc) return rc;
     if (int rc = get_node(new_parent, &td); rc) return rc;
@@ -450,13 +463,13 @@ int FsImpl::rename_once(Ino parent, std::string_view name, Ino new_parent,
     Ino src_ino, dst_ino = 0;
     uint8_t src_type, dst_type = 0;
     {
-      std::unique_lock<std::shared_mutex> slk(sd->rw);
+      std::unique_lock<SharedMutex> slk(sd->rw);
       if (!S_ISDIR(sd->disk.mode)) return ENOTDIR;
       if (int rc = load_map(*sd); rc) return rc;
       if (int rc = dir_find(*sd, name, &src_ino, &src_type); rc) return rc;
     }
     {
-      std::unique_lock<std::shared_mutex> tlk(td->rw);
+      std::unique_lock<SharedMutex> tlk(td->rw);
       if (!S_ISDIR(td->disk.mode)) return ENOTDIR;
       if (td->disk.links == 0) return ENOENT;
       if (int rc = load_map(*td); rc) return rc;
@@ -486,7 +499,7 @@ int FsImpl::rename_once(Ino parent, std::string_view name, Ino new_parent,
     const bool dst_dir = dst && dst_type == DT_DIR;
     if (src_dir && sd != td && inside(new_parent, src_ino)) return EINVAL;
     if ((flags & RENAME_EXCHANGE) && dst_dir && sd != td && inside(parent, dst_ino)) return EINVAL;
-    NodeLocks locks({sd.get(), td.get(), src.get(), dst.get()});
+    NodeLocks locks(namespace_mu_, {sd.get(), td.get(), src.get(), dst.get()});
     // As may_delete() for the names that go (and both, exchanged) and may_create() for the one
     // that comes: pinned inodes stay where they are, pinned directories keep their names.
     if (pinned(sd->disk) || pinned(src->disk) || immutable(td->disk) ||
@@ -558,7 +571,7 @@ int FsImpl::rename_once(Ino parent, std::string_view name, Ino new_parent,
 int FsImpl::get_flags(Ino ino, uint32_t* fs_flags) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::shared_lock<std::shared_mutex> lk(n->rw);
+  std::shared_lock<SharedMutex> lk(n->rw);
   *fs_flags =
       (immutable(n->disk) ? FS_IMMUTABLE_FL : 0u) | (append_only(n->disk) ? FS_APPEND_FL : 0u);
   return 0;
@@ -569,7 +582,7 @@ int FsImpl::set_flags(Ino ino, uint32_t fs_flags) {
   if (fs_flags & ~static_cast<uint32_t>(FS_IMMUTABLE_FL | FS_APPEND_FL)) return EOPNOTSUPP;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::unique_lock<std::shared_mutex> lk(n->rw);
+  std::unique_lock<SharedMutex> lk(n->rw);
   Inode& d = n->disk;
   const uint32_t flags = (d.flags & ~(Inode::kFlagImmutable | Inode::kFlagAppend)) |
                          (fs_flags & FS_IMMUTABLE_FL ? Inode::kFlagImmutable : 0u) |
@@ -587,7 +600,7 @@ int FsImpl::open(Ino ino, int flags) {
   {
     // As may_open(): an immutable file opens for reading only; an append-only one for
     // writing only with O_APPEND, and never truncated.
-    std::shared_lock<std::shared_mutex> lk(n->rw);
+    std::shared_lock<SharedMutex> lk(n->rw);
     const bool writing = (flags & O_ACCMODE) != O_RDONLY;
     if (immutable(n->disk) && (writing || (flags & O_TRUNC))) return EPERM;
     if (append_only(n->disk) && ((writing && !(flags & O_APPEND)) || (flags & O_TRUNC)))
@@ -597,7 +610,7 @@ int FsImpl::open(Ino ino, int flags) {
     // libfuse asks for atomic O_TRUNC: the truncate is ours, and like Linux it always
     // updates mtime and ctime, even of an empty file.
     if (int rc = check_writable(); rc) return rc;
-    std::unique_lock<std::shared_mutex> lk(n->rw);
+    std::unique_lock<SharedMutex> lk(n->rw);
     if (S_ISREG(n->disk.mode)) {
       if (int rc = set_size(*n, 0); rc) return rc;
     }
@@ -620,7 +633,7 @@ int FsImpl::opendir(Ino ino) {
 void FsImpl::release(Ino ino) {
   Reclaiming r(reclaim_mu_, reclaim_cv_, reclaiming_);
   {
-    std::lock_guard<std::mutex> g(table_mu_);
+    std::lock_guard<Mutex> g(table_mu_);
     auto it = nodes_.find(ino);
     if (it == nodes_.end()) return;
     if (it->second->opens > 0) it->second->opens -= 1;
@@ -631,7 +644,7 @@ void FsImpl::release(Ino ino) {
 int FsImpl::readdir(Ino ino, uint64_t offset, const std::function<bool(const DirEntry&)>& emit) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::shared_lock<std::shared_mutex> lk;
+  std::shared_lock<SharedMutex> lk;
   if (int rc = lock_mapped(*n, &lk); rc) return rc;
   if (!S_ISDIR(n->disk.mode)) return ENOTDIR;
   if (n->disk.links == 0) return 0;  // removed while open: empty

@@ -103,6 +103,7 @@ void serialize(MetaBuf* b, Ino owner, const std::vector<Xattr>& v) {
 }  // namespace
 
 int FsImpl::xattr_load(Node& n, MetaBuf** out) {
+  WARPFS_DCHECK(readable_by_me(n), "xattr_load: rw held");
   *out = nullptr;
   if (n.disk.xattr_block == 0) return 0;
   return meta_get(n.disk.xattr_block, out, kXattrMagic, n.ino);
@@ -122,7 +123,7 @@ int FsImpl::setxattr_once(Ino ino, std::string_view name, const void* value, siz
   if (size > 65536) return E2BIG;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::unique_lock<std::shared_mutex> lk(n->rw);
+  std::unique_lock<SharedMutex> lk(n->rw);
   if (pinned(n->disk)) return EPERM;  // as notify_change(): attributes of a pinned inode stay
   MetaBuf* b;
   if (int rc = xattr_load(*n, &b); rc) return rc;
@@ -154,6 +155,8 @@ int FsImpl::setxattr_once(Ino ino, std::string_view name, const void* value, siz
 
 int FsImpl::xattr_set_locked(Node& n, uint8_t index, std::string_view short_name,
                              const std::string& value) {
+  WARPFS_DCHECK(changeable_by_me(n), "xattr_set_locked: rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "xattr_set_locked: in a transaction");
   MetaBuf* b;
   if (int rc = xattr_load(n, &b); rc) return rc;
   std::vector<Xattr> v = b ? parse(b) : std::vector<Xattr>{};
@@ -178,6 +181,7 @@ int FsImpl::xattr_set_locked(Node& n, uint8_t index, std::string_view short_name
 
 int FsImpl::xattr_get_locked(Node& n, uint8_t index, std::string_view short_name,
                              std::string* value) {
+  WARPFS_DCHECK(readable_by_me(n), "xattr_get_locked: rw held");
   MetaBuf* b;
   if (int rc = xattr_load(n, &b); rc) return rc;
   if (!b) return ENODATA;
@@ -196,7 +200,7 @@ int FsImpl::getxattr(Ino ino, std::string_view name, std::string* value) {
   if (int rc = split_name(name, &index, &short_name); rc) return rc == EOPNOTSUPP ? ENODATA : rc;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::shared_lock<std::shared_mutex> lk(n->rw);
+  std::shared_lock<SharedMutex> lk(n->rw);
   return xattr_get_locked(*n, index, short_name, value);
 }
 
@@ -204,7 +208,7 @@ int FsImpl::listxattr(Ino ino, std::string* names) {
   names->clear();
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::shared_lock<std::shared_mutex> lk(n->rw);
+  std::shared_lock<SharedMutex> lk(n->rw);
   MetaBuf* b;
   if (int rc = xattr_load(*n, &b); rc) return rc;
   if (!b) return 0;
@@ -222,7 +226,7 @@ int FsImpl::removexattr(Ino ino, std::string_view name) {
   if (int rc = split_name(name, &index, &short_name); rc) return rc == EOPNOTSUPP ? ENODATA : rc;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::unique_lock<std::shared_mutex> lk(n->rw);
+  std::unique_lock<SharedMutex> lk(n->rw);
   if (pinned(n->disk)) return EPERM;
   Journal::Txn t(*journal_);
   if (int rc = remove_xattr_locked(*n, index, short_name); rc) return rc;
@@ -232,6 +236,8 @@ int FsImpl::removexattr(Ino ino, std::string_view name) {
 
 // REQUIRES: rw exclusive, in a transaction. ENODATA when the attribute is not there.
 int FsImpl::remove_xattr_locked(Node& n, uint8_t index, std::string_view short_name) {
+  WARPFS_DCHECK(changeable_by_me(n), "remove_xattr_locked: rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "remove_xattr_locked: in a transaction");
   MetaBuf* b;
   if (int rc = xattr_load(n, &b); rc) return rc;
   if (!b) return ENODATA;
@@ -256,6 +262,8 @@ int FsImpl::remove_xattr_locked(Node& n, uint8_t index, std::string_view short_n
 // does: an O_DIRECT write (FOPEN_DIRECT_IO) reaches the daemon without it. REQUIRES: rw
 // exclusive, in a transaction.
 int FsImpl::drop_capability_locked(Node& n) {
+  WARPFS_DCHECK(changeable_by_me(n), "drop_capability_locked: rw exclusive");
+  WARPFS_DCHECK(journal_->in_transaction(), "drop_capability_locked: in a transaction");
   if (n.disk.xattr_block == 0) return 0;
   uint8_t index;
   std::string_view short_name;

@@ -1,5 +1,8 @@
+#include <vector>
+
 #include "warpfs/gpu/cache.cuh"
 #include "warpfs/gpu/check.h"
+#include "warpfs/nvme/check.h"
 
 namespace warpfs::gpu {
 
@@ -69,6 +72,18 @@ GpuCache::~GpuCache() {
 }
 
 void GpuCache::invalidate() {
+  if constexpr (port::kDebugChecks) {
+    // The REQUIRES, read back from the GPU (the copy waits for the default stream's kernels):
+    // a reference or a dirty line would be dropped without a word.
+    std::vector<GpuLineMeta> meta(lines());
+    WARPFS_CUDA_CHECK(
+        cudaMemcpy(meta.data(), v_.meta, lines() * sizeof(GpuLineMeta), cudaMemcpyDeviceToHost));
+    for (GpuLineMeta& m : meta) {
+      const uint32_t s = m.state.unsafe_ref();
+      WARPFS_DCHECK((s & (ls::kCountMask | ls::kBusy)) == 0, "GpuCache::invalidate: not quiescent");
+      WARPFS_DCHECK((s & ls::kDirty) == 0, "GpuCache::invalidate: a dirty line (flush first)");
+    }
+  }
   WARPFS_CUDA_CHECK(cudaMemset(v_.meta, 0, lines() * sizeof(GpuLineMeta)));
   WARPFS_CUDA_CHECK(cudaMemset(v_.tags, 0, lines() * sizeof(DevAtomic64)));
   // Poison the line data: a hit on a line nobody filled shows as garbage, not zeroes.

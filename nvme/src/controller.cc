@@ -48,6 +48,8 @@ Status Controller::disable() {
   const uint32_t cc = t_.read32(reg::kCc);
   if (cc == 0xffffffffu) return Status::error(Code::kNotReady, "controller is not responding");
   if (cc & cc::kEn) {
+    // The half-way enable above, finished first; on a timeout EN is cleared anyway, and the
+    // wait below reports what the controller does.
     if (!(t_.read32(reg::kCsts) & csts::kRdy)) (void)wait_ready(true, ready_timeout_ns());
     t_.write32(reg::kCc, 0);
   }
@@ -224,6 +226,8 @@ bool Controller::needs_reset() {
 Controller::~Controller() {
   // A controller that failed (or never came up) may still hold queue addresses: stop it
   // before its memory goes back to the transport, where it could be reused.
+  // A destructor cannot report; disable() is the last resort, whose failure leaves nothing
+  // else to try.
   if (!shutdown().is_ok() || failed_) (void)disable();
   for (const IoQueueMemory& q : io_queues_) {
     t_.dma_free(q.sq);

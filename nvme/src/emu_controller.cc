@@ -359,6 +359,8 @@ bool EmulatedController::handle_cc() {
   }
   if ((cc & cc::kShnMask) && !(prev & cc::kShnMask)) {
     // Base §3.6.1: normal shutdown; everything acknowledged becomes durable.
+    // The model's CSTS has no shutdown-failed state to report a failing store with: the data
+    // it lost shows on the next read.
     (void)media_.flush();
     reg_store(reg::kCsts, (reg_load(reg::kCsts) & ~csts::kShstMask) | csts::kShstComplete);
   }

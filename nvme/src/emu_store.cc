@@ -382,6 +382,7 @@ void Media::lose_power(double persist_probability, std::mt19937_64& rng) {
   std::lock_guard<std::mutex> g(mu_);
   std::uniform_real_distribution<double> coin(0.0, 1.0);
   for (auto& [unit, data] : cache_) {
+    // A power cut: whatever fails to persist is lost, as the cut may lose it anyway.
     if (coin(rng) < persist_probability) (void)store_->write(unit * kUnit, data.get(), kUnit);
   }
   clear_cache_locked();

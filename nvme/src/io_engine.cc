@@ -53,8 +53,13 @@ IoEngine::~IoEngine() {
     wd_cv_.notify_all();
     watchdog_.join();
   }
+  for (const VirtualQueuePtr& vq : vqs_) {
+    WARPFS_DCHECK(vq->inside() == 0, "IoEngine destroyed with I/O in flight");
+  }
   mapper_.reset();
   vqs_.clear();
+  // Best effort: a destructor cannot report, and the controller's shutdown (or reset) drops
+  // every queue the device still has.
   for (const QueueView& v : views_) (void)c_.delete_queue_pair(v.qid);
 }
 

@@ -6,9 +6,11 @@ namespace warpfs::nvme {
 
 QueueMapper::QueueMapper(std::vector<std::vector<VirtualQueue*>> queues, const Options& o)
     : t_(new Tables()) {  // value-initialised: counters, slots and queues zero
+  WARPFS_DCHECK(!queues.empty(), "QueueMapper without queues");
   for (int ci = 0; ci < kPriorityClasses; ++ci) {
     Class& c = t_->cls[ci];
     const std::vector<VirtualQueue*>& qs = queues[static_cast<size_t>(ci) % queues.size()];
+    WARPFS_DCHECK(!qs.empty() && qs.size() <= kMaxQueues, "a class needs 1..kMaxQueues queues");
     c.nqueues = static_cast<uint32_t>(std::min<size_t>(qs.size(), kMaxQueues));
     for (uint32_t q = 0; q < c.nqueues; ++q) c.queues[q] = qs[q];
     c.nslots = std::min(kMaxSlots, std::max(1u, o.slots_per_queue) * c.nqueues);

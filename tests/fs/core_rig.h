@@ -14,6 +14,7 @@
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/fsck.h"
 #include "warpfs/fs/mkfs.h"
+#include "warpfs/fs/replay.h"
 
 namespace warpfs::fs::test {
 
@@ -28,7 +29,8 @@ class CutDevice final : public blockdev::BlockDevice {
   // fails, and so does every later one. With `tear`, a write cut this way first sends a
   // random subset (drawn from `seed`) of its blocks on, as a multi-block command that was
   // partly written when the power went (whole blocks only: 4 KiB is the atomic unit).
-  // REQUIRES: no other thread is calling the device (the tear is not atomic).
+  // REQUIRES (unchecked: the rig does not count calls in flight): no other thread is calling
+  // the device (the tear is not atomic).
   void cut_at(uint64_t n, bool tear = false, uint64_t seed = 0) {
     tear_ = tear;
     tear_seed_ = seed;
@@ -97,6 +99,34 @@ class CutDevice final : public blockdev::BlockDevice {
   std::atomic<uint64_t> flushes_{0}, cut_at_flush_{0};
   bool tear_ = false;
   uint64_t tear_seed_ = 0;
+};
+
+// A formatted device that nothing mounts, for tests of the journal alone: its superblock,
+// and where replay says the next transaction goes. Null (with a failed expectation) if any
+// step fails.
+struct Formatted {
+  std::unique_ptr<cache::test::Stack> stack;
+  std::unique_ptr<blockdev::NvmeBlockDevice> dev;
+  Superblock sb{};
+  ReplayResult rr;
+
+  static std::unique_ptr<Formatted> make(uint64_t bytes) {
+    auto f = std::make_unique<Formatted>();
+    f->stack = cache::test::Stack::make(bytes);
+    if (!f->stack) return nullptr;
+    std::string err;
+    f->dev = blockdev::NvmeBlockDevice::create(*f->stack->engine, 1, kBlockSize, &err);
+    EXPECT_TRUE(f->dev) << err;
+    if (!f->dev) return nullptr;
+    Geometry g;
+    MkfsOptions mo;
+    mo.seed = 7;
+    const bool ok = plan_geometry(f->dev->block_count(), mo, &g, &err) &&
+                    format(*f->dev, mo, g, nullptr).is_ok() && f->dev->read(0, 1, &f->sb).is_ok() &&
+                    replay_journal(*f->dev, f->sb, true, &f->rr).is_ok();
+    EXPECT_TRUE(ok) << err;
+    return ok ? std::move(f) : nullptr;
+  }
 };
 
 struct Rig {

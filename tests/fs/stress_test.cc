@@ -71,22 +71,13 @@ TEST(Stress, AModelThatDisagreesWithTheFilesystemIsReported) {
 // gate, this one too, and the next commit read it from its dirty list: a use after free that
 // ASan reports, and garbage block numbers in the journal otherwise.)
 TEST(Journal, ABufferFreedDuringACommitOutlivesTheNextCommitsDirtyList) {
-  auto stack = cache::test::Stack::make(16 << 20);
-  ASSERT_TRUE(stack);
-  std::string err;
-  auto dev = blockdev::NvmeBlockDevice::create(*stack->engine, 1, kBlockSize, &err);
-  ASSERT_TRUE(dev) << err;
-  Geometry g;
-  MkfsOptions mo;
-  mo.seed = 7;
-  ASSERT_TRUE(plan_geometry(dev->block_count(), mo, &g, &err)) << err;
-  ASSERT_TRUE(format(*dev, mo, g, nullptr).is_ok());
-  Superblock sb;
-  ASSERT_TRUE(dev->read(0, 1, &sb).is_ok());
-  ReplayResult rr;
-  ASSERT_TRUE(replay_journal(*dev, sb, true, &rr).is_ok());
+  auto f = Formatted::make(16 << 20);
+  ASSERT_TRUE(f);
+  blockdev::BlockDevice* dev = f->dev.get();
+  const Superblock& sb = f->sb;
   std::string log;
-  Journal j(*dev, sb, rr.next_pos, rr.next_seq, [&](const std::string& s) { log += s + "\n"; });
+  Journal j(*dev, sb, f->rr.next_pos, f->rr.next_seq,
+            [&](const std::string& s) { log += s + "\n"; });
   // Two data-area blocks, as metadata (kHeader: the only kind ever freed).
   const uint64_t a = sb.block_count - 100, b = sb.block_count - 99;
   {

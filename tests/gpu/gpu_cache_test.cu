@@ -176,7 +176,7 @@ int run(const Sizes& z, uint64_t seed) {
   rig.reset();
   // The image against the model.
   std::vector<uint64_t> words(n);
-  (void)store->read(0, words.data(), n * 8);
+  (void)store->read(0, words.data(), n * 8);  // a RAM store: a failed read shows as wrong words
   uint64_t wrong = 0;
   for (uint64_t e = 0; e < n; ++e) {
     const uint64_t want =

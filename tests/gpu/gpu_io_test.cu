@@ -234,7 +234,7 @@ void run(const Config& cfg, uint64_t seed, gpu::test::Tally* tally) {
     nvme::Status s = rig->shutdown();
     tally->check(s.is_ok(), "controller shutdown");
     std::vector<uint64_t> words(cfg.lbas * kLba / 8);
-    (void)store->read(0, words.data(), words.size() * 8);
+    (void)store->read(0, words.data(), words.size() * 8);  // RAM: a failure shows as wrong words
     uint64_t wrong = 0;
     for (uint64_t i = 0; i < words.size(); ++i) {
       const uint64_t b = i / (kLba / 8);

@@ -7,12 +7,35 @@
 #include <thread>
 
 #include "nvme/rig.h"
+#include "warpfs/nvme/check.h"
 #include "warpfs/nvme/io_batch.h"
 #include "warpfs/nvme/io_engine.h"
 #include "warpfs/nvme/locked_queue.h"
 
 namespace warpfs::nvme::test {
 namespace {
+
+// WARPFS_DCHECK (check.h): compiled out, the condition is never evaluated.
+TEST(DebugCheck, TheConditionRunsOnlyWhereChecksAreCompiledIn) {
+  int evaluated = 0;
+  WARPFS_DCHECK(++evaluated > 0, "counts its evaluations");
+  EXPECT_EQ(evaluated, port::kDebugChecks ? 1 : 0);
+}
+
+TEST(DebugCheckDeathTest, AViolatedRequiresAborts) {
+  if (!port::kDebugChecks) GTEST_SKIP() << "built without WARPFS_DEBUG_CHECKS";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // TSan: no fork() from a threaded process
+  EXPECT_DEATH(WARPFS_DCHECK(1 + 1 == 3, "arithmetic"),
+               "virtual_queue_test.cc:[0-9]+: check failed: 1 \\+ 1 == 3 \\(arithmetic\\)");
+  // VirtualQueue::init: entries a power of two in 2..65536 (the check runs before the memory
+  // is touched).
+  QueueView q;
+  q.entries = 3;
+  alignas(port::kCacheLine) static uint8_t mem[1];
+  EXPECT_DEATH(VirtualQueue::init(mem, q), "a power of two in 2..65536");
+  q.entries = 1u << 17;
+  EXPECT_DEATH(VirtualQueue::init(mem, q), "a power of two in 2..65536");
+}
 
 TEST(VirtualQueue, SingleThreadWrapsSmallQueueManyTimes) {
   auto r = Rig::make();

@@ -151,7 +151,8 @@ class Cache {
   // Cached lines of the range stay authoritative (pinned meanwhile): reads take them over
   // the device's data; writes update them (Dirty) and also any line a concurrent fill (say,
   // read-ahead) brought in while the device write was in flight.
-  // REQUIRES: no other writer of the range meanwhile (the filesystem holds the file's lock).
+  // REQUIRES (unchecked: the cache cannot tell one writer from another): no other writer of
+  // the range meanwhile (the filesystem holds the file's lock).
   Status read_direct(uint64_t first, uint64_t count, void* buf,
                      nvme::Priority p = nvme::Priority::kBulk);
   Status write_direct(uint64_t first, uint64_t count, const void* buf,

@@ -136,70 +136,70 @@ class Filesystem {
 
   // Commits everything, writes the superblock (and its backup) clean. Idempotent; the
   // destructor calls it. Returns 0 or EIO.
-  virtual int unmount() = 0;
+  [[nodiscard]] virtual int unmount() = 0;
 
   // Names. A successful lookup/mknod/mkdir/symlink/link/create counts one kernel reference
   // on the inode returned (FUSE's lookup count); forget() drops them.
   // "." of any inode and ".." of a directory are what a file handle is decoded through (the
   // kernel's export operations, FUSE_CAP_EXPORT_SUPPORT): "." of an inode not in use or with
   // no name left is ESTALE, as ext4 answers a stale handle.
-  virtual int lookup(Ino parent, std::string_view name, Attr* out) = 0;
+  [[nodiscard]] virtual int lookup(Ino parent, std::string_view name, Attr* out) = 0;
   virtual void forget(Ino ino, uint64_t n) = 0;
   // The attributes of an inode, counting one kernel reference (readdirplus entries).
-  virtual int lookup_ino(Ino ino, Attr* out) = 0;
-  virtual int getattr(Ino ino, Attr* out) = 0;
-  virtual int setattr(Ino ino, const SetAttr& s, Attr* out) = 0;
-  virtual int mknod(Ino parent, std::string_view name, uint32_t mode, uint64_t rdev,
-                    const Caller& c, Attr* out) = 0;
-  virtual int mkdir(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
-                    Attr* out) = 0;
-  virtual int symlink(Ino parent, std::string_view name, std::string_view target, const Caller& c,
-                      Attr* out) = 0;
-  virtual int readlink(Ino ino, std::string* target) = 0;
-  virtual int link(Ino ino, Ino new_parent, std::string_view new_name, Attr* out) = 0;
-  virtual int unlink(Ino parent, std::string_view name) = 0;
-  virtual int rmdir(Ino parent, std::string_view name) = 0;
+  [[nodiscard]] virtual int lookup_ino(Ino ino, Attr* out) = 0;
+  [[nodiscard]] virtual int getattr(Ino ino, Attr* out) = 0;
+  [[nodiscard]] virtual int setattr(Ino ino, const SetAttr& s, Attr* out) = 0;
+  [[nodiscard]] virtual int mknod(Ino parent, std::string_view name, uint32_t mode, uint64_t rdev,
+                                  const Caller& c, Attr* out) = 0;
+  [[nodiscard]] virtual int mkdir(Ino parent, std::string_view name, uint32_t mode, const Caller& c,
+                                  Attr* out) = 0;
+  [[nodiscard]] virtual int symlink(Ino parent, std::string_view name, std::string_view target,
+                                    const Caller& c, Attr* out) = 0;
+  [[nodiscard]] virtual int readlink(Ino ino, std::string* target) = 0;
+  [[nodiscard]] virtual int link(Ino ino, Ino new_parent, std::string_view new_name, Attr* out) = 0;
+  [[nodiscard]] virtual int unlink(Ino parent, std::string_view name) = 0;
+  [[nodiscard]] virtual int rmdir(Ino parent, std::string_view name) = 0;
   // flags: RENAME_NOREPLACE, RENAME_EXCHANGE (linux/fs.h values).
-  virtual int rename(Ino parent, std::string_view name, Ino new_parent, std::string_view new_name,
-                     unsigned flags) = 0;
+  [[nodiscard]] virtual int rename(Ino parent, std::string_view name, Ino new_parent,
+                                   std::string_view new_name, unsigned flags) = 0;
 
   // Files. open/release count users of an inode: an unlinked inode lives until the last.
-  virtual int open(Ino ino, int flags) = 0;
+  [[nodiscard]] virtual int open(Ino ino, int flags) = 0;
   virtual void release(Ino ino) = 0;
-  virtual int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) = 0;
+  [[nodiscard]] virtual int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) = 0;
   // A write clears set-user-ID (and set-group-ID on a group-executable file), as the kernel's
   // filesystems do for a writer without CAP_FSETID; *dropped_privs (when given) says whether
   // this one did, so that a FUSE daemon can tell the kernel, whose cached mode is stale then.
-  virtual int write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written,
-                    bool* dropped_privs = nullptr) = 0;
-  virtual int fsync(Ino ino, bool datasync) = 0;
-  virtual int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) = 0;
-  virtual int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) = 0;
+  [[nodiscard]] virtual int write(Ino ino, uint64_t off, size_t len, const char* buf,
+                                  size_t* written, bool* dropped_privs = nullptr) = 0;
+  [[nodiscard]] virtual int fsync(Ino ino, bool datasync) = 0;
+  [[nodiscard]] virtual int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) = 0;
+  [[nodiscard]] virtual int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) = 0;
   // An inode as stored (dump.warpfs): its record, its extents in logical order and the
   // blocks of its extent tree (index and leaf blocks; none while the extents fit in the
   // inode), as of the last change. Read-only.
-  virtual int inspect(Ino ino, InodeReport* out) = 0;
+  [[nodiscard]] virtual int inspect(Ino ino, InodeReport* out) = 0;
   // Inode flags as FS_IOC_GETFLAGS/SETFLAGS carry them (linux/fs.h FS_*_FL): immutable and
   // append-only (FORMAT.md "Inode"); set_flags refuses other bits with EOPNOTSUPP. Who may
   // change them (CAP_LINUX_IMMUTABLE) is the kernel's check, before the call.
-  virtual int get_flags(Ino ino, uint32_t* fs_flags) = 0;
-  virtual int set_flags(Ino ino, uint32_t fs_flags) = 0;
+  [[nodiscard]] virtual int get_flags(Ino ino, uint32_t* fs_flags) = 0;
+  [[nodiscard]] virtual int set_flags(Ino ino, uint32_t fs_flags) = 0;
 
   // Directories. readdir returns entries from `offset` (0 = the start; "." and ".." first)
   // until `emit` returns false; offsets stay valid while entries come and go.
-  virtual int opendir(Ino ino) = 0;
-  virtual int readdir(Ino ino, uint64_t offset,
-                      const std::function<bool(const DirEntry&)>& emit) = 0;
+  [[nodiscard]] virtual int opendir(Ino ino) = 0;
+  [[nodiscard]] virtual int readdir(Ino ino, uint64_t offset,
+                                    const std::function<bool(const DirEntry&)>& emit) = 0;
 
   // Extended attributes. getxattr/listxattr with size 0 report the size needed.
-  virtual int setxattr(Ino ino, std::string_view name, const void* value, size_t size,
-                       int flags) = 0;
-  virtual int getxattr(Ino ino, std::string_view name, std::string* value) = 0;
-  virtual int listxattr(Ino ino, std::string* names) = 0;  // NUL-separated
-  virtual int removexattr(Ino ino, std::string_view name) = 0;
+  [[nodiscard]] virtual int setxattr(Ino ino, std::string_view name, const void* value, size_t size,
+                                     int flags) = 0;
+  [[nodiscard]] virtual int getxattr(Ino ino, std::string_view name, std::string* value) = 0;
+  [[nodiscard]] virtual int listxattr(Ino ino, std::string* names) = 0;  // NUL-separated
+  [[nodiscard]] virtual int removexattr(Ino ino, std::string_view name) = 0;
 
-  virtual int statfs(struct statvfs* out) = 0;
-  virtual int sync() = 0;  // commit the running transaction and flush the device
+  [[nodiscard]] virtual int statfs(struct statvfs* out) = 0;
+  [[nodiscard]] virtual int sync() = 0;  // commit the running transaction and flush the device
   // Commits, then drops every cached metadata block it can: those of inodes the kernel has
   // forgotten, and beyond the cap the least recently used (what the committer does on its
   // own after commits and under pressure).
@@ -208,10 +208,10 @@ class Filesystem {
   virtual bool read_only() const = 0;
   // Remount (mount -o remount,ro|rw): read-only commits everything and leaves the image
   // clean, as an unmount does, and refuses changes from then on (EROFS); read-write marks it
-  // dirty again and takes changes. REQUIRES: no modifying call under way (the kernel stops
-  // writers first: its remount to read-only fails while a file is open for writing), and not
-  // after unmount(). Orphans wait for the next read-write mount. 0, or EIO.
-  virtual int set_read_only(bool read_only) = 0;
+  // dirty again and takes changes. REQUIRES: not after unmount(); and (unchecked) no
+  // modifying call under way (the kernel stops writers first: its remount to read-only fails
+  // while a file is open for writing). Orphans wait for the next read-write mount. 0, or EIO.
+  [[nodiscard]] virtual int set_read_only(bool read_only) = 0;
 
  protected:
   Filesystem() = default;

@@ -61,7 +61,7 @@ enum FsckExit : int {
   kFsckUsage = 16,       // (fsck.warpfs only)
 };
 
-struct FsckResult {
+struct [[nodiscard]] FsckResult {
   int exit_code = kFsckClean;
   uint64_t problems = 0;           // problems found (each also reported)
   uint64_t corrected = 0;          // of those, repaired

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "warpfs/fs/format.h"
+#include "warpfs/nvme/check.h"
 
 namespace warpfs::fs {
 
@@ -34,7 +35,8 @@ inline uint64_t gdt_blocks_of(const Superblock& sb) {
   return sb.gdt_blocks != 0 ? sb.gdt_blocks : div_up(sb.group_count, kGroupDescsPerBlock);
 }
 
-// REQUIRES: a superblock that passed validate_superblock (or fsck's own check).
+// REQUIRES: a superblock that passed validate_superblock (or fsck's own check); init()
+// checks what its own arithmetic needs (groups, inodes per group, the table before the end).
 struct Layout {
   uint64_t block_count = 0, inode_count = 0, gdt_start = 0, gdt_blocks = 0, first_group = 0,
            seed = 0;
@@ -43,6 +45,9 @@ struct Layout {
   Layout() = default;
   explicit Layout(const Superblock& sb) { init(sb); }
   void init(const Superblock& sb) {
+    WARPFS_DCHECK(sb.group_count > 0 && sb.inodes_per_group > 0 &&
+                      sb.gdt_start + gdt_blocks_of(sb) < sb.block_count,
+                  "Layout of a superblock that was not validated");
     block_count = sb.block_count;
     inode_count = sb.inode_count;
     gdt_start = sb.gdt_start;
@@ -64,6 +69,7 @@ struct Layout {
   }
   // REQUIRES: first_group <= b (clamped to the last group).
   uint32_t group_of(uint64_t b) const {
+    WARPFS_DCHECK(first_group <= b, "group_of a block before the first group");
     return static_cast<uint32_t>(
         std::min<uint64_t>((b - first_group) / kBlocksPerGroup, groups - 1));
   }

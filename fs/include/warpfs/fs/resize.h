@@ -25,7 +25,7 @@ struct ResizeResult {
 // not a clean warpfs, no larger, beyond the room its descriptor table keeps (mkfs.warpfs
 // -E resize=), an I/O error. A power cut at any point leaves the old filesystem or the new
 // one, each fsck-clean.
-std::string grow(blockdev::BlockDevice& dev, uint64_t blocks, const ResizeOptions& o,
-                 ResizeResult* out = nullptr);
+[[nodiscard]] std::string grow(blockdev::BlockDevice& dev, uint64_t blocks, const ResizeOptions& o,
+                               ResizeResult* out = nullptr);
 
 }  // namespace warpfs::fs

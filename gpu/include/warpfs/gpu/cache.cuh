@@ -299,7 +299,8 @@ class GpuCache {
   uint64_t lines() const { return uint64_t{v_.nsets} * v_.ways; }
   // Write-back of every dirty line, then an NVMe Flush. False (and *error) on a failure.
   bool flush(std::string* error);
-  // Forgets every line (a cold cache). REQUIRES: quiescent, nothing dirty (flush first).
+  // Forgets every line (a cold cache). REQUIRES: quiescent, nothing dirty (flush first);
+  // debug builds check both on the lines' state words.
   void invalidate();
   GpuCacheStats stats() const;
   void reset_stats();

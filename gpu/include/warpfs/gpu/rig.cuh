@@ -18,7 +18,8 @@
 // (QueueView, DmaRegion, Controller, EmulatedTransport) cross into the host-compiled library.
 //
 // Thread-safety: a Rig is set up and torn down by one host thread; kernels may use its views
-// concurrently in between. REQUIRES: no kernel using the rig is running when it is destroyed.
+// concurrently in between. REQUIRES (unchecked: the host cannot tell which kernels use it): no
+// kernel using the rig is running when it is destroyed.
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,8 @@
 //
 // Thread-safety: admin() and queue creation/deletion are serialised internally and may be
 // called from any thread. Destroying the Controller shuts the device down (CC.SHN, which
-// makes the volatile write cache durable) and frees every queue; REQUIRES: no I/O in flight.
+// makes the volatile write cache durable) and frees every queue; REQUIRES (unchecked): no I/O
+// in flight (the queue disciplines above hold the in-flight counts, not the Controller).
 #pragma once
 
 #include <cstdint>
@@ -72,7 +73,8 @@ class Controller {
   // controller, starts the admin queue afresh, enables it, sets Number of Queues and the
   // arbitration weights again and re-creates every I/O queue pair on its own memory, zeroed,
   // so the QueueViews handed out stay valid (as Linux's nvme_reset_work does).
-  // REQUIRES: nobody uses the I/O queues (IoEngine quiesces them first).
+  // REQUIRES (unchecked): nobody uses the I/O queues (IoEngine quiesces them first; only it
+  // sees their users).
   Status reset();
   // True once an admin command timed out: the controller takes no more until reset().
   bool needs_reset();

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "warpfs/nvme/check.h"
 #include "warpfs/nvme/queue_mapper.h"
 
 namespace warpfs::nvme {
@@ -27,6 +28,7 @@ class IoBatch {
 
   // Submits `cmd` now. REQUIRES: !full(). Returns its index in the batch.
   int submit(const SubmissionEntry& cmd, Priority p) {
+    WARPFS_DCHECK(!full(), "IoBatch::submit on a full batch");
     Entry& e = e_[n_];
     e.accounted = false;  // the slot may hold a command from before clear()
     e.route = m_.route(p);
@@ -64,7 +66,10 @@ class IoBatch {
   uint16_t status(int i) const { return e_[i].ticket.status; }
   uint32_t dw0(int i) const { return e_[i].ticket.dw0; }
   // Forgets completed commands so the batch can be reused. REQUIRES: wait_all() returned.
-  void clear() { n_ = 0; }
+  void clear() {
+    WARPFS_DCHECK(done_count() == n_, "IoBatch::clear before wait_all()");
+    n_ = 0;
+  }
 
  private:
   struct Entry {

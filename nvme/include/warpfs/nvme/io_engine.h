@@ -14,7 +14,7 @@
 // later, then after the timeout.
 //
 // Thread-safety: everything except construction may be used from any number of threads.
-// REQUIRES: the Controller outlives the engine; no I/O in flight at destruction.
+// REQUIRES: no I/O in flight at destruction; (unchecked) the Controller outlives the engine.
 #pragma once
 
 #include <atomic>

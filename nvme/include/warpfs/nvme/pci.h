@@ -56,7 +56,8 @@ bool list_nvme(const Roots& roots, std::vector<NvmeFunction>* out, std::string* 
 
 // Moves `bdf` (DDDD:BB:DD.F, or BB:DD.F in domain 0) to `driver`, "vfio-pci" or "nvme";
 // loads the driver's module if it is missing (real /sys only). True at once when the device
-// is already there. REQUIRES: root, for the real system.
+// is already there. Needs root for the real system: not a precondition but an error
+// (EACCES/EPERM from sysfs, reported with "run as root").
 bool bind_driver(const Roots& roots, const std::string& bdf, const std::string& driver,
                  std::string* error);
 

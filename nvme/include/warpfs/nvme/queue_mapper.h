@@ -37,6 +37,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "warpfs/nvme/check.h"
 #include "warpfs/nvme/port.h"
 #include "warpfs/nvme/virtual_queue.h"
 

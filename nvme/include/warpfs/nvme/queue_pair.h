@@ -4,11 +4,13 @@
 // nvme_pci does on the last command of a batch).
 //
 // Thread-safety: QueueView is immutable after creation. RawQueuePair is not thread-safe;
-// REQUIRES: one user at a time.
+// REQUIRES: one user at a time (debug builds abort when two calls overlap).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
+#include "warpfs/nvme/check.h"
 #include "warpfs/nvme/spec.h"
 #include "warpfs/nvme/status.h"
 #include "warpfs/nvme/transport.h"
@@ -50,6 +52,23 @@ class RawQueuePair {
   }
 
  private:
+#if WARPFS_DEBUG_CHECKS
+  // The REQUIRES above: a call that finds another one under way has a second user beside it.
+  class OneUser {
+   public:
+    explicit OneUser(std::atomic<bool>& busy) : busy_(busy) {
+      WARPFS_DCHECK(!busy_.exchange(true, std::memory_order_acquire),
+                    "RawQueuePair used by two threads at once");
+    }
+    ~OneUser() { busy_.store(false, std::memory_order_release); }
+    OneUser(const OneUser&) = delete;
+    OneUser& operator=(const OneUser&) = delete;
+
+   private:
+    std::atomic<bool>& busy_;
+  };
+  std::atomic<bool> busy_{false};
+#endif
   QueueView v_;
   uint32_t sq_tail_ = 0, sq_tail_rung_ = 0;
   uint32_t sq_head_ = 0;  // from the latest CQE (Base §4.6: SQ Head Pointer)

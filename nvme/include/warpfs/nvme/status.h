@@ -3,6 +3,10 @@
 // A Status is either ok, an NVMe completion status (the device said no), or a host-side
 // failure (timeout, queue full, out of DMA memory, bad argument). It is trivially copyable
 // and carries a static message, so the hot path never allocates.
+//
+// [[nodiscard]]: a Status returned and dropped is a compile error. Where dropping it is
+// right (a best-effort step whose failure changes nothing for the caller), the call says so
+// with (void) and a comment giving the reason.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +28,7 @@ enum class Code : uint8_t {
   kSetFull,          // the software cache: every line of the block's set is in use
 };
 
-class Status {
+class [[nodiscard]] Status {
  public:
   WARPFS_HD Status() : code_(Code::kOk), nvme_(0), what_(nullptr) {}
   WARPFS_HD static Status ok() { return Status(); }

@@ -66,6 +66,7 @@
 #include <memory>
 #include <new>
 
+#include "warpfs/nvme/check.h"
 #include "warpfs/nvme/port.h"
 #include "warpfs/nvme/queue_pair.h"
 #include "warpfs/nvme/spec.h"
@@ -99,8 +100,11 @@ class VirtualQueue {
     return sizeof(VirtualQueue) + (4u * entries - 1u) * port::kCacheLine;
   }
   // Lays a queue out in `mem` (footprint() bytes, aligned to port::kCacheLine).
-  // REQUIRES: q.entries is a power of two >= 2 and <= 65536; nobody uses `mem` yet.
+  // REQUIRES: q.entries is a power of two >= 2 and <= 65536; (unchecked) nobody uses `mem`
+  // yet.
   static VirtualQueue* init(void* mem, const QueueView& q) {
+    WARPFS_DCHECK(port::is_pow2(q.entries) && q.entries >= 2 && q.entries <= 65536,
+                  "queue entries: a power of two in 2..65536");
     std::memset(mem, 0, footprint(q.entries));
     auto* vq = new (mem) VirtualQueue();
     vq->q_ = q;
@@ -132,9 +136,11 @@ class VirtualQueue {
   WARPFS_HD uint64_t inside() const { return inside_.value.load(port::Order::kSeqCst); }
   // Makes every waiter give up (kResetting) or fails the queue for good (kDead).
   void stop(State s) { state_.value.store(s, port::Order::kSeqCst); }
-  // Forgets every command. REQUIRES: state() != kRunning, inside() == 0, and the device's
-  // queue pair re-created empty on the same memory (CQ zeroed: phase tags start at 1).
+  // Forgets every command. REQUIRES: state() != kRunning, inside() == 0, and (unchecked) the
+  // device's queue pair re-created empty on the same memory (CQ zeroed: phase tags start at 1).
   void reset_protocol() {
+    WARPFS_DCHECK(state() != kRunning, "reset of a running queue: stop() it first");
+    WARPFS_DCHECK(inside() == 0, "reset of a queue with commands inside");
     const uint32_t slots = 4u * q_.entries - 1u;
     for (uint32_t i = 0; i < slots; ++i) turns()[i].value.store(0, port::Order::kRelaxed);
     for (port::Padded<port::Atomic<uint64_t>>* a :
