@@ -60,10 +60,13 @@ struct Result {
 
 Options parse(int argc, char** argv) {
   Options o;
-  static const option longs[] = {
-      {"rounds", required_argument, nullptr, 'r'},  {"seconds", required_argument, nullptr, 's'},
-      {"writers", required_argument, nullptr, 'w'}, {"latency-us", required_argument, nullptr, 'l'},
-      {"dir", required_argument, nullptr, 'd'},     {nullptr, 0, nullptr, 0}};
+  static const option longs[] = {{"rounds", required_argument, nullptr, 'r'},
+                                 {"seconds", required_argument, nullptr, 's'},
+                                 {"writers", required_argument, nullptr, 'w'},
+                                 {"latency-us", required_argument, nullptr, 'l'},
+                                 {"dir", required_argument, nullptr, 'd'},
+                                 {"help", no_argument, nullptr, 'h'},
+                                 {nullptr, 0, nullptr, 0}};
   for (int c; (c = getopt_long(argc, argv, "", longs, nullptr)) != -1;) {
     const std::string a = optarg ? optarg : "";
     bool ok = true;
@@ -72,6 +75,28 @@ Options parse(int argc, char** argv) {
     if (c == 'w') ok = bench::parse_uint(a, 0, 64, &o.writers);
     if (c == 'l') ok = bench::parse_uint(a, 0, 100000, &o.latency_us);
     if (c == 'd') o.dir = a;
+    if (c == 'h') {
+      std::printf(
+          "usage: warpfs-bench-priority [--rounds N] [--seconds S] [--writers N] "
+          "[--latency-us N] [--dir D]\n"
+          "  --rounds N      pairs of runs, honoured and not, alternating first (default 3)\n"
+          "  --seconds S     metadata workload per run (default 3)\n"
+          "  --writers N     streaming writers beside it (default 2)\n"
+          "  --latency-us N  the emulated device's latency (default 10)\n"
+          "  --dir D         where the 2 GiB images go (default /dev/shm)\n");
+      std::exit(0);
+    }
+    if (c == 'h') {
+      std::printf(
+          "usage: warpfs-bench-priority [--rounds N] [--seconds S] [--writers N] "
+          "[--latency-us N] [--dir D]\n"
+          "  --rounds N      pairs of runs, honoured and not, alternating first (default 3)\n"
+          "  --seconds S     metadata workload per run (default 3)\n"
+          "  --writers N     streaming writers beside it (default 2)\n"
+          "  --latency-us N  the emulated device's latency (default 10)\n"
+          "  --dir D         where the 2 GiB images go (default /dev/shm)\n");
+      std::exit(0);
+    }
     if (c == '?' || !ok) usage_error(c == '?' ? "bad option" : "bad value: " + a);
   }
   if (optind != argc) usage_error("unexpected argument: " + std::string(argv[optind]));
