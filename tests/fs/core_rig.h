@@ -29,12 +29,14 @@ class CutDevice final : public blockdev::BlockDevice {
   // fails, and so does every later one. With `tear`, a write cut this way first sends a
   // random subset (drawn from `seed`) of its blocks on, as a multi-block command that was
   // partly written when the power went (whole blocks only: 4 KiB is the atomic unit).
-  // REQUIRES (unchecked: the rig does not count calls in flight): no other thread is calling
-  // the device (the tear is not atomic).
+  // May be called while other threads call the device (the stress harness arms cuts under
+  // running workers): the tear settings are published before the count that selects a call
+  // (release), and read after it was seen (acquire). A torn write's blocks may interleave
+  // with other threads' writes of the same blocks, as on a device losing power.
   void cut_at(uint64_t n, bool tear = false, uint64_t seed = 0) {
-    tear_ = tear;
-    tear_seed_ = seed;
-    cut_at_ = mutations_.load() + n;
+    tear_.store(tear, std::memory_order_relaxed);
+    tear_seed_.store(seed, std::memory_order_relaxed);
+    cut_at_.store(mutations_.load() + n, std::memory_order_release);
   }
   // Cuts when the nth flush from now arrives: the moment the most is still volatile.
   void cut_at_flush(uint64_t n) { cut_at_flush_ = flushes_.load() + n; }
@@ -50,7 +52,7 @@ class CutDevice final : public blockdev::BlockDevice {
   blockdev::Status write(uint64_t b, uint32_t n, const void* buf) override {
     if (cut_) return dead();
     if (arrive()) {
-      if (tear_) tear(b, n, buf);
+      if (tear_.load(std::memory_order_relaxed)) tear(b, n, buf);
       return dead();
     }
     writes_.fetch_add(1, std::memory_order_relaxed);
@@ -80,12 +82,13 @@ class CutDevice final : public blockdev::BlockDevice {
   // Counts a mutating call; true (and cut from now on) if it is the one cut_at() chose.
   bool arrive() {
     const uint64_t k = mutations_.fetch_add(1, std::memory_order_relaxed) + 1;
-    if (k != cut_at_.load(std::memory_order_relaxed)) return false;
+    if (k != cut_at_.load(std::memory_order_acquire)) return false;
     cut_ = true;
     return true;
   }
   void tear(uint64_t b, uint32_t n, const void* buf) {
-    uint64_t x = (tear_seed_ ^ 0x9e3779b97f4a7c15ull) | 1;  // xorshift's state is never 0
+    // xorshift's state is never 0
+    uint64_t x = (tear_seed_.load(std::memory_order_relaxed) ^ 0x9e3779b97f4a7c15ull) | 1;
     for (uint32_t i = 0; i < n; ++i) {
       x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
       if (x & 1)
@@ -97,8 +100,9 @@ class CutDevice final : public blockdev::BlockDevice {
   std::atomic<uint64_t> writes_{0}, trims_{0};
   std::atomic<uint64_t> mutations_{0}, cut_at_{0};  // cut_at_ 0: not armed
   std::atomic<uint64_t> flushes_{0}, cut_at_flush_{0};
-  bool tear_ = false;
-  uint64_t tear_seed_ = 0;
+  // Set by cut_at() before cut_at_ (release); read by the call that cut_at_ selects.
+  std::atomic<bool> tear_{false};
+  std::atomic<uint64_t> tear_seed_{0};
 };
 
 // A formatted device that nothing mounts, for tests of the journal alone: its superblock,
