@@ -44,12 +44,20 @@ struct Result {
   double seconds = 0;
 };
 
-[[noreturn]] void usage_error(const std::string& why) {
-  std::fprintf(stderr,
-               "warpfs-bench-priority: %s\n"
+void usage(FILE* f) {
+  std::fprintf(f,
                "usage: warpfs-bench-priority [--rounds N] [--seconds S] [--writers N] "
-               "[--latency-us N] [--dir D]\n",
-               why.c_str());
+               "[--latency-us N] [--dir D]\n"
+               "  --rounds N      pairs of runs, honoured and not, alternating first (default 3)\n"
+               "  --seconds S     metadata workload per run (default 3)\n"
+               "  --writers N     streaming writers beside it (default 2)\n"
+               "  --latency-us N  the emulated device's latency (default 10)\n"
+               "  --dir D         where the 2 GiB images go (default /dev/shm)\n");
+}
+
+[[noreturn]] void usage_error(const std::string& why) {
+  std::fprintf(stderr, "warpfs-bench-priority: %s\n", why.c_str());
+  usage(stderr);
   std::exit(2);
 }
 
@@ -76,25 +84,7 @@ Options parse(int argc, char** argv) {
     if (c == 'l') ok = bench::parse_uint(a, 0, 100000, &o.latency_us);
     if (c == 'd') o.dir = a;
     if (c == 'h') {
-      std::printf(
-          "usage: warpfs-bench-priority [--rounds N] [--seconds S] [--writers N] "
-          "[--latency-us N] [--dir D]\n"
-          "  --rounds N      pairs of runs, honoured and not, alternating first (default 3)\n"
-          "  --seconds S     metadata workload per run (default 3)\n"
-          "  --writers N     streaming writers beside it (default 2)\n"
-          "  --latency-us N  the emulated device's latency (default 10)\n"
-          "  --dir D         where the 2 GiB images go (default /dev/shm)\n");
-      std::exit(0);
-    }
-    if (c == 'h') {
-      std::printf(
-          "usage: warpfs-bench-priority [--rounds N] [--seconds S] [--writers N] "
-          "[--latency-us N] [--dir D]\n"
-          "  --rounds N      pairs of runs, honoured and not, alternating first (default 3)\n"
-          "  --seconds S     metadata workload per run (default 3)\n"
-          "  --writers N     streaming writers beside it (default 2)\n"
-          "  --latency-us N  the emulated device's latency (default 10)\n"
-          "  --dir D         where the 2 GiB images go (default /dev/shm)\n");
+      usage(stdout);
       std::exit(0);
     }
     if (c == '?' || !ok) usage_error(c == '?' ? "bad option" : "bad value: " + a);

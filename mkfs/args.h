@@ -39,7 +39,7 @@ inline bool parse_u64(const char* s, uint64_t max, uint64_t* out) {
   return true;
 }
 
-// The share of the data blocks kept for root (FORMAT.md "Reserved blocks"): 0 to 50.
+// A size in bytes, with an optional binary suffix K, M, G or T (and "iB" or "B" after it):
 // "64M" -> 67108864. False on junk.
 inline bool parse_size(const char* s, uint64_t* out) {
   char* end = nullptr;

@@ -160,8 +160,7 @@ void CachedBlockDevice::submit(Io* ios, int n) {
     io.status = check(io.block, io.count);
     if (!io.status.is_ok()) continue;
     if (io.count >= bypass_lines_) {
-      io.status = io.write ? cache_->write_direct(io.block, io.count, io.data, io.priority)
-                           : cache_->read_direct(io.block, io.count, io.data, io.priority);
+      io.status = bypass(io, io.block, io.count, io.data);
       continue;
     }
     for (uint32_t at = 0; at < io.count; ++at) {
@@ -198,12 +197,16 @@ void CachedBlockDevice::run_warp(Io* ios, const cache::Lane* lanes, const LaneOf
     } else if (s.is_ok()) {
       std::memcpy(mine, refs[i].data, bb);
     } else if (s.code() == Code::kSetFull) {
-      s = io.write ? cache_->write_direct(lanes[i].block, 1, mine, io.priority)
-                   : cache_->read_direct(lanes[i].block, 1, mine, io.priority);
+      s = bypass(io, lanes[i].block, 1, mine);
     }
     if (!s.is_ok() && io.status.is_ok()) io.status = s;
   }
   cache_->release(lanes, n, refs, wrote);
+}
+
+Status CachedBlockDevice::bypass(const Io& io, uint64_t block, uint64_t count, uint8_t* data) {
+  return io.write ? cache_->write_direct(block, count, data, io.priority)
+                  : cache_->read_direct(block, count, data, io.priority);
 }
 
 Status CachedBlockDevice::flush() {

@@ -184,7 +184,7 @@ StackStats DeviceStack::stats() const {
   st.io_queues = ctrl_->io_queues_granted();
   st.max_transfer = ctrl_->max_transfer_bytes();
   st.engine = engine_->counters();
-  if (vfio_) {  // build() made this transport from a vfio: DEVICE
+  if (vfio_) {  // open() made this transport from a vfio: DEVICE
     const auto& v = static_cast<const nvme::VfioTransport&>(*transport_);
     st.vfio = true;
     st.iommu_group = v.iommu_group();

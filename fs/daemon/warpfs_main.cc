@@ -222,7 +222,6 @@ class ReadBuffers {
   };
 
  public:
-  explicit ReadBuffers(warpfs::blockdev::BlockDevice* dev = nullptr) : dev_(dev) {}
   ~ReadBuffers() { clear(); }
   void set_device(warpfs::blockdev::BlockDevice* dev) { dev_ = dev; }
   // Gives every buffer back to the device. REQUIRES: no lease outstanding.
@@ -275,7 +274,7 @@ class ReadBuffers {
       delete[] b.p;
     }
   }
-  warpfs::blockdev::BlockDevice* dev_;  // set before the workers start, then read-only
+  warpfs::blockdev::BlockDevice* dev_ = nullptr;  // set before the workers start, then read-only
   std::mutex mu_;
   std::vector<Buf> free_;  // mu_
 };

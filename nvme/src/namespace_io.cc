@@ -118,7 +118,7 @@ Status NamespaceIo::alloc(size_t bytes, void** out) {
   return Status::ok();
 }
 
-// REQUIRES: no I/O in flight on the memory.
+// REQUIRES (unchecked): no I/O in flight on the memory.
 void NamespaceIo::free(void* p, size_t) {
   std::lock_guard<std::mutex> g(mu_);
   for (uint32_t i = 0; i < nregions_.load(port::Order::kRelaxed); ++i) {
@@ -186,8 +186,7 @@ void NamespaceIo::io(BlockIo* ios, int n) {
   for (int i = 0; i < n; ++i) {
     ios[i].status = Status::ok();
     const uint64_t total = uint64_t{ios[i].count} * block_bytes_;
-    if (ios[i].count == 0 || ios[i].block >= block_count_ ||
-        ios[i].count > block_count_ - ios[i].block) {
+    if (!in_range(ios[i].block, ios[i].count)) {
       ios[i].status = Status::error(Code::kInvalidArgument, "block range beyond the namespace");
       continue;
     }
@@ -268,7 +267,7 @@ Status NamespaceIo::flush() {
 }
 
 Status NamespaceIo::trim(uint64_t block, uint64_t count) {
-  if (count == 0 || block >= block_count_ || count > block_count_ - block)
+  if (!in_range(block, count))
     return Status::error(Code::kInvalidArgument, "trim beyond the namespace");
   Scratch sc;
   if (!pool_->take(kPage, &sc)) return Status::error(Code::kNoMemory, "no DMA scratch memory");
@@ -285,7 +284,7 @@ Status NamespaceIo::trim(uint64_t block, uint64_t count) {
       ranges[nr++] = DsmRange{0, len, lba};
       lba += len, left -= len;
     }
-    result = e_.execute(make_deallocate(nsid_, sc.lists.iova, nr), priority(Priority::kBulk));
+    result = e_.execute(make_deallocate(nsid_, sc.lists.iova, nr), Priority::kBulk);
   }
   note(kTrim, t0, 0);
   pool_->give(sc);

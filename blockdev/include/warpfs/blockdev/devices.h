@@ -90,6 +90,8 @@ class CachedBlockDevice final : public BlockDevice {
   };
   explicit CachedBlockDevice(cache::Backend& below) : below_(below) {}
   void run_warp(Io* ios, const cache::Lane* lanes, const LaneOf* of, int n);
+  // [block, block + count) of `io`, whose data is at `data`, around the cache, in its class.
+  Status bypass(const Io& io, uint64_t block, uint64_t count, uint8_t* data);
   cache::Backend& below_;
   std::unique_ptr<cache::Cache> cache_;
   uint32_t bypass_lines_ = 32;

@@ -104,6 +104,10 @@ class NamespaceIo {
   // The bus address of [p, p + len) if it lies inside memory from alloc(), else 0.
   uint64_t iova_of(const void* p, size_t len);
   Priority priority(Priority asked) const { return o_.priorities ? asked : Priority::kBulk; }
+  // [block, block + count) is a non-empty range inside the namespace.
+  bool in_range(uint64_t block, uint64_t count) const {
+    return count != 0 && block < block_count_ && count <= block_count_ - block;
+  }
   void note(Class c, uint64_t t0, uint64_t bytes);
   struct Cmd;
   struct Scratch;
