@@ -9,7 +9,7 @@ pkgs=(
   libfuse3-dev fuse3                           # the FUSE daemon
   libpci-dev                                   # naming NVMe controllers for VFIO
   libxxhash-dev                                # metadata checksums
-  libtbb-dev                                   # concurrent containers, benchmark baselines
+  libtbb-dev                                   # fsck's parallel passes, benchmark baselines
   nlohmann-json3-dev                           # every JSON the programs write
   fio                                          # file benchmarks
   qemu-system-x86 busybox-static cpio kmod     # tests/vfio: the VFIO transport in a QEMU guest
