@@ -2,7 +2,8 @@
 # The guest's /init (busybox sh), built into the initramfs by run-guest.sh: mounts the
 # pseudo filesystems, loads the VFIO and FUSE modules listed in /modules/order, finds the
 # NVMe controller (PCI class 0x010802), runs /guest-tests.sh on it, prints WARPFS-GUEST-DONE
-# and powers off. It never exits: an exit of PID 1 would panic the kernel (and panic=-1 with
+# and powers off. The nfs configuration loads FUSE and the NFS server and client modules
+# instead and runs the NFS steps (no controller). It never exits: an exit of PID 1 would panic the kernel (and panic=-1 with
 # QEMU's -no-reboot would end the run, but without the done marker).
 export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/ TMPDIR=/tmp
@@ -12,7 +13,8 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
 
-# The configuration run-guest.sh chose: warpfs.config=single|multi on the kernel command line.
+# The configuration run-guest.sh chose: warpfs.config=single|multi|nfs on the kernel command
+# line.
 config=single
 read -r cmdline </proc/cmdline
 for arg in $cmdline; do
@@ -43,13 +45,17 @@ else
 fi
 
 bdf=
+[ "$config" = nfs ] && bdf=-  # no controller: the NFS steps
 for dev in /sys/bus/pci/devices/*; do
+  [ -n "$bdf" ] && break
   if [ "$(cat "$dev/class")" = 0x010802 ]; then
     bdf=${dev##*/}
     break
   fi
 done
-if [ -n "$bdf" ]; then
+if [ "$bdf" = - ]; then
+  sh /guest-tests.sh - "$config"
+elif [ -n "$bdf" ]; then
   echo "WARPFS-STEP find-nvme PASS"
   echo "guest: NVMe controller at $bdf, $(cat /sys/bus/pci/devices/"$bdf"/vendor):$(cat /sys/bus/pci/devices/"$bdf"/device)"
   sh /guest-tests.sh "$bdf" "$config"

@@ -3,6 +3,7 @@
 # bind it to vfio-pci, then drive it through warpfs's VFIO transport (the driver's tests,
 # mkfs, a FUSE mount with a workload, a remount that checks it, fsck).
 #   usage: guest-tests.sh BDF single|multi       (from /init)
+#          guest-tests.sh - nfs                  (from /init: the steps of guest-nfs.sh)
 #          guest-tests.sh --run FUNCTION ARGS... (one step, started by step())
 # Each step prints `WARPFS-STEP NAME PASS|FAIL`; run-guest.sh counts them.
 #
@@ -14,6 +15,9 @@
 state=/tmp/warpfs-guest
 self=/guest-tests.sh
 step_timeout=120  # seconds, unless the step says otherwise
+# The nfs configuration's steps (warpfs exported by the kernel's NFS server).
+# shellcheck disable=SC1091 # the guest's copy of tests/vfio/guest-nfs.sh
+[ -f /guest-nfs.sh ] && . /guest-nfs.sh
 
 have() { command -v "$1" >/dev/null 2>&1; }
 
@@ -165,10 +169,12 @@ do_list() {
     fail "the list has no line with $BDF and vfio-pci"
 }
 
-# Every carried program starts: its libraries are all in the initramfs (status 127 says not).
+# Every carried program of the list (default: warpfs's) starts: its libraries are all in the
+# initramfs (status 127 says not).
 do_binaries() {
+  [ $# -gt 0 ] || set -- nvme_tests mkfs.warpfs fsck.warpfs warpfs warpfs-fsx warpfs-pci
   ok=1
-  for prog in nvme_tests mkfs.warpfs fsck.warpfs warpfs warpfs-fsx warpfs-pci; do
+  for prog in "$@"; do
     if ! have "$prog"; then
       echo "  $prog: not carried"
       continue
@@ -228,13 +234,15 @@ do_driver_tests() {
 }
 
 do_mkfs() {
-  requires bind
+  case $DEVICE in vfio:*) requires bind ;; esac  # an emulated device needs no binding
   have mkfs.warpfs || fail "mkfs.warpfs not carried"
   # shellcheck disable=SC2086 # MKFS_OPTS is a list of options
   mkfs.warpfs $MKFS_OPTS "$DEVICE" || fail "mkfs.warpfs $DEVICE"
 }
 
-is_mounted() { awk '$2 == "/mnt" && $3 ~ /^fuse/ { m = 1 } END { exit !m }' /proc/mounts; }
+# Where the filesystem is mounted: /mnt, or the MNT the configuration sets (nfs: /mnt/w).
+MNT=${MNT:-/mnt}
+is_mounted() { awk -v m="$MNT" '$2 == m && $3 ~ /^fuse/ { f = 1 } END { exit !f }' /proc/mounts; }
 
 # Starts the daemon in the foreground of a background subshell that records its status,
 # and returns once the mount shows in /proc/mounts (or the daemon has exited).
@@ -242,17 +250,17 @@ do_mount() {
   requires mkfs
   have warpfs || fail "warpfs not carried"
   [ -c /dev/fuse ] || fail "no /dev/fuse (the fuse module)"
-  is_mounted && fail "/mnt is mounted already"
+  is_mounted && fail "$MNT is mounted already"
   rm -f "$state/daemon.rc"
   (
-    warpfs -f -o "stats=$state/stats.json" "$DEVICE" /mnt >"$state/daemon.log" 2>&1
+    warpfs -f -o "stats=$state/stats.json" "$DEVICE" "$MNT" >"$state/daemon.log" 2>&1
     echo $? >"$state/daemon.rc.tmp"
     mv "$state/daemon.rc.tmp" "$state/daemon.rc"
   ) </dev/null &
   ticks=0
   while [ "$ticks" -lt 600 ]; do
     if is_mounted; then
-      echo "  $(grep ' /mnt ' /proc/mounts)"
+      echo "  $(grep " $MNT " /proc/mounts)"
       return 0
     fi
     if [ -e "$state/daemon.rc" ]; then
@@ -263,13 +271,13 @@ do_mount() {
     ticks=$((ticks + 1))
   done
   cat "$state/daemon.log"
-  fail "no mount on /mnt after 60 s"
+  fail "no mount on $MNT after 60 s"
 }
 
 # umount, then the daemon must exit by itself with status 0 (bounded wait).
 do_unmount() {
-  is_mounted || fail "/mnt is not mounted"
-  umount /mnt || fail "umount /mnt"
+  is_mounted || fail "$MNT is not mounted"
+  umount "$MNT" || fail "umount $MNT"
   wait_until 120 "warpfs still running 120 s after umount" daemon_exited
   rc=$(cat "$state/daemon.rc")
   if [ "$rc" != 0 ]; then
@@ -287,6 +295,22 @@ check_data() {
   (cd /mnt/data && find . | sort) >"$state/listing.now"
   diff "$state/listing" "$state/listing.now" || fail "the directory tree differs"
   echo "  $(wc -l <"$state/sums") files and $(wc -l <"$state/listing") names verified"
+}
+
+# churn DIR COUNT: files DIR/f0.. holding their number; the even ones are removed, the odd
+# ones renamed to gN.
+churn() {
+  n=0
+  while [ "$n" -lt "$2" ]; do
+    echo "$n" >"$1/f$n" || fail "create $1/f$n"
+    n=$((n + 1))
+  done
+  n=0
+  while [ "$n" -lt "$2" ]; do
+    rm "$1/f$n" || fail "rm $1/f$n"
+    mv "$1/f$((n + 1))" "$1/g$((n + 1))" || fail "mv $1/f$((n + 1))"
+    n=$((n + 2))
+  done
 }
 
 do_workload() {
@@ -316,17 +340,7 @@ do_workload() {
 
   # Churn beside it: many small files, half of them removed, the rest renamed.
   mkdir /mnt/churn || fail "mkdir /mnt/churn"
-  n=0
-  while [ "$n" -lt 200 ]; do
-    echo "$n" >"/mnt/churn/f$n" || fail "create /mnt/churn/f$n"
-    n=$((n + 1))
-  done
-  n=0
-  while [ "$n" -lt 200 ]; do
-    rm "/mnt/churn/f$n" || fail "rm /mnt/churn/f$n"
-    mv "/mnt/churn/f$((n + 1))" "/mnt/churn/g$((n + 1))" || fail "mv /mnt/churn/f$((n + 1))"
-    n=$((n + 2))
-  done
+  churn /mnt/churn 200
   [ "$(find /mnt/churn -type f | wc -l)" = 100 ] || fail "/mnt/churn does not hold 100 files"
 
   if have warpfs-fsx; then
@@ -463,6 +477,13 @@ if [ "$1" = --run ]; then  # one step: its status goes to $state/step.rc
   echo "$rc" >"$state/step.rc.tmp"
   mv "$state/step.rc.tmp" "$state/step.rc"
   exit "$rc"
+fi
+
+if [ "$2" = nfs ]; then
+  rm -rf "$state"
+  mkdir -p "$state"
+  nfs_steps
+  exit
 fi
 
 BDF=${1:?BDF}

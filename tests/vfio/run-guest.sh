@@ -2,10 +2,13 @@
 # Boots a Debian kernel in QEMU (TCG) with an emulated NVMe controller behind an emulated
 # Intel IOMMU, and runs tests/vfio/guest-tests.sh inside the guest against the controller
 # bound to vfio-pci: warpfs's VFIO transport end to end, on a machine without NVMe hardware.
-#   usage: run-guest.sh single|multi BINDIR
+#   usage: run-guest.sh single|multi|nfs BINDIR
 #     single: one controller, one 1 GiB namespace, 512-byte LBAs
 #     multi:  one controller, namespaces of 64 MiB, 1 GiB, 256 MiB with 4 KiB LBAs (the
 #             filesystem goes on namespace 2)
+#     nfs:    no controller: warpfs on an emulated one over an image in the guest's memory,
+#             exported by the kernel's NFS server (NFSv4) and mounted back over loopback
+#             (tests/vfio/guest-nfs.sh); nfs-utils comes from Debian's packages, cached
 #   BINDIR: a build directory; the programs found in it are carried into the guest.
 # Environment: WARPFS_VM_CACHE (kernel cache, default /var/cache/warpfs-vm), WARPFS_VM_TIMEOUT
 # (seconds for the whole guest, default 900), WARPFS_VM_LOG (console log, default
@@ -17,13 +20,13 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 single|multi BINDIR" >&2
+  echo "usage: $0 single|multi|nfs BINDIR" >&2
   exit 2
 }
 (($# == 2)) || usage
 config=$1
 bindir=$(cd "$2" && pwd) || usage
-case $config in single | multi) ;; *) usage ;; esac
+case $config in single | multi | nfs) ;; *) usage ;; esac
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${WARPFS_VM_CACHE:-/var/cache/warpfs-vm}
@@ -35,6 +38,18 @@ modules=(vfio vfio_iommu_type1 irqbypass vfio_virqfd vfio-pci-core vfio-pci fuse
 # Carried but not loaded at boot: the kernel's nvme driver, for the step that moves the
 # controller to it and back with warpfs-pci (/modules/later/order).
 later_modules=(nvme)
+# The programs carried from the build directory (where a build tree usually has them).
+programs=(tests/nvme_tests mkfs/mkfs.warpfs mkfs/fsck.warpfs fs/daemon/warpfs
+  tests/tools/warpfs-fsx nvme/warpfs-pci)
+if [[ $config == nfs ]]; then
+  # The NFS server and client (dependencies from modules.dep: sunrpc, grace, lockd, nfs_acl,
+  # auth_rpcgss, netfs, fscache, nfs, dns_resolver); no VFIO, no nvme.
+  modules=(fuse nfsd nfsv4)
+  later_modules=()
+  programs=(mkfs/mkfs.warpfs mkfs/fsck.warpfs fs/daemon/warpfs)
+fi
+# nfs: what is taken from nfs-utils's packages (the rest of them stays in the cache).
+nfs_programs=(usr/sbin/rpc.nfsd usr/sbin/rpc.mountd usr/sbin/exportfs sbin/mount.nfs)
 
 for tool in qemu-system-x86_64 cpio depmod dpkg; do
   command -v "$tool" >/dev/null || { echo "run-guest: $tool is missing (bash scripts/install-deps.sh)" >&2; exit 2; }
@@ -70,16 +85,43 @@ extract_vmlinux() {
   esac 2>/dev/null || true
 }
 
+# apt_answer COMMAND...: COMMAND's output; when it is empty (no package lists yet), COMMAND's
+# output after one apt-get update.
+apt_answer() {
+  local out
+  out=$("$@" 2>/dev/null) || true
+  if [[ -z $out ]]; then
+    apt-get update -qq >/dev/null 2>&1 || true
+    out=$("$@" 2>/dev/null) || true
+  fi
+  printf '%s' "$out"
+}
+
+# unpack_debs DIR PACKAGES...: downloads PACKAGES (apt-get download) and unpacks them all into
+# DIR/root.
+unpack_debs() {
+  local dir=$1 p deb
+  shift
+  mkdir -p "$dir"
+  chmod 755 "$dir"  # apt-get download drops to the _apt user when it can
+  (cd "$dir" && apt-get download -q "$@" 2>&1 | grep -v '^W: Download is performed unsandboxed') || true
+  for p in "$@"; do
+    deb=$(find "$dir" -maxdepth 1 -name "${p}_*.deb" | head -1)
+    [[ -n $deb ]] || { echo "run-guest: apt-get download $p failed" >&2; exit 2; }
+    dpkg -x "$deb" "$dir/root"
+    rm -f "$deb"
+  done
+}
+
+kernel_package() {
+  apt-cache depends linux-image-amd64 |
+    awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ { print $2; exit }'
+}
+
 # Sets kver and kdir ($kdir/root is the unpacked package, $kdir/vmlinux or $kdir/vmlinuz).
 prepare_kernel() {
   local pkg
-  pkg=$(apt-cache depends linux-image-amd64 2>/dev/null |
-    awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ { print $2; exit }') || true
-  if [[ -z $pkg ]]; then
-    apt-get update -qq >/dev/null 2>&1 || true
-    pkg=$(apt-cache depends linux-image-amd64 2>/dev/null |
-      awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ { print $2; exit }') || true
-  fi
+  pkg=$(apt_answer kernel_package)
   if [[ -z $pkg ]]; then  # offline: the newest kernel already in the cache
     pkg=$(find "$cache" -mindepth 2 -maxdepth 2 -name .ready -printf '%h\n' 2>/dev/null |
       sort -V | tail -1 | xargs -r basename | sed 's/^/linux-image-/') || true
@@ -96,14 +138,7 @@ prepare_kernel() {
     echo "run-guest: fetching $pkg into $kdir"
     local tmp=$kdir.tmp
     rm -rf "$tmp"
-    mkdir -p "$tmp"
-    chmod 755 "$tmp"  # apt-get download drops to the _apt user when it can
-    (cd "$tmp" && apt-get download -q "$pkg" 2>&1 | grep -v '^W: Download is performed unsandboxed') || true
-    local deb
-    deb=$(find "$tmp" -maxdepth 1 -name "${pkg}_*.deb" | head -1)
-    [[ -n $deb ]] || { echo "run-guest: apt-get download $pkg failed" >&2; exit 2; }
-    dpkg -x "$deb" "$tmp/root"
-    rm -f "$deb"
+    unpack_debs "$tmp" "$pkg"
     depmod -b "$tmp/root" "$kver"  # the package ships no modules.dep
     extract_vmlinux "$tmp/root/boot/vmlinuz-$kver" >"$tmp/vmlinux"
     if [[ $(head -c4 "$tmp/vmlinux" | od -An -tx1 | tr -d ' \n') != 7f454c46 ]]; then
@@ -113,6 +148,40 @@ prepare_kernel() {
     rm -rf "$kdir"
     mv "$tmp" "$kdir"
     touch "$kdir/.ready"
+  fi
+  exec 9>&-
+}
+
+# nfs-utils: nfs-kernel-server (rpc.nfsd, rpc.mountd, exportfs) and nfs-common (mount.nfs)
+# with the library packages they depend on (libc6 aside: the host's is the same release's),
+# unpacked once into the cache's nfs-utils/VERSION. Sets nfsdir ($nfsdir/root: the tree).
+nfs_version() {
+  apt-cache show --no-all-versions nfs-kernel-server | awk '$1 == "Version:" { print $2; exit }'
+}
+prepare_nfs_utils() {
+  local ver pkgs
+  ver=$(apt_answer nfs_version)
+  if [[ -z $ver ]]; then  # offline: the newest one already in the cache
+    nfsdir=$(find "$cache/nfs-utils" -mindepth 2 -maxdepth 2 -name .ready -printf '%h\n' \
+      2>/dev/null | sort -V | tail -1) || true
+    [[ -n $nfsdir ]] || { echo "run-guest: cannot resolve nfs-kernel-server (apt-cache)" >&2; exit 2; }
+    return 0
+  fi
+  nfsdir=$cache/nfs-utils/${ver//:/_}
+  [[ -f $nfsdir/.ready ]] && return 0
+  mkdir -p "$cache/nfs-utils"
+  exec 9>"$cache/.lock"
+  flock 9
+  if [[ ! -f $nfsdir/.ready ]]; then
+    echo "run-guest: fetching nfs-utils $ver into $nfsdir"
+    # shellcheck disable=SC2207 # package names have no spaces
+    pkgs=(nfs-kernel-server nfs-common $(apt-cache depends nfs-kernel-server nfs-common |
+      awk '$1 ~ /^[|]?Depends:$/ && $2 ~ /^lib/ && $2 != "libc6" { print $2 }' | sort -u))
+    rm -rf "$nfsdir.tmp"
+    unpack_debs "$nfsdir.tmp" "${pkgs[@]}"
+    rm -rf "$nfsdir"
+    mv "$nfsdir.tmp" "$nfsdir"
+    touch "$nfsdir/.ready"
   fi
   exec 9>&-
 }
@@ -128,12 +197,24 @@ copy_file() {
   cp -L "$1" "$root$1"
 }
 
-# Copies the shared libraries program $1 needs (the dynamic loader included).
+# copy_libs PROGRAM [SYSROOT]: copies the shared libraries PROGRAM needs (the dynamic loader
+# included). With SYSROOT (an unpacked package tree), the libraries under it come first and
+# go to their paths below it (/lib/..., where the guest's loader looks).
 copy_libs() {
-  local lib
-  for lib in $(ldd "$1" 2>/dev/null | awk '/=> \// { print $3 } /^\t\// { print $1 }'); do
-    [[ -e $root$lib ]] || copy_file "$lib"
-  done
+  local sysroot=${2:-} libpath='' out lib dest
+  [[ -n $sysroot ]] && libpath=$(find "$sysroot" -maxdepth 3 -type d -name '*-linux-gnu' | paste -sd:)
+  out=$(LD_LIBRARY_PATH=$libpath ldd "$1" 2>/dev/null) || true
+  if grep -q 'not found' <<<"$out"; then
+    echo "run-guest: warning: $1 needs libraries found nowhere:" \
+      "$(awk '/not found/ { print $1 }' <<<"$out" | paste -sd' ')" >&2
+  fi
+  while read -r lib; do
+    dest=$lib
+    [[ -n $sysroot && $lib == "$sysroot"/* ]] && dest=${lib#"$sysroot"}
+    [[ -e $root$dest ]] && continue
+    mkdir -p "$root$(dirname "$dest")"
+    cp -L "$lib" "$root$dest"
+  done < <(awk '/=> \// { print $3 } /^\t\// { print $1 }' <<<"$out")
 }
 
 # Prints the modules to load for names $@, dependencies first, one path per line (relative
@@ -181,6 +262,29 @@ carry_modules() {
   printf '%s\n' "${order[@]}" >"$dir/order"
 }
 
+# The nfs-utils programs at their paths (not setuid: the guest runs everything as root), the
+# names mount.nfs answers to, and the files libtirpc and the resolver read.
+carry_nfs_utils() {
+  local rel f
+  for rel in "${nfs_programs[@]}"; do
+    [[ -f $nfsdir/root/$rel ]] || { echo "run-guest: no $rel in $nfsdir" >&2; exit 2; }
+    mkdir -p "$root/$(dirname "$rel")"
+    rm -f "$root/$rel"  # never write through a busybox link
+    install -m 755 "$nfsdir/root/$rel" "$root/$rel"
+    copy_libs "$nfsdir/root/$rel" "$nfsdir/root"
+  done
+  for f in mount.nfs4 umount.nfs umount.nfs4; do
+    rm -f "$root/sbin/$f"
+    ln -s mount.nfs "$root/sbin/$f"
+  done
+  for f in /etc/netconfig /etc/services /etc/protocols; do
+    [[ -f $f ]] && copy_file "$f"
+  done
+  [[ -f $root/etc/netconfig ]] || cp "$nfsdir/root/etc/netconfig" "$root/etc/netconfig" 2>/dev/null || true
+  printf '127.0.0.1 localhost\n::1 localhost\n' >"$root/etc/hosts"
+  echo "run-guest: carrying nfs-utils from $(basename "$nfsdir"): ${nfs_programs[*]##*/}"
+}
+
 build_initramfs() {
   mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,etc,proc,sys,dev,tmp,mnt,modules}
   cp "$busybox" "$root/bin/busybox"
@@ -196,8 +300,7 @@ build_initramfs() {
 
   # The programs: the usual place in a build tree first, else any file of that name.
   local rel prog found carried=() missing=()
-  for rel in tests/nvme_tests mkfs/mkfs.warpfs mkfs/fsck.warpfs fs/daemon/warpfs \
-    tests/tools/warpfs-fsx nvme/warpfs-pci; do
+  for rel in "${programs[@]}"; do
     prog=$(basename "$rel")
     found=$bindir/$rel
     if [[ ! -f $found ]]; then
@@ -217,11 +320,13 @@ build_initramfs() {
   echo "run-guest: carrying ${carried[*]:-nothing}${missing[*]:+; not in $bindir: ${missing[*]}}"
 
   [[ -f /usr/share/misc/pci.ids ]] && copy_file /usr/share/misc/pci.ids  # libpci's names
+  [[ $config == nfs ]] && carry_nfs_utils
   ln -s /proc/mounts "$root/etc/mtab"
   echo 'root:x:0:0:root:/:/bin/sh' >"$root/etc/passwd"
   echo 'root:x:0:' >"$root/etc/group"
   install -m 755 "$here/guest-init.sh" "$root/init"
   install -m 755 "$here/guest-tests.sh" "$root/guest-tests.sh"
+  [[ $config == nfs ]] && install -m 644 "$here/guest-nfs.sh" "$root/guest-nfs.sh"
   (cd "$root" && find . | cpio -o -H newc --quiet) >"$work/initrd"
 }
 
@@ -229,12 +334,18 @@ build_initramfs() {
 # The machine.
 
 prepare_kernel
+[[ $config == nfs ]] && prepare_nfs_utils
 build_initramfs
 
 kernel=$kdir/vmlinux
 [[ -f $kernel ]] || kernel=$kdir/root/boot/vmlinuz-$kver
+devices=(-device "intel-iommu,intremap=on,caching-mode=on")
+iommu="intel_iommu=on "
 nvme=()
-if [[ $config == single ]]; then
+if [[ $config == nfs ]]; then
+  devices=()  # nothing to pass through: the filesystem is on an image in guest memory
+  iommu=
+elif [[ $config == single ]]; then
   truncate -s 1G "$work/ns1.img"
   nvme+=(-drive "file=$work/ns1.img,if=none,id=ns1,format=raw"
     -device "nvme,serial=warpfs-single,drive=ns1")
@@ -257,10 +368,10 @@ status=0
 # Stdin is /dev/null: the serial port is output only, and QEMU leaves the terminal alone.
 timeout -k 10 "$vm_timeout" qemu-system-x86_64 \
   -machine q35,kernel-irqchip=split -accel tcg -m 1G -smp 1 \
-  -device intel-iommu,intremap=on,caching-mode=on \
+  "${devices[@]}" \
   -nodefaults -no-reboot -display none -serial stdio \
   -kernel "$kernel" -initrd "$work/initrd" \
-  -append "console=ttyS0 panic=-1 intel_iommu=on loglevel=4 warpfs.config=$config $selftest${WARPFS_VM_APPEND:-}" \
+  -append "console=ttyS0 panic=-1 ${iommu}loglevel=4 warpfs.config=$config $selftest${WARPFS_VM_APPEND:-}" \
   "${nvme[@]}" </dev/null 2>&1 | tee "$log" || status=$?
 elapsed_ms=$((($(date +%s%N) - start) / 1000000))
 
