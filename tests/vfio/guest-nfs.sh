@@ -184,6 +184,46 @@ do_rename_unlink() {
   [ "$(cat "$N/r2/sub/g3")" = 3 ] || fail "$N/r2/sub/g3 holds '$(cat "$N/r2/sub/g3")'"
 }
 
+# Several processes at once on both sides of the export: four copy files in through NFS and
+# four through warpfs (three copies each of their own random bytes, into one directory), two
+# churn names through NFS in directories of their own; then every file is checked from the
+# other side.
+do_concurrent() {
+  requires nfs-mount
+  mkdir -p "$state/conc" "$N/c" || fail "mkdir $N/c"
+  for p in 1 2 3 4; do
+    head -c $((1048576 + p)) /dev/urandom >"$state/conc/n$p"
+    head -c $((65536 * p + 7)) /dev/urandom >"$state/conc/w$p"
+  done
+  pids=
+  for p in 1 2 3 4; do
+    (for i in 1 2 3; do cp "$state/conc/n$p" "$N/c/n$p.$i" || exit 1; done) &
+    pids="$pids $!"
+    (for i in 1 2 3; do cp "$state/conc/w$p" "$W/c/w$p.$i" || exit 1; done) &
+    pids="$pids $!"
+  done
+  for p in 1 2; do
+    (mkdir "$N/c/churn$p" && churn "$N/c/churn$p" 40) &
+    pids="$pids $!"
+  done
+  failed=0
+  for pid in $pids; do
+    wait "$pid" || failed=$((failed + 1))
+  done
+  [ "$failed" = 0 ] || fail "$failed of the writers failed"
+  for p in 1 2 3 4; do
+    for i in 1 2 3; do
+      cmp "$state/conc/n$p" "$W/c/n$p.$i" || fail "$W/c/n$p.$i differs from what was written through NFS"
+      cmp "$state/conc/w$p" "$N/c/w$p.$i" || fail "$N/c/w$p.$i differs from what was written through warpfs"
+    done
+  done
+  for p in 1 2; do
+    [ "$(find "$W/c/churn$p" -name 'g*' | wc -l)" = 20 ] || fail "$W/c/churn$p does not hold 20 files"
+    [ "$(find "$W/c/churn$p" -name 'f*' | wc -l)" = 0 ] || fail "$W/c/churn$p still holds f files"
+  done
+  echo "  8 writers and 2 churners at once: $(find "$W/c" -type f | wc -l) files checked on the other side"
+}
+
 # 16 MiB each way.
 do_large() {
   requires nfs-mount
@@ -297,6 +337,7 @@ nfs_steps() {
   step warpfs-to-nfs do_warpfs_to_nfs
   step tree do_tree
   step rename-unlink do_rename_unlink
+  step -t 300 concurrent do_concurrent
   step -t 300 large do_large
   step handles do_handles
   step stale do_stale
