@@ -76,7 +76,8 @@ do_nfsd_start() {
   # Owners as numbers with AUTH_SYS, as the client sends them: no rpc.idmapd.
   echo Y >/sys/module/nfsd/parameters/nfs4_disable_idmapping || fail "nfs4_disable_idmapping"
   # No leases, so no delegations: a client's delegation would keep the server's file open,
-  # and the handles step needs the server to hold nothing of the files it re-reads.
+  # and the handles step needs the server to hold nothing of the files it re-reads (a guard:
+  # runs with leases on passed as well).
   echo 0 >/proc/sys/fs/leases-enable || fail "leases-enable"
   # No client tracking (no nfsdcld, no v4recovery): nothing here survives a reboot anyway.
   mkdir -p /var/lib/nfs /run /etc
