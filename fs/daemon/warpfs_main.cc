@@ -306,7 +306,9 @@ Filesystem& fs_of(fuse_req_t req) {
 void fill_entry(fuse_req_t req, const Attr& a, fuse_entry_param* e) {
   std::memset(e, 0, sizeof *e);
   e->ino = a.ino;
-  e->generation = a.generation;
+  // The kernel's root node has generation 0 and a reply that says otherwise is corrected with
+  // a warning (fuse_lookup_name): a ".." lookup that lands on the root answers 0 too.
+  e->generation = a.ino == FUSE_ROOT_ID ? 0 : a.generation;
   a.to_stat(&e->attr);
   e->attr_timeout = daemon_of(req)->timeout;
   e->entry_timeout = daemon_of(req)->timeout;
