@@ -295,15 +295,15 @@ def cmd_table(a):
     res = results_by_key(lines)
     present = {l["fs"] for l in lines if "fs" in l}
     fses = [f for f in FS_ORDER if f in present]
-    pairs = [p for p in TABLE_PAIRS if p[0] in fses and p[1] in fses]
+    pairs = ([p for p in TABLE_PAIRS if p[0] in fses and p[1] in fses] or
+             [p for p in RATIO_PAIRS if p[0] in fses and p[1] in fses][:4])
 
     def fmt(x):
         if x is None:
             return "-"
         return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
 
-    print("| workload | metric | " + " | ".join(fses) + " | " +
-          " | ".join(f"{n}/{d}" for n, d in pairs) + " |")
+    print("| workload | metric | " + " | ".join(fses + [f"{n}/{d}" for n, d in pairs]) + " |")
     print("|---" * (2 + len(fses) + len(pairs)) + "|")
     idle = [(f, res.get((f, "idle"))) for f in fses]
     if any(l for _, l in idle):
@@ -316,8 +316,7 @@ def cmd_table(a):
         for n, d in pairs:
             x, y = (res.get((n, w)) or {}).get("value"), (res.get((d, w)) or {}).get("value")
             ratios.append(x / y if x and y else None)
-        print(f"| {w} | {metric} | " + " | ".join(fmt(v) for v in vals) + " | " +
-              " | ".join(fmt(r) for r in ratios) + " |")
+        print(f"| {w} | {metric} | " + " | ".join(fmt(v) for v in vals + ratios) + " |")
     geo = [l for l in lines if "ratio" in l and l["workload"].startswith("geomean")]
     for l in geo:
         print(f"| {l['workload']} ({l['n']}) | {l['ratio']} | {fmt(l['value'])} |")
