@@ -105,6 +105,15 @@ def cmd_fio(a):
             (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * job["job_runtime"] / 1000.0)
         line["lat_p50_us"] = rounded(pct.get("50.000000", 0) / 1000.0)
         line["lat_p99_us"] = rounded(pct.get("99.000000", 0) / 1000.0)
+        # fsync / fdatasync calls (--fsync, --fdatasync): their own latency, apart from the
+        # writes' completion latency above.
+        # (fio 3.33 leaves sync.total_ios at 0; lat_ns.N counts them.)
+        sync = job.get("sync", {}).get("lat_ns", {})
+        if sync.get("N"):
+            spct = sync.get("percentile", {})
+            line["syncs"] = sync["N"]
+            line["sync_p50_us"] = rounded(spct.get("50.000000", 0) / 1000.0)
+            line["sync_p99_us"] = rounded(spct.get("99.000000", 0) / 1000.0)
     except (OSError, ValueError, KeyError, IndexError) as e:
         line["error"] = (a.error or str(e))[:300]
     line["io"] = a.io
