@@ -36,9 +36,9 @@ usage() {
   cat >&2 <<'EOF'
 usage: bench/run fs [--quick] [--fs LIST] [--ssd-latency-us N] [--file-mb N] [--runtime-s N]
                     [--files N]
-  --quick             reduced run (6-7 minutes): 256 MiB fio files, 2 s per fio job,
+  --quick             reduced run (about 5 minutes): 256 MiB fio files, 2 s per fio job,
                       idle CPU over 10 s, 2000 files per metadata phase, 1000 small files
-                      (default: 1024 MiB, 8 s, 30 s, 10000, 5000: about 20 minutes)
+                      (default: 1024 MiB, 8 s, 30 s, 10000, 5000: about 17 minutes)
   --fs LIST           comma-separated subset of: warpfs,warpfs_ssd,null,passthrough_ll,fuse2fs,
                       ext4_loop,tmpfs,warpfs_watched (warpfs with a live-view watcher; not in
                       the default set)
