@@ -6,7 +6,9 @@ Subcommands (each prints JSON lines on stdout; see bench/README.md, "## fs"):
   idle --fs F --idle-s S --ticks T --tck HZ --ctx N [--fields JSON]
                                           a daemon's CPU while mounted and idle
   fio --fs F --workload W --io IO --metric M --ticks T|null --tck HZ --error E --json FILE
-      --fields JSON [--fs-fields JSON]    one fio job's result
+      --fields JSON [--fs-fields JSON] [--window measured|job]
+                                          one fio job's result (job: the CPU was sampled over
+                                          fio's whole run, whose job_runtime is the seconds)
   meta --fs F --layout L --error E [--fields JSON] < warpfs-bench-meta output
 The --fields of idle and meta, and --fs-fields of fio, are added to every line (warpfs's
 emulated device latency).
@@ -23,17 +25,31 @@ import subprocess
 import sys
 import tempfile
 
-# (numerator, denominator) of the ratio lines; the first is the comparison the issue asks for.
+# (numerator, denominator) of the ratio lines, written where both measured the workload:
+# warpfs against passthrough_ll, against the FUSE ceiling (null: warpfs-null, no storage)
+# and, for the durability rows, against the kernel's ext4 on a loop device; the charts show
+# the first five present.
 RATIO_PAIRS = [
     ("warpfs", "passthrough_ll"),
+    ("warpfs", "null"),
+    ("warpfs", "ext4_loop"),
     ("warpfs", "fuse2fs"),
     ("warpfs", "tmpfs"),
     ("warpfs_ssd", "warpfs"),
     ("warpfs_ssd", "passthrough_ll"),
+    ("warpfs_ssd", "null"),
+    ("warpfs_ssd", "ext4_loop"),
+    ("passthrough_ll", "null"),
+    ("passthrough_ll", "ext4_loop"),
     ("passthrough_ll", "tmpfs"),
     ("warpfs_watched", "warpfs"),  # what the live view costs (--fs ...,warpfs_watched)
 ]
-FS_ORDER = ["warpfs", "warpfs_ssd", "warpfs_watched", "passthrough_ll", "fuse2fs", "tmpfs"]
+# The ratio columns of `table`, where both filesystems are in the run.
+TABLE_PAIRS = [("warpfs", "passthrough_ll"), ("warpfs", "null"), ("warpfs", "ext4_loop"),
+               ("warpfs_ssd", "passthrough_ll"), ("warpfs_ssd", "null"),
+               ("warpfs_ssd", "ext4_loop")]
+FS_ORDER = ["warpfs", "warpfs_ssd", "warpfs_watched", "passthrough_ll", "null", "fuse2fs",
+            "ext4_loop", "tmpfs"]
 
 
 def emit(obj):
@@ -79,14 +95,25 @@ def cmd_fio(a):
         job = json.loads(text[text.index("{"):])["jobs"][0]
         if job.get("error"):
             raise ValueError(f"fio error {job['error']}")
-        side = job["write"] if "write" in a.workload else job["read"]
+        side = job["write"] if job["write"]["io_bytes"] > job["read"]["io_bytes"] else job["read"]
         value = side["bw_bytes"] / 1e6 if a.metric == "mb_per_s" else side["iops"]
+        if a.window == "job":
+            fields["runtime_s"] = rounded(job["job_runtime"] / 1000.0)
         pct = side["clat_ns"].get("percentile", {})
         line["value"] = rounded(value, 4)
         line["client_cpu_s"] = rounded(
             (job["usr_cpu"] + job["sys_cpu"]) / 100.0 * job["job_runtime"] / 1000.0)
         line["lat_p50_us"] = rounded(pct.get("50.000000", 0) / 1000.0)
         line["lat_p99_us"] = rounded(pct.get("99.000000", 0) / 1000.0)
+        # fsync / fdatasync calls (--fsync, --fdatasync): their own latency, apart from the
+        # writes' completion latency above.
+        # (fio 3.33 leaves sync.total_ios at 0; lat_ns.N counts them.)
+        sync = job.get("sync", {}).get("lat_ns", {})
+        if sync.get("N"):
+            spct = sync.get("percentile", {})
+            line["syncs"] = sync["N"]
+            line["sync_p50_us"] = rounded(spct.get("50.000000", 0) / 1000.0)
+            line["sync_p99_us"] = rounded(spct.get("99.000000", 0) / 1000.0)
     except (OSError, ValueError, KeyError, IndexError) as e:
         line["error"] = (a.error or str(e))[:300]
     line["io"] = a.io
@@ -144,6 +171,8 @@ def workloads_in_order(lines):
 
 
 def group_of(workload):
+    if workload.startswith("durable_"):
+        return "durability"
     if workload.endswith("_buffered"):
         return "fio_buffered"
     if workload.endswith("_direct"):
@@ -222,18 +251,34 @@ def cmd_charts(a):
         fs_list = fs_list or fses
         return [(w, [(res.get((f, w)) or {}).get(key) for f in fs_list]) for w in ws]
 
+    def measured(ws):
+        """The filesystems with a result for one of ws (a chart's columns)."""
+        return [f for f in fses if any((res.get((f, w)) or {}).get("value") for w in ws)]
+
     info = next((l["info"] for l in lines if "info" in l), {})
     note = f"{info.get('host', '')}, {info.get('nproc', '?')} cores, file {info.get('file_mb', '?')} MiB"
     for io in ("buffered", "direct"):
         ws = [w for w in workloads if w.endswith("_" + io)]
         seq = [w for w in ws if w.startswith("seq")]
         rnd = [w for w in ws if w.startswith("rand")]
-        gnuplot_histogram(f"{a.stem}-fio-{io}.png", "", "", [], fses, panels=[
-            (f"fio sequential 1 MiB, {io} ({note})", "MB/s", rows(seq)),
-            (f"fio random 4 KiB, 2 jobs, {io}", "IOPS", rows(rnd))])
+        cols = measured(ws)
+        if not cols:
+            continue
+        gnuplot_histogram(f"{a.stem}-fio-{io}.png", "", "", [], cols, panels=[
+            (f"fio sequential 1 MiB, {io} ({note})", "MB/s", rows(seq, fs_list=cols)),
+            (f"fio random 4 KiB, 2 jobs, {io}", "IOPS", rows(rnd, fs_list=cols))])
+    dur = [w for w in workloads if group_of(w) == "durability"]
+    cols = measured(dur)
+    if cols:
+        gnuplot_histogram(f"{a.stem}-durability.png", "", "", [], cols, panels=[
+            (f"4 KiB random writes, fdatasync each ({note})", "IOPS",
+             rows([w for w in dur if "randwrite" in w], fs_list=cols)),
+            ("1 MiB appends, fsync every 16", "MB/s",
+             rows([w for w in dur if "append" in w], fs_list=cols))])
     meta = [w for w in workloads if group_of(w) == "meta"]
-    gnuplot_histogram(f"{a.stem}-meta.png", f"metadata and small files ({note})", "ops/s",
-                      rows(meta), fses)
+    if measured(meta):
+        gnuplot_histogram(f"{a.stem}-meta.png", f"metadata and small files ({note})", "ops/s",
+                          rows(meta, fs_list=measured(meta)), measured(meta))
     # Ratios: above 1, warpfs is faster (the comparisons of the run's filesystems).
     pairs = [p for p in RATIO_PAIRS if p[0] in fses and p[1] in fses][:5]
     ratio_rows = []
@@ -247,7 +292,7 @@ def cmd_charts(a):
     if pairs:
         gnuplot_histogram(f"{a.stem}-ratios.png", f"throughput ratios (>1: first is faster; {note})",
                           "ratio", ratio_rows, [f"{n}/{d}" for n, d in pairs], size="1800,700")
-    daemons = [f for f in fses if f != "tmpfs"]
+    daemons = [f for f in fses if f not in ("tmpfs", "ext4_loop")]
     gnuplot_histogram(f"{a.stem}-cpu.png",
                       f"daemon CPU per op (random, metadata) or per MB (sequential) ({note})",
                       "daemon CPU us per unit", rows(workloads, "cpu_us_per_unit", daemons),
@@ -259,15 +304,15 @@ def cmd_table(a):
     res = results_by_key(lines)
     present = {l["fs"] for l in lines if "fs" in l}
     fses = [f for f in FS_ORDER if f in present]
-    pairs = [p for p in RATIO_PAIRS if p[0] in fses and p[1] in fses][:4]
+    pairs = ([p for p in TABLE_PAIRS if p[0] in fses and p[1] in fses] or
+             [p for p in RATIO_PAIRS if p[0] in fses and p[1] in fses][:4])
 
     def fmt(x):
         if x is None:
             return "-"
         return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
 
-    print("| workload | metric | " + " | ".join(fses) + " | " +
-          " | ".join(f"{n}/{d}" for n, d in pairs) + " |")
+    print("| workload | metric | " + " | ".join(fses + [f"{n}/{d}" for n, d in pairs]) + " |")
     print("|---" * (2 + len(fses) + len(pairs)) + "|")
     idle = [(f, res.get((f, "idle"))) for f in fses]
     if any(l for _, l in idle):
@@ -280,8 +325,7 @@ def cmd_table(a):
         for n, d in pairs:
             x, y = (res.get((n, w)) or {}).get("value"), (res.get((d, w)) or {}).get("value")
             ratios.append(x / y if x and y else None)
-        print(f"| {w} | {metric} | " + " | ".join(fmt(v) for v in vals) + " | " +
-              " | ".join(fmt(r) for r in ratios) + " |")
+        print(f"| {w} | {metric} | " + " | ".join(fmt(v) for v in vals + ratios) + " |")
     geo = [l for l in lines if "ratio" in l and l["workload"].startswith("geomean")]
     for l in geo:
         print(f"| {l['workload']} ({l['n']}) | {l['ratio']} | {fmt(l['value'])} |")
@@ -307,6 +351,7 @@ def main():
     s.add_argument("--tck", type=float, required=True)
     s.add_argument("--error", default="")
     s.add_argument("--fs-fields", default="{}")
+    s.add_argument("--window", choices=("measured", "job"), default="measured")
     s = sub.add_parser("meta")
     s.add_argument("--fs", required=True)
     s.add_argument("--layout", required=True)

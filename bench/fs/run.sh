@@ -6,34 +6,42 @@
 #   warpfs_ssd      the same with -o latency_us=SSD_US (an SSD-like completion latency)
 #   warpfs_watched  warpfs at zero latency with warpfs-stat --watch=0.1 asking it all along
 #                   (what the live view costs; not in the default set: --fs to add it)
+#   null            warpfs-null: a FUSE daemon that stores nothing, with warpfs's FUSE
+#                   options and threads: the transport's ceiling (fio rows only)
 #   passthrough_ll  libfuse's example (Debian's source, built here) over a tmpfs
 #   fuse2fs         fuse2fs over an ext4 image
+#   ext4_loop       the kernel's ext4 on a loop device over an image in RAM (durability
+#                   rows only: fsync against a kernel filesystem)
 #   tmpfs           the kernel's tmpfs (no daemon)
 # Every image, and the tmpfs under passthrough_ll, lives in RAM (a tmpfs this script mounts),
 # so the comparison is of software, not of this machine's disk. Then measures the idle CPU of
 # each daemon, fio jobs (sequential 1 MiB read/write; random 4 KiB read/write at iodepth 1
-# and 32 with 2 jobs; buffered and --direct=1) and warpfs-bench-meta (flat, tree, small-file
-# mix), one workload at a time across all filesystems so that the machine's noise hits them
-# alike. Prints one JSON object per line and writes them, with PNG charts, to OUT_STEM.*.
-# Everything it mounts or starts is unmounted and stopped on exit, failure and signals.
+# and 32 with 2 jobs; buffered and --direct=1), durability jobs (4 KiB random writes with
+# fdatasync after each; 1 MiB appends with fsync every 16) and warpfs-bench-meta (flat, tree,
+# small-file mix), one workload at a time across all filesystems so that the machine's noise
+# hits them alike. Prints one JSON object per line and writes them, with PNG charts, to
+# OUT_STEM.*. A missing tool (fio, passthrough_ll's source, fuse2fs, losetup) skips the rows
+# that need it with a message. Everything it mounts, attaches or starts is unmounted,
+# detached and stopped on exit, failure and signals.
 #
 #   bench/fs/run.sh --build DIR --out STEM [--quick] [--fs LIST] [--ssd-latency-us N]
 #                   [--file-mb N] [--runtime-s N] [--files N]
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-all_fs=(warpfs warpfs_ssd passthrough_ll fuse2fs tmpfs)
+all_fs=(warpfs warpfs_ssd null passthrough_ll fuse2fs ext4_loop tmpfs)
 known_fs=("${all_fs[@]}" warpfs_watched)
 
 usage() {
   cat >&2 <<'EOF'
 usage: bench/run fs [--quick] [--fs LIST] [--ssd-latency-us N] [--file-mb N] [--runtime-s N]
                     [--files N]
-  --quick             reduced run (4-5 minutes): 256 MiB fio files, 2 s per fio job,
+  --quick             reduced run (about 5 minutes): 256 MiB fio files, 2 s per fio job,
                       idle CPU over 10 s, 2000 files per metadata phase, 1000 small files
-                      (default: 1024 MiB, 8 s, 30 s, 10000, 5000: about 14 minutes)
-  --fs LIST           comma-separated subset of: warpfs,warpfs_ssd,passthrough_ll,fuse2fs,tmpfs,
-                      warpfs_watched (warpfs with a live-view watcher; not in the default set)
+                      (default: 1024 MiB, 8 s, 30 s, 10000, 5000: about 17 minutes)
+  --fs LIST           comma-separated subset of: warpfs,warpfs_ssd,null,passthrough_ll,fuse2fs,
+                      ext4_loop,tmpfs,warpfs_watched (warpfs with a live-view watcher; not in
+                      the default set)
   --ssd-latency-us N  warpfs_ssd's emulated completion latency (default 80)
   --file-mb N         fio file size in MiB
   --runtime-s N       measured seconds per fio job (plus a ramp of 1/4 of it, at most 2 s)
@@ -85,25 +93,77 @@ warpfs_bin=$build/fs/daemon/warpfs
 mkfs_bin=$build/mkfs/mkfs.warpfs
 stat_bin=$build/fs/daemon/warpfs-stat
 meta_bin=$build/bench/warpfs-bench-meta
+null_bin=$build/bench/warpfs-null
 pll_src=/usr/share/doc/libfuse3-dev/examples/passthrough_ll.c
 pll_bin=$build/bench/passthrough_ll
 need() { command -v "$1" >/dev/null || { echo "bench/fs: $1 not found ($2)" >&2; exit 1; }; }
+has() { [[ " ${fses[*]} " == *" $1 "* ]]; }
+# Leaves a filesystem out of the run, saying why (a tool it needs is missing).
+skip_fs() {  # FS REASON
+  has "$1" || return 0
+  echo "bench/fs: skipping $1: $2" >&2
+  local keep=() f
+  for f in "${fses[@]}"; do [[ $f == "$1" ]] || keep+=("$f"); done
+  fses=("${keep[@]}")
+}
 [[ $(id -u) -eq 0 ]] || { echo "bench/fs: must run as root (it mounts tmpfs and FUSE)" >&2; exit 1; }
 [[ -c /dev/fuse ]] || { echo "bench/fs: /dev/fuse is missing" >&2; exit 1; }
-need fio "apt-get install fio"
-need fuse2fs "apt-get install fuse2fs"
-need mkfs.ext4 "apt-get install e2fsprogs"
 need fusermount3 "apt-get install fuse3"
 need python3 "apt-get install python3"
 for b in "$warpfs_bin" "$mkfs_bin" "$meta_bin"; do
   [[ -x $b ]] || { echo "bench/fs: $b is not built" >&2; exit 1; }
 done
-if [[ " ${fses[*]} " == *" passthrough_ll "* && (! -x $pll_bin || $pll_src -nt $pll_bin) ]]; then
-  [[ -r $pll_src ]] || { echo "bench/fs: $pll_src missing (apt-get install libfuse3-dev)" >&2; exit 1; }
-  # shellcheck disable=SC2046  # pkg-config's flags are words
-  cc -O2 -o "$pll_bin" "$pll_src" $(pkg-config fuse3 --cflags --libs) ||
-    { echo "bench/fs: building passthrough_ll failed" >&2; exit 1; }
+have_fio=1
+if ! command -v fio >/dev/null; then
+  have_fio=0
+  echo "bench/fs: fio not found (apt-get install fio): no fio or durability rows" >&2
+  skip_fs null "it is measured by fio jobs only"
+  skip_fs ext4_loop "it is measured by fio jobs only"
 fi
+[[ -x $null_bin ]] || skip_fs null "$null_bin is not built (libfuse3-dev)"
+command -v fuse2fs >/dev/null || skip_fs fuse2fs "fuse2fs not found (apt-get install fuse2fs)"
+if ! command -v mkfs.ext4 >/dev/null; then
+  skip_fs fuse2fs "mkfs.ext4 not found (apt-get install e2fsprogs)"
+  skip_fs ext4_loop "mkfs.ext4 not found (apt-get install e2fsprogs)"
+fi
+command -v losetup >/dev/null || skip_fs ext4_loop "losetup not found (apt-get install mount)"
+[[ -e /dev/loop-control ]] || skip_fs ext4_loop "/dev/loop-control is missing (modprobe loop)"
+# shellcheck disable=SC2046  # pkg-config's flags are words
+if has passthrough_ll && [[ ! -x $pll_bin || $pll_src -nt $pll_bin ]]; then
+  if [[ ! -r $pll_src ]]; then
+    skip_fs passthrough_ll "$pll_src missing (apt-get install libfuse3-dev)"
+  elif ! cc -O2 -o "$pll_bin" "$pll_src" $(pkg-config fuse3 --cflags --libs); then
+    skip_fs passthrough_ll "building it from $pll_src failed"
+  fi
+fi
+((${#fses[@]})) || { echo "bench/fs: no filesystem left to measure" >&2; exit 1; }
+# Which filesystems each part measures: the data-path fio jobs leave out ext4_loop, the
+# durability jobs are for the FUSE daemons beside ext4_loop (tmpfs and fuse2fs have no
+# durable store to flush to in RAM worth comparing), and the metadata programs need stored
+# bytes (smallfile_mix checks them): not null, and not ext4_loop.
+fio_fses=() dur_fses=() meta_fses=()
+if ((have_fio)); then
+  for f in "${fses[@]}"; do
+    [[ $f == ext4_loop ]] || fio_fses+=("$f")
+    [[ $f == fuse2fs || $f == tmpfs ]] || dur_fses+=("$f")
+  done
+fi
+for f in "${fses[@]}"; do
+  [[ $f == null || $f == ext4_loop ]] || meta_fses+=("$f")
+done
+# QD32 buffered jobs: Linux runs buffered libaio synchronously (io_submit returns after the
+# copy), so those jobs would be at depth 1. io_uring hands a buffered read or write it cannot
+# finish at once to its worker threads, which keeps several in flight. Where fio or the
+# kernel lacks io_uring, 16 psync jobs (depth 1 each) stand in. O_DIRECT libaio is
+# asynchronous on FUSE (the kernel's async direct I/O): the _direct jobs keep libaio.
+qd_engine=io_uring
+if ((have_fio)) && ! { fio --enghelp 2>/dev/null | grep -qw io_uring &&
+  fio --name=probe --filename=/dev/shm/warpfs-bench-probe.$$ --size=64k --rw=read \
+    --ioengine=io_uring --iodepth=4 --output=/dev/null >/dev/null 2>&1; }; then
+  qd_engine=psync
+  echo "bench/fs: fio's io_uring engine does not work here: QD32 buffered jobs are 16 psync jobs" >&2
+fi
+rm -f "/dev/shm/warpfs-bench-probe.$$"
 report() { python3 "$here/report.py" "$@"; }
 out=$stem.jsonl
 : >"$out"
@@ -114,6 +174,7 @@ work=$(mktemp -d /var/tmp/warpfs-bench-fs.XXXXXX)
 tmpfs_mounts=()          # mounted tmpfs instances, unmounted last
 declare -A dir pid_of    # fs -> directory measured; FUSE fs -> daemon pid
 watcher=                 # warpfs-stat --watch beside warpfs_watched
+loopdev=                 # ext4_loop's loop device, detached before the tmpfs under it goes
 cleanup() {
   local rc=$? f p
   trap - EXIT INT TERM
@@ -131,6 +192,14 @@ cleanup() {
       kill -9 "$p" 2>/dev/null || true
     fi
   done
+  if [[ -n $loopdev ]]; then
+    if mountpoint -q "$work/mnt/ext4_loop"; then
+      umount "$work/mnt/ext4_loop" 2>/dev/null || umount -l "$work/mnt/ext4_loop" || true
+    fi
+    # A lazy unmount may keep the device busy a moment: a few tries, then say so.
+    for _ in 1 2 3 4 5; do losetup -d "$loopdev" 2>/dev/null && break; sleep 0.5; done
+    losetup "$loopdev" >/dev/null 2>&1 && echo "bench/fs: could not detach $loopdev" >&2
+  fi
   for ((i = ${#tmpfs_mounts[@]} - 1; i >= 0; --i)); do
     umount "${tmpfs_mounts[i]}" 2>/dev/null || umount -l "${tmpfs_mounts[i]}" || true
   done
@@ -164,7 +233,10 @@ start_daemon() {  # FS LOG CMD...
   exit 1
 }
 
-mount_tmpfs fsbench-store "$work/store" $((img_mb * 3 + 256))
+# Room for every image: the warpfs images, fuse2fs's and ext4_loop's.
+images=0
+for f in "${fses[@]}"; do [[ $f == warpfs* || $f == fuse2fs || $f == ext4_loop ]] && ((++images)); done
+mount_tmpfs fsbench-store "$work/store" $((img_mb * (images > 0 ? images : 1) + 256))
 mkdir -p "$work/logs"
 for f in "${fses[@]}"; do
   mkdir -p "$work/mnt/$f"
@@ -182,6 +254,9 @@ for f in "${fses[@]}"; do
         watcher=$!
       fi
       ;;
+    null)
+      start_daemon "$f" "$work/logs/$f.log" "$null_bin" -f "$work/mnt/$f"
+      ;;
     passthrough_ll)
       mount_tmpfs fsbench-pll "$work/pll-source" "$img_mb"
       start_daemon "$f" "$work/logs/$f.log" "$pll_bin" -f -o "source=$work/pll-source" \
@@ -192,6 +267,14 @@ for f in "${fses[@]}"; do
         "${img_mb}M" >"$work/logs/mkfs.ext4.log" 2>&1 ||
         { cat "$work/logs/mkfs.ext4.log" >&2; exit 1; }
       start_daemon "$f" "$work/logs/$f.log" fuse2fs "$work/store/ext4.img" "$work/mnt/$f" -f
+      ;;
+    ext4_loop)
+      truncate -s "${img_mb}M" "$work/store/ext4-loop.img"
+      loopdev=$(losetup -f --show "$work/store/ext4-loop.img") ||
+        { echo "bench/fs: losetup of $work/store/ext4-loop.img failed" >&2; exit 1; }
+      mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$loopdev" \
+        >"$work/logs/mkfs.ext4-loop.log" 2>&1 || { cat "$work/logs/mkfs.ext4-loop.log" >&2; exit 1; }
+      mount -t ext4 "$loopdev" "$work/mnt/$f"
       ;;
     tmpfs)
       mount_tmpfs fsbench-tmpfs "$work/mnt/$f" "$img_mb"
@@ -215,17 +298,64 @@ tck=$(getconf CLK_TCK)
 commit=$(git -C "$here/../.." rev-parse --short HEAD 2>/dev/null || echo unknown)
 dirty=$( { git -C "$here/../.." status --porcelain -- fs nvme cache blockdev 2>/dev/null || true; } | wc -l)
 started=$(date +%s)
-report info --fields "$(printf '{"host":"%s","kernel":"%s","nproc":%d,"quick":%s,"file_mb":%d,"image_mb":%d,"runtime_s":%d,"ramp_s":%s,"idle_s":%d,"meta_files":%d,"mix_files":%d,"ssd_latency_us":%d,"git":"%s","dirty_core_files":%d,"fio":"%s","fs":"%s","loadavg_start":"%s","date":"%s"}' \
+report info --fields "$(printf '{"host":"%s","kernel":"%s","nproc":%d,"quick":%s,"file_mb":%d,"image_mb":%d,"runtime_s":%d,"ramp_s":%s,"idle_s":%d,"meta_files":%d,"mix_files":%d,"ssd_latency_us":%d,"git":"%s","dirty_core_files":%d,"fio":"%s","fs":"%s","qd32_buffered_engine":"%s","loadavg_start":"%s","date":"%s"}' \
   "$(hostname -s)" "$(uname -r)" "$(nproc)" "$( ((quick)) && echo true || echo false)" \
   "$file_mb" "$img_mb" "$runtime" "$ramp_s" "$idle_s" "$meta_files" "$mix_files" "$ssd_us" \
-  "$commit" "$dirty" "$(fio --version)" "${fses[*]}" "$(cut -d' ' -f1-3 /proc/loadavg)" \
-  "$(date -u +%FT%TZ)")" | emit
+  "$commit" "$dirty" "$( ((have_fio)) && fio --version || echo none)" "${fses[*]}" \
+  "$qd_engine" "$(cut -d' ' -f1-3 /proc/loadavg)" "$(date -u +%FT%TZ)")" | emit
 # Fields every line of a filesystem carries: the emulated device's latency for warpfs.
 declare -A fs_fields=([warpfs]='{"latency_us":0}' [warpfs_ssd]="{\"latency_us\":$ssd_us}"
-  [warpfs_watched]='{"latency_us":0,"watcher_interval_s":0.1}' [passthrough_ll]='{}' [fuse2fs]='{}' [tmpfs]='{}')
+  [warpfs_watched]='{"latency_us":0,"watcher_interval_s":0.1}' [null]='{}' [passthrough_ll]='{}'
+  [fuse2fs]='{}' [ext4_loop]='{}' [tmpfs]='{}')
+# The next rotation of a list of filesystems, in `order`: a different one goes first each
+# time, so that none always follows a write-heavy job.
+rotate=0
+next_order() {  # FS...
+  local n=$#
+  local a=("$@")
+  order=("${a[@]:rotate % n}" "${a[@]:0:rotate % n}")
+  rotate=$((rotate + 1))
+}
+
+# Runs one fio job on FS and prints its result line. The daemon's CPU is sampled over fio's
+# measured window: WINDOW "measured" for a time_based job (ramp_s after fio starts, then
+# runtime), "job" for one that runs to its size (fio's whole run; the rate's seconds are
+# then fio's job_runtime).
+run_fio() {  # FS WORKLOAD IO METRIC WINDOW FILE FIELDS_JSON FIO_ARGS...
+  local f=$1 workload=$2 io=$3 metric=$4 window=$5 file=$6 fields=$7
+  shift 7
+  local pid=${pid_of[$f]:-} json=$work/logs/fio-$f-$workload.json sampler="" err="" c0 c1
+  rm -f "$work/cpu0" "$work/cpu1"
+  if [[ $window == measured ]]; then
+    (
+      sleep "$ramp_s"
+      cpu_ticks "$pid" >"$work/cpu0"
+      sleep "$runtime"
+      cpu_ticks "$pid" >"$work/cpu1"
+    ) &
+    sampler=$!
+  else
+    cpu_ticks "$pid" >"$work/cpu0"
+  fi
+  timeout $((runtime * 4 + 120)) fio --name="$workload" --filename="${dir[$f]}/$file" \
+    --group_reporting --output-format=json --output="$json" "$@" \
+    >"$work/logs/fio.out" 2>&1 || err=$(tail -c 300 "$work/logs/fio.out" | tr '\n' ' ')
+  if [[ -n $sampler ]]; then
+    wait "$sampler" || true
+  else
+    cpu_ticks "$pid" >"$work/cpu1"
+  fi
+  c0=$(cat "$work/cpu0" 2>/dev/null || true) c1=$(cat "$work/cpu1" 2>/dev/null || true)
+  local ticks=null
+  [[ -n $c0 && -n $c1 ]] && ticks=$((c1 - c0))
+  report fio --fs "$f" --workload "$workload" --io "$io" --metric "$metric" --window "$window" \
+    --ticks "$ticks" --tck "$tck" --error "$err" --json "$json" --fields "$fields" \
+    --fs-fields "${fs_fields[$f]}" | emit
+}
 
 # --- fio: lay the file out once per filesystem --------------------------------------------------
-for f in "${fses[@]}"; do
+for f in "${fio_fses[@]}" "${dur_fses[@]}"; do
+  [[ -e ${dir[$f]}/fio.dat ]] && continue  # in both lists
   fio --name=layout --filename="${dir[$f]}/fio.dat" --size="${file_mb}M" --rw=write --bs=1M \
     --ioengine=psync --end_fsync=1 --output="$work/logs/layout-$f.txt" >/dev/null ||
     { echo "bench/fs: laying out the fio file on $f failed" >&2; cat "$work/logs/layout-$f.txt" >&2; exit 1; }
@@ -258,48 +388,55 @@ jobs=(
   "randwrite_4k_qd1 randwrite 4k 1 2 iops"
   "randwrite_4k_qd32 randwrite 4k 32 2 iops"
 )
-rotate=0
 for io in buffered direct; do
+  ((${#fio_fses[@]})) || break
   direct=0
   [[ $io == direct ]] && direct=1
   for job in "${jobs[@]}"; do
     read -r name rw bs qd nj metric <<<"$job"
-    # A different filesystem goes first each time: none always follows a write-heavy job.
-    order=("${fses[@]:rotate}" "${fses[@]:0:rotate}")
-    rotate=$(((rotate + 1) % ${#fses[@]}))
+    engine=libaio
+    if [[ $io == buffered && $qd -gt 1 ]]; then
+      engine=$qd_engine
+      [[ $engine == psync ]] && qd=1 nj=16
+    fi
+    next_order "${fio_fses[@]}"
     for f in "${order[@]}"; do
-      pid=${pid_of[$f]:-}
-      json=$work/logs/fio-$f-$name-$io.json
-      # The daemon's CPU is sampled over fio's measured window (after its ramp).
-      (
-        sleep "$ramp_s"
-        cpu_ticks "$pid" >"$work/cpu0"
-        sleep "$runtime"
-        cpu_ticks "$pid" >"$work/cpu1"
-      ) &
-      sampler=$!
-      err=""
-      timeout $((runtime + 120)) fio --name="$name" --filename="${dir[$f]}/fio.dat" \
+      run_fio "$f" "${name}_$io" "$io" "$metric" measured fio.dat \
+        "{\"file_mb\":$file_mb,\"bs\":\"$bs\",\"iodepth\":$qd,\"jobs\":$nj,\"ioengine\":\"$engine\",\"runtime_s\":$runtime}" \
         --size="${file_mb}M" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" \
-        --ioengine=libaio --direct="$direct" --time_based --runtime="$runtime" \
-        --ramp_time="${ramp_ms}ms" --group_reporting --output-format=json --output="$json" \
-        >"$work/logs/fio.out" 2>&1 || err=$(tail -c 300 "$work/logs/fio.out" | tr '\n' ' ')
-      wait "$sampler" || true
-      c0=$(cat "$work/cpu0" 2>/dev/null || true) c1=$(cat "$work/cpu1" 2>/dev/null || true)
-      ticks=null
-      [[ -n $c0 && -n $c1 ]] && ticks=$((c1 - c0))
-      report fio --fs "$f" --workload "${name}_$io" --io "$io" --metric "$metric" \
-        --ticks "$ticks" --tck "$tck" --error "$err" --json "$json" --fields \
-        "{\"file_mb\":$file_mb,\"bs\":\"$bs\",\"iodepth\":$qd,\"jobs\":$nj,\"runtime_s\":$runtime}" \
-        --fs-fields "${fs_fields[$f]}" | emit
+        --ioengine="$engine" --direct="$direct" --time_based --runtime="$runtime" \
+        --ramp_time="${ramp_ms}ms"
     done
   done
 done
 
+# --- durability: writes that must reach the device ----------------------------------------------
+# 4 KiB random overwrites of the laid-out file with fdatasync after each (ops/s, time_based),
+# and 1 MiB appends to a new file of file_mb MiB with fsync every 16 writes and at the end
+# (MB/s over fio's run; capped at 4 x runtime, the rate stays right if the cap cuts it).
+if ((${#dur_fses[@]})); then
+  next_order "${dur_fses[@]}"
+  for f in "${order[@]}"; do
+    run_fio "$f" durable_randwrite_4k_fdatasync durable iops measured fio.dat \
+      "{\"file_mb\":$file_mb,\"bs\":\"4k\",\"iodepth\":1,\"jobs\":1,\"ioengine\":\"psync\",\"fdatasync\":1,\"runtime_s\":$runtime}" \
+      --size="${file_mb}M" --rw=randwrite --bs=4k --fdatasync=1 --ioengine=psync \
+      --time_based --runtime="$runtime" --ramp_time="${ramp_ms}ms"
+  done
+  next_order "${dur_fses[@]}"
+  for f in "${order[@]}"; do
+    rm -f "${dir[$f]}/append.dat"
+    run_fio "$f" durable_append_1m_fsync16 durable mb_per_s job append.dat \
+      "{\"file_mb\":$file_mb,\"bs\":\"1M\",\"iodepth\":1,\"jobs\":1,\"ioengine\":\"psync\",\"fsync\":16}" \
+      --size="${file_mb}M" --rw=write --bs=1M --fsync=16 \
+      --end_fsync=1 --ioengine=psync --runtime=$((runtime * 4))
+    rm -f "${dir[$f]}/append.dat"
+  done
+fi
+
 # --- metadata and small files -------------------------------------------------------------------
 for layout in flat tree mix; do
-  order=("${fses[@]:rotate}" "${fses[@]:0:rotate}")
-  rotate=$(((rotate + 1) % ${#fses[@]}))
+  ((${#meta_fses[@]})) || break
+  next_order "${meta_fses[@]}"
   for f in "${order[@]}"; do
     args=(--dir "${dir[$f]}" --files "$meta_files")
     [[ $layout == tree ]] && args+=(--tree)
