@@ -347,7 +347,6 @@ std::string Cut::recover() {
     report_.hi += model.current();
     report_.matched += k;
     model.restart(k, crash::recovered_data(model.state(k), o));
-    w.pending.clear();
   }
   return "";
 }
