@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "fs/core_rig.h"
+#include "warpfs/blockdev/stack.h"
 
 namespace warpfs::fs::test {
 namespace {
@@ -57,10 +58,7 @@ TEST(Fsync, OverwriteCostsOneFlushAndACleanFileNone) {
   EXPECT_EQ(flushes(*r), before);
 }
 
-TEST(Fsync, DataAnEvictionWroteBackStillNeedsAFlush) {
-  // Under the software cache: data written back by someone else (here a full flush's
-  // write-back, then more writes) is on the device but maybe volatile; fsync knows by the
-  // flush numbering, not by the cache line being clean.
+TEST(Fsync, ASecondFsyncFindsTheFirstsFlush) {
   auto r = Rig::make(64);
   ASSERT_TRUE(r);
   const Ino f = r->create(kRootInode, "f");
@@ -71,6 +69,89 @@ TEST(Fsync, DataAnEvictionWroteBackStillNeedsAFlush) {
   ASSERT_EQ(r->fs->fsync(f, true), 0);
   ASSERT_EQ(r->fs->fsync(f, true), 0);  // the second finds it durable
   EXPECT_EQ(flushes(*r), before + 1);
+}
+
+// Under the software cache (the daemon's stack): fdatasync of an overwritten file writes
+// back that file's dirty line and nothing else (another file's dirty lines stay cached), then
+// one Flush; data a full flush already wrote back still gets a Flush of its own (it may have
+// been written back after that flush began: the flush numbering, not the clean line, says).
+TEST(Fsync, UnderTheCacheOnlyTheFilesBlocksAreWrittenBack) {
+  auto stack = cache::test::Stack::make(64 << 20);
+  ASSERT_TRUE(stack);
+  std::string err;
+  {
+    auto raw = blockdev::NvmeBlockDevice::create(*stack->engine, 1, kBlockSize, &err);
+    ASSERT_TRUE(raw) << err;
+    Geometry g;
+    MkfsOptions mo;
+    mo.seed = 7;
+    ASSERT_TRUE(plan_geometry(raw->block_count(), mo, &g, &err)) << err;
+    ASSERT_TRUE(format(*raw, mo, g, nullptr).is_ok());
+  }
+  auto cached = blockdev::CachedBlockDevice::create(*stack->backend,
+                                                    blockdev::cache_of_size(16, kBlockSize), &err);
+  ASSERT_TRUE(cached) << err;
+  MountOptions o;
+  o.commit_interval_ms = 60000;
+  auto fs = Filesystem::mount(*cached, o, &err);
+  ASSERT_TRUE(fs) << err;
+  auto writes = [&] { return stack->transport->counters().writes; };
+  auto flushes = [&] { return stack->transport->counters().flushes; };
+  auto put = [&](Ino ino, uint64_t off, const std::string& d) {
+    size_t w = 0;
+    ASSERT_EQ(fs->write(ino, off, d.size(), d.data(), &w), 0);
+    ASSERT_EQ(w, d.size());
+  };
+  Attr a;
+  ASSERT_EQ(fs->mknod(kRootInode, "f", S_IFREG | 0644, 0, Caller{}, &a), 0);
+  const Ino f = a.ino;
+  put(f, 0, pattern(1, 0, 16 * 4096));  // 16 blocks: through cache lines
+  ASSERT_EQ(fs->fsync(f, false), 0);
+  ASSERT_EQ(fs->mknod(kRootInode, "g", S_IFREG | 0644, 0, Caller{}, &a), 0);
+  const Ino g = a.ino;
+  put(g, 0, pattern(2, 0, 3 * 4096));  // dirty lines of another file
+  put(f, 4096, pattern(3, 0, 4096));   // one dirty line of f
+  uint64_t w0 = writes(), f0 = flushes();
+  ASSERT_EQ(fs->fsync(f, true), 0);
+  EXPECT_EQ(writes(), w0 + 1) << "only f's one dirty block";
+  EXPECT_EQ(flushes(), f0 + 1);
+  w0 = writes(), f0 = flushes();
+  ASSERT_EQ(fs->fsync(f, true), 0);  // clean: nothing
+  EXPECT_EQ(writes(), w0);
+  EXPECT_EQ(flushes(), f0);
+  // g is new: its fdatasync commits, and the commit's whole-cache flush writes its lines.
+  ASSERT_EQ(fs->fsync(g, true), 0);
+  EXPECT_EQ(flushes(), f0 + 2);
+  put(f, 8192, pattern(4, 0, 4096));
+  ASSERT_EQ(fs->sync(), 0);  // writes f's new line back and flushes
+  // The line is clean now, which does not prove a flush came after its write-back (an
+  // eviction could have written it just after one began): fsync flushes once more.
+  f0 = flushes();
+  ASSERT_EQ(fs->fsync(f, true), 0);
+  EXPECT_EQ(flushes(), f0 + 1);
+  ASSERT_EQ(fs->unmount(), 0);
+}
+
+// A file closed and forgotten by the kernel leaves the node table; what it had not made
+// durable goes with its inode number, so that the fsync after it is looked up again still
+// commits and flushes.
+TEST(Fsync, AForgottenNodesUnsyncedChangesAreSyncedWhenItComesBack) {
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  const Ino f = r->create(kRootInode, "f");
+  ASSERT_EQ(r->write(f, 0, pattern(5, 0, 8192)), 0);
+  ASSERT_EQ(r->fs->fsync(f, false), 0);
+  ASSERT_EQ(r->write(f, 8192, pattern(6, 0, 4096)), 0);  // a new size, uncommitted
+  r->fs->forget(f, 1);                                   // leaves the node table
+  Attr a;
+  ASSERT_EQ(r->fs->lookup(kRootInode, "f", &a), 0);
+  ASSERT_EQ(a.ino, f);
+  const uint64_t commits = r->fs->stats().commits;
+  ASSERT_EQ(r->fs->fsync(f, true), 0);
+  EXPECT_EQ(r->fs->stats().commits, commits + 1);
+  ASSERT_TRUE(r->crash_and_remount(0.0));
+  EXPECT_EQ(r->read(f, 0, 20000), pattern(5, 0, 8192) + pattern(6, 0, 4096));
+  EXPECT_EQ(r->check_and_remount(), "");
 }
 
 TEST(Fsync, NewFileAndItsNameSurviveAPowerCut) {
