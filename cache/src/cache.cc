@@ -635,6 +635,40 @@ Status Cache::flush_range(uint64_t first, uint64_t count_lines) {
 
 Status Cache::write_back(const Range* ranges, size_t n) {
   WriteBack wb;
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += ranges[i].count;
+  if (total >= lines()) {
+    // More blocks than lines: visiting every line once is cheaper than probing every block.
+    std::vector<Range> sorted(ranges, ranges + n);
+    std::sort(sorted.begin(), sorted.end(),
+              [](const Range& a, const Range& b) { return a.first < b.first; });
+    size_t out = 0;  // overlapping runs merged: the run before a block is the only candidate
+    for (size_t i = 1; i < sorted.size(); ++i) {
+      Range& last = sorted[out];
+      if (sorted[i].first <= last.first + last.count) {
+        last.count = std::max(last.count, sorted[i].first + sorted[i].count - last.first);
+      } else {
+        sorted[++out] = sorted[i];
+      }
+    }
+    sorted.resize(out + 1);
+    auto named = [&](uint64_t block) {
+      auto it = std::upper_bound(sorted.begin(), sorted.end(), block,
+                                 [](uint64_t b, const Range& r) { return b < r.first; });
+      return it != sorted.begin() && block - std::prev(it)->first < std::prev(it)->count;
+    };
+    for (uint32_t set = 0; set < nsets_; ++set) {
+      SetMeta& sm = sets_[set];
+      sm.lock.lock();
+      for (uint32_t w = set * ways_; w < (set + 1) * ways_; ++w) {
+        const uint64_t tag = tag_of(meta_[w]).load(port::Order::kAcquire);
+        if (tag != 0 && named(tag - 1)) collect_line(w, &wb);
+      }
+      sm.lock.unlock();
+      if (wb.items.size() >= Backend::kMaxOps) write_items(&wb);
+    }
+    return finish_write_back(&wb);
+  }
   for (size_t i = 0; i < n; ++i) {
     const uint64_t end = std::min(ranges[i].first + ranges[i].count, b_.line_count());
     for (uint64_t b = ranges[i].first; b < end; ++b) {

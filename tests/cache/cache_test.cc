@@ -159,6 +159,12 @@ TEST(Cache, WriteBackWritesExactlyTheNamedBlocks) {
     EXPECT_FALSE(block_is(device_block(*s->backend, b).data(), b, 5)) << b;
   ASSERT_TRUE(c->write_back(r, 3).is_ok());
   EXPECT_EQ(s->device_writes(), before + 16) << "clean lines are not written again";
+  // More blocks named than the cache has lines: the scan form, overlapping runs included.
+  const Cache::Range big[] = {{0, 300}, {20, 5}, {40, 1}};
+  ASSERT_TRUE(c->write_back(big, 3).is_ok());
+  EXPECT_EQ(s->device_writes(), before + 100);
+  for (uint64_t b : {0, 9, 15, 49, 51, 89})
+    EXPECT_TRUE(block_is(device_block(*s->backend, b).data(), b, 5)) << b;
   ASSERT_TRUE(c->flush_all().is_ok());
   EXPECT_EQ(s->device_writes(), before + 100);
 }

@@ -71,6 +71,34 @@ TEST(Fsync, ASecondFsyncFindsTheFirstsFlush) {
   EXPECT_EQ(flushes(*r), before + 1);
 }
 
+// Threads overwriting files of their own and fdatasyncing each write: never more than one
+// Flush per call (calls that meet may share one), and no commit.
+TEST(Fsync, ConcurrentFdatasyncsOfOverwritesCostAtMostOneFlushEach) {
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  constexpr int kThreads = 4, kCalls = 50;
+  std::vector<Ino> ino(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    ino[t] = r->create(kRootInode, "o" + std::to_string(t));
+    ASSERT_EQ(r->write(ino[t], 0, pattern(t, 0, 64 << 10)), 0);
+  }
+  ASSERT_EQ(r->fs->sync(), 0);
+  const uint64_t before = flushes(*r), commits = r->fs->stats().commits;
+  std::vector<std::thread> th;
+  for (int t = 0; t < kThreads; ++t) {
+    th.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        ASSERT_EQ(r->write(ino[t], (i % 16) * 4096, pattern(i, 0, 4096)), 0);
+        ASSERT_EQ(r->fs->fsync(ino[t], true), 0);
+      }
+    });
+  }
+  for (auto& x : th) x.join();
+  EXPECT_LE(flushes(*r) - before, uint64_t{kThreads} * kCalls);
+  EXPECT_GT(flushes(*r) - before, 0u);
+  EXPECT_EQ(r->fs->stats().commits, commits);
+}
+
 // Under the software cache (the daemon's stack): fdatasync of an overwritten file writes
 // back that file's dirty line and nothing else (another file's dirty lines stay cached), then
 // one Flush; data a full flush already wrote back still gets a Flush of its own (it may have
