@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "warpfs/blockdev/devices.h"
 
@@ -17,6 +18,10 @@ void BlockDevice::submit(Io* ios, int n) {
     ios[i].status = ios[i].write ? write(ios[i].block, ios[i].count, ios[i].data)
                                  : read(ios[i].block, ios[i].count, ios[i].data);
   }
+}
+
+Status BlockDevice::write_back(const Range*, size_t) {
+  return Status::ok();
 }
 
 Status BlockDevice::alloc_io_buffer(size_t bytes, void** out) {
@@ -211,6 +216,19 @@ Status CachedBlockDevice::bypass(const Io& io, uint64_t block, uint64_t count, u
 
 Status CachedBlockDevice::flush() {
   return cache_->flush_all();
+}
+
+Status CachedBlockDevice::write_back(const Range* ranges, size_t n) {
+  std::vector<cache::Cache::Range> rs(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (Status s = check(ranges[i].block, ranges[i].count); !s.is_ok()) return s;
+    rs[i] = cache::Cache::Range{ranges[i].block, ranges[i].count};
+  }
+  return cache_->write_back(rs.data(), rs.size());
+}
+
+Status CachedBlockDevice::flush_device() {
+  return below_.flush();
 }
 
 Status CachedBlockDevice::trim(uint64_t block, uint64_t count) {

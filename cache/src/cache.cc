@@ -22,6 +22,7 @@ using line_state::kDirty;
 using line_state::kMeta;  // dirty data written by a metadata-class lane
 using line_state::kRef;   // clock: referenced since the hand last passed
 using line_state::kValid;
+using line_state::kWriting;  // a flusher's write-back of the line is in flight
 
 enum Stat {
   kHits,
@@ -531,69 +532,95 @@ Status Cache::write(uint64_t block, uint32_t offset, const void* buf, uint32_t l
   return Status::ok();
 }
 
+void Cache::collect_line(uint32_t w, WriteBack* wb) {
+  LineMeta& m = meta_[w];
+  const uint64_t tag = tag_of(m).load(port::Order::kAcquire);
+  const uint32_t s = m.state.load(port::Order::kAcquire);
+  if (tag == 0 || !(s & kValid) || (s & kBusy)) return;
+  if (!(s & kDirty)) {
+    // Clean, but maybe only because another flusher cleared Dirty and is still writing it:
+    // that write must have reached the device before this call may say the block did.
+    if (m.flags.load(port::Order::kAcquire) & kWriting) {
+      m.state.fetch_add(1, port::Order::kAcquire);  // pinned: the tag stays while we wait
+      wb->waits.push_back(w);
+    }
+    return;
+  }
+  m.state.fetch_add(1, port::Order::kAcquire);  // pinned: not evictable while written
+  m.flags.fetch_or(kWriting, port::Order::kRelaxed);
+  m.state.fetch_and(~kDirty, port::Order::kAcqRel);
+  // A metadata writer racing this may set kMeta and Dirty after we clear them apart: the
+  // line is then written back later in the bulk class. Its class, never its data, is lost.
+  const bool meta = (m.flags.fetch_and(~kMeta, port::Order::kRelaxed) & kMeta) != 0;
+  wb->items.push_back(
+      Writing{w, tag - 1, meta ? nvme::Priority::kMetadata : nvme::Priority::kBulk});
+}
+
+void Cache::write_items(WriteBack* wb) {
+  for (size_t at = 0; at < wb->items.size(); at += Backend::kMaxOps) {
+    const int n = static_cast<int>(std::min<size_t>(Backend::kMaxOps, wb->items.size() - at));
+    Backend::Op ops[Backend::kMaxOps];
+    for (int k = 0; k < n; ++k) {
+      ops[k] = Backend::Op{};
+      ops[k].block = wb->items[at + k].block;
+      ops[k].write = true;
+      ops[k].data = data_of(wb->items[at + k].line);
+      ops[k].priority = wb->items[at + k].priority;
+    }
+    b_.io(ops, n);
+    for (int k = 0; k < n; ++k) {
+      LineMeta& m = meta_[wb->items[at + k].line];
+      if (ops[k].status.is_ok()) {
+        count(kWritebacks);
+      } else {
+        m.state.fetch_or(kDirty, port::Order::kRelaxed);  // still dirty: not lost
+        if (wb->result.is_ok()) wb->result = ops[k].status;
+      }
+      m.flags.fetch_and(~kWriting, port::Order::kRelease);
+      m.state.fetch_sub(1, port::Order::kRelease);
+    }
+  }
+  wb->items.clear();
+}
+
+Status Cache::finish_write_back(WriteBack* wb) {
+  write_items(wb);
+  while (!wb->waits.empty()) {
+    std::vector<uint32_t> waits;
+    waits.swap(wb->waits);
+    for (uint32_t w : waits) {
+      LineMeta& m = meta_[w];
+      port::Backoff b;
+      while (m.flags.load(port::Order::kAcquire) & kWriting) b.pause();
+      // Dirty again (the other write-back failed, or a newer write): written here.
+      SetMeta& sm = sets_[w / ways_];
+      sm.lock.lock();
+      collect_line(w, wb);
+      sm.lock.unlock();
+      m.state.fetch_sub(1, port::Order::kRelease);  // our pin, the tag held while we waited
+    }
+    write_items(wb);
+  }
+  return wb->result;
+}
+
 Status Cache::flush_range(uint64_t first, uint64_t count_lines) {
   // Collect dirty lines (pinned with one reference, Dirty cleared) a set at a time, write
   // them in batches of up to 32, re-mark the ones that failed.
-  struct Item {
-    uint32_t line;
-    uint64_t block;
-    nvme::Priority priority;  // the class of the data's writer (kMeta)
-  };
-  std::vector<Item> items;
-  Status result;
-  auto write_out = [&]() {
-    for (size_t at = 0; at < items.size(); at += Backend::kMaxOps) {
-      const int n = static_cast<int>(std::min<size_t>(Backend::kMaxOps, items.size() - at));
-      Backend::Op ops[Backend::kMaxOps];
-      for (int k = 0; k < n; ++k) {
-        ops[k] = Backend::Op{};
-        ops[k].block = items[at + k].block;
-        ops[k].write = true;
-        ops[k].data = data_of(items[at + k].line);
-        ops[k].priority = items[at + k].priority;
-      }
-      b_.io(ops, n);
-      for (int k = 0; k < n; ++k) {
-        LineMeta& m = meta_[items[at + k].line];
-        if (ops[k].status.is_ok()) {
-          count(kWritebacks);
-        } else {
-          m.state.fetch_or(kDirty, port::Order::kRelaxed);  // still dirty: not lost
-          if (result.is_ok()) result = ops[k].status;
-        }
-        m.state.fetch_sub(1, port::Order::kRelease);
-      }
-    }
-    items.clear();
-  };
+  WriteBack wb;
   auto collect_set = [&](uint32_t set) {
     SetMeta& sm = sets_[set];
     sm.lock.lock();
     for (uint32_t w = set * ways_; w < (set + 1) * ways_; ++w) {
-      LineMeta& m = meta_[w];
-      const uint64_t tag = tag_of(m).load(port::Order::kAcquire);
+      const uint64_t tag = tag_of(meta_[w]).load(port::Order::kAcquire);
       if (tag == 0 || tag - 1 < first || tag - 1 - first >= count_lines) continue;
-      const uint32_t s = m.state.load(port::Order::kAcquire);
-      if (!(s & kValid) || !(s & kDirty) || (s & kBusy)) continue;
-      m.state.fetch_add(1, port::Order::kAcquire);  // pinned: not evictable while written
-      m.state.fetch_and(~kDirty, port::Order::kAcqRel);
-      // A metadata writer racing this may set kMeta and Dirty after we clear them apart: the
-      // line is then written back later in the bulk class. Its class, never its data, is lost.
-      const bool meta = (m.flags.fetch_and(~kMeta, port::Order::kRelaxed) & kMeta) != 0;
-      items.push_back(Item{w, tag - 1, meta ? nvme::Priority::kMetadata : nvme::Priority::kBulk});
+      collect_line(w, &wb);
     }
     sm.lock.unlock();
+    if (wb.items.size() >= Backend::kMaxOps) write_items(&wb);
   };
-  if (count_lines >= lines()) {
-    for (uint32_t set = 0; set < nsets_; ++set) {
-      collect_set(set);
-      if (items.size() >= Backend::kMaxOps) write_out();
-    }
-  } else if (count_lines >= nsets_) {  // the range touches (nearly) every set: visit each once
-    for (uint32_t set = 0; set < nsets_; ++set) {
-      collect_set(set);
-      if (items.size() >= Backend::kMaxOps) write_out();
-    }
+  if (count_lines >= nsets_) {  // the range touches (nearly) every set: visit each once
+    for (uint32_t set = 0; set < nsets_; ++set) collect_set(set);
   } else {  // a short range: only its blocks' sets, each once
     std::vector<uint32_t> seen;
     for (uint64_t b = first; b < first + count_lines; ++b) {
@@ -601,11 +628,59 @@ Status Cache::flush_range(uint64_t first, uint64_t count_lines) {
       if (std::find(seen.begin(), seen.end(), set) != seen.end()) continue;
       seen.push_back(set);
       collect_set(set);
-      if (items.size() >= Backend::kMaxOps) write_out();
     }
   }
-  write_out();
-  return result;
+  return finish_write_back(&wb);
+}
+
+Status Cache::write_back(const Range* ranges, size_t n) {
+  WriteBack wb;
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += ranges[i].count;
+  if (total >= lines()) {
+    // More blocks than lines: visiting every line once is cheaper than probing every block.
+    std::vector<Range> sorted(ranges, ranges + n);
+    std::sort(sorted.begin(), sorted.end(),
+              [](const Range& a, const Range& b) { return a.first < b.first; });
+    size_t out = 0;  // overlapping runs merged: the run before a block is the only candidate
+    for (size_t i = 1; i < sorted.size(); ++i) {
+      Range& last = sorted[out];
+      if (sorted[i].first <= last.first + last.count) {
+        last.count = std::max(last.count, sorted[i].first + sorted[i].count - last.first);
+      } else {
+        sorted[++out] = sorted[i];
+      }
+    }
+    sorted.resize(out + 1);
+    auto named = [&](uint64_t block) {
+      auto it = std::upper_bound(sorted.begin(), sorted.end(), block,
+                                 [](uint64_t b, const Range& r) { return b < r.first; });
+      return it != sorted.begin() && block - std::prev(it)->first < std::prev(it)->count;
+    };
+    for (uint32_t set = 0; set < nsets_; ++set) {
+      SetMeta& sm = sets_[set];
+      sm.lock.lock();
+      for (uint32_t w = set * ways_; w < (set + 1) * ways_; ++w) {
+        const uint64_t tag = tag_of(meta_[w]).load(port::Order::kAcquire);
+        if (tag != 0 && named(tag - 1)) collect_line(w, &wb);
+      }
+      sm.lock.unlock();
+      if (wb.items.size() >= Backend::kMaxOps) write_items(&wb);
+    }
+    return finish_write_back(&wb);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t end = std::min(ranges[i].first + ranges[i].count, b_.line_count());
+    for (uint64_t b = ranges[i].first; b < end; ++b) {
+      const uint32_t set = set_of(b);
+      SetMeta& sm = sets_[set];
+      sm.lock.lock();  // also waits for an eviction writing the block back under it
+      if (const int w = probe(set, b); w >= 0) collect_line(static_cast<uint32_t>(w), &wb);
+      sm.lock.unlock();
+      if (wb.items.size() >= Backend::kMaxOps) write_items(&wb);
+    }
+  }
+  return finish_write_back(&wb);
 }
 
 Status Cache::flush_all() {

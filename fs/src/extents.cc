@@ -340,6 +340,7 @@ int FsImpl::map_store(Node& n) {
     std::memcpy(b->data, &h, sizeof h);
     std::memcpy(b->data + sizeof h, entries, count * size_t{16});
     journal_->dirty(b);
+    note_changed(n, true);  // the mapping, in a block of the tree: fdatasync needs it
     return 0;
   };
   for (ExtentLeaf& l : n.leaves) {

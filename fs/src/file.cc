@@ -156,6 +156,7 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
         while (blk + k < b + run && (blk + k + 1) * kBlockSize <= we) ++k;
         st = dev_.write(phys + (blk - b), static_cast<uint32_t>(k), buf + (bs - off));
         if (!st.is_ok()) goto io_error;
+        note_written(n, phys + (blk - b), k);
         blk += k;
         continue;
       }
@@ -167,6 +168,7 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
       std::memcpy(block.data() + (s - bs), buf + (s - off), e - s);
       st = dev_.write(phys + (blk - b), 1, block.data());
       if (!st.is_ok()) goto io_error;
+      note_written(n, phys + (blk - b), 1);
       ++blk;
       continue;
     io_error:
@@ -213,6 +215,7 @@ int FsImpl::zero_range(Node& n, uint64_t off, uint64_t len) {
       if (auto st = dev_.read(m.physical, 1, block.data()); !st.is_ok()) return errno_of(st);
       std::memset(block.data() + (pos - bs), 0, e - pos);
       if (auto st = dev_.write(m.physical, 1, block.data()); !st.is_ok()) return errno_of(st);
+      note_written(n, m.physical, 1);
     }
     pos = e;
   }
@@ -401,13 +404,85 @@ int FsImpl::inspect(Ino ino, InodeReport* out) {
   return 0;
 }
 
+void FsImpl::note_written(Node& n, uint64_t first, uint64_t count) {
+  WARPFS_DCHECK(changeable_by_me(n), "note_written: rw exclusive");
+  std::lock_guard<std::mutex> g(n.written_mu);
+  if (n.written_all) return;
+  auto& w = n.written;
+  if (!w.empty() && w.back().block + w.back().count == first) {
+    w.back().count += count;  // an append, or a sequential write
+    return;
+  }
+  w.push_back({first, count});
+  if (w.size() <= Node::kMaxWrittenRuns) return;
+  // Many runs: merge the overlapping and adjacent ones (rewrites of the same blocks).
+  std::sort(w.begin(), w.end(), [](const auto& a, const auto& b) { return a.block < b.block; });
+  size_t out = 0;
+  for (size_t i = 1; i < w.size(); ++i) {
+    if (w[i].block <= w[out].block + w[out].count) {
+      w[out].count = std::max(w[out].count, w[i].block + w[i].count - w[out].block);
+    } else {
+      w[++out] = w[i];
+    }
+  }
+  w.resize(out + 1);
+  if (w.size() > Node::kMaxWrittenRuns / 2) {  // scattered: the next fsync writes back all
+    n.written_all = true;
+    w.clear();
+    w.shrink_to_fit();
+  }
+}
+
+// fsync and fdatasync of one node:
+//  1. its data blocks written since the last fsync (Node::written) are written back from
+//     the device's cache, and nothing else (no scan of the cache);
+//  2. if the inode's change fsync needs (Node::meta_txn; fdatasync: data_txn, what reading
+//     the data back needs) is not committed, the journal commits: its flushes start after
+//     step 1, so they cover the data too;
+//  3. else, unless a flush that started after step 1 (or after the previous fsync's
+//     write-back, Node::flush_gen) has returned, one device Flush, shared with the fsyncs
+//     waiting meanwhile (Flusher::flush_to).
+// A node with nothing written or changed since its last durable fsync costs no I/O. A
+// directory's names are its metadata: its fdatasync is its fsync.
 int FsImpl::fsync(Ino ino, bool datasync) {
-  (void)ino;
-  (void)datasync;
   if (ro_) return 0;
-  if (int rc = journal_->commit(); rc) return rc;
-  // A commit with nothing to write does not flush: overwritten data must still be durable.
-  return errno_of(dev_.flush());
+  NodeRef n;
+  if (int rc = get_node(ino, &n); rc) return rc;
+  std::lock_guard<std::mutex> one(n->sync_mu);
+  Flusher& fl = journal_->flusher();
+  std::vector<blockdev::BlockDevice::Range> runs;
+  bool all;
+  uint64_t gen;
+  {
+    std::lock_guard<std::mutex> g(n->written_mu);
+    runs.swap(n->written);
+    all = n->written_all;
+    n->written_all = false;
+    gen = n->flush_gen;
+  }
+  bool dir;
+  {
+    std::lock_guard<std::mutex> g(n->attr_mu);
+    dir = S_ISDIR(n->pub.mode);
+  }
+  const uint64_t need = datasync && !dir ? n->data_txn.load(std::memory_order_acquire)
+                                         : n->meta_txn.load(std::memory_order_acquire);
+  if (all || !runs.empty()) {
+    // A whole-cache write-back is flush_all's, which flushes too: durable at once.
+    const blockdev::Status st = all ? fl.flush_all() : dev_.write_back(runs.data(), runs.size());
+    const uint64_t after = all ? 0 : fl.next();
+    std::lock_guard<std::mutex> g(n->written_mu);
+    if (!st.is_ok()) {  // still to write back: the next fsync tries again
+      n->written.insert(n->written.end(), runs.begin(), runs.end());
+      n->written_all = n->written_all || all;
+      return errno_of(st);
+    }
+    gen = n->flush_gen = after;
+  }
+  if (need > journal_->durable_txn()) {
+    if (int rc = journal_->commit(); rc) return rc;
+  }
+  return errno_of(fl.flush_to(gen));
 }
 
 }  // namespace warpfs::fs

@@ -73,6 +73,7 @@ int FsImpl::get_node(Ino ino, NodeRef* out) {
     // A node left the table since the slot was read: it may have been this one, with
     // changes stored after that read. Read again.
     if (table_epoch_ != epoch) continue;
+    adopt_sync_state(*n);
     nodes_.emplace(ino, n);
     *out = std::move(n);
     return 0;
@@ -83,16 +84,32 @@ int FsImpl::store(Node& n) {
   WARPFS_DCHECK(changeable_by_me(n), "store: rw exclusive");
   WARPFS_DCHECK(journal_->in_transaction(), "store: in a transaction");
   n.disk.checksum = inode_checksum(n.disk, n.ino, sb_.checksum_seed);
+  bool data = false;  // what fdatasync needs changed too (see Node::data_txn)
   if (int rc = with_slot(n.ino,
                          [&](MetaBuf* buf, size_t off) {
+                           Inode old;
+                           std::memcpy(&old, buf->data + off, sizeof old);
+                           data = old.mode != n.disk.mode || old.size != n.disk.size ||
+                                  old.blocks != n.disk.blocks ||
+                                  old.extent_count != n.disk.extent_count ||
+                                  old.tree_depth != n.disk.tree_depth ||
+                                  std::memcmp(&old.root, &n.disk.root, sizeof old.root) != 0;
                            std::memcpy(buf->data + off, &n.disk, sizeof(Inode));
                            journal_->dirty(buf);
                          });
       rc) {
     return rc;
   }
+  note_changed(n, data);
   publish(n);
   return 0;
+}
+
+void FsImpl::note_changed(Node& n, bool data) {
+  WARPFS_DCHECK(journal_->in_transaction(), "note_changed: in a transaction");
+  const uint64_t t = journal_->running();
+  n.meta_txn.store(t, std::memory_order_release);
+  if (data) n.data_txn.store(t, std::memory_order_release);
 }
 
 void FsImpl::publish(Node& n) {
@@ -185,6 +202,7 @@ void FsImpl::maybe_reclaim(Ino ino) {
     std::lock_guard<Mutex> g(table_mu_);
     // Only the table and `n` hold it: nobody is inside an operation on it.
     if (n->nlookup == 0 && n->opens == 0 && n.use_count() == 2) {
+      keep_sync_state(*n);
       nodes_.erase(ino);
       ++table_epoch_;
     }
@@ -199,6 +217,35 @@ void FsImpl::maybe_reclaim(Ino ino) {
   // Nobody to tell (the kernel's forget has no reply): a failure leaves the inode on the
   // orphan list, which the next read-write mount frees.
   (void)reclaim(n);
+}
+
+void FsImpl::keep_sync_state(const Node& n) {
+  WARPFS_DCHECK(held_by_me(table_mu_), "keep_sync_state: table_mu_");
+  // No lock of n's: nobody else holds it, and whoever last changed it let go of it first.
+  const Journal& j = *journal_;
+  const bool data = n.written_all || !n.written.empty();
+  const uint64_t meta = n.meta_txn.load(std::memory_order_acquire);
+  if (!data && j.flusher().durable(n.flush_gen) && meta <= j.durable_txn()) return;
+  if (sync_leftovers_.size() >= 4096) {  // forget those that became durable meanwhile
+    for (auto it = sync_leftovers_.begin(); it != sync_leftovers_.end();) {
+      const SyncLeftover& l = it->second;
+      const bool done =
+          !l.written_all && j.flusher().durable(l.flush_gen) && l.meta_txn <= j.durable_txn();
+      it = done ? sync_leftovers_.erase(it) : std::next(it);
+    }
+  }
+  sync_leftovers_[n.ino] = SyncLeftover{data, n.flush_gen, meta, n.data_txn.load()};
+}
+
+void FsImpl::adopt_sync_state(Node& n) {
+  WARPFS_DCHECK(held_by_me(table_mu_), "adopt_sync_state: table_mu_");
+  auto it = sync_leftovers_.find(n.ino);
+  if (it == sync_leftovers_.end()) return;
+  n.written_all = it->second.written_all;
+  n.flush_gen = it->second.flush_gen;
+  n.meta_txn.store(it->second.meta_txn, std::memory_order_relaxed);
+  n.data_txn.store(it->second.data_txn, std::memory_order_relaxed);
+  sync_leftovers_.erase(it);
 }
 
 int FsImpl::reclaim(const NodeRef& n) {

@@ -123,6 +123,25 @@ struct Node {
   std::mutex attr_mu;  // leaf: pub
   Published pub;
 
+  // fsync's bookkeeping (file.cc FsImpl::fsync, "Crash consistency" in ARCHITECTURE.md).
+  // sync_mu: one fsync of this node at a time, taken with no other lock held (only
+  // written_mu inside it). written_mu (leaf): `written`, `written_all`, `flush_gen`.
+  std::mutex sync_mu;
+  std::mutex written_mu;
+  // Device blocks of data written (write_locked, zero_range) since the last fsync took them
+  // (merged runs; past kMaxWrittenRuns, written_all instead: fsync then writes back the
+  // whole cache).
+  std::vector<blockdev::BlockDevice::Range> written;
+  bool written_all = false;
+  // The flush (Flusher numbering) that makes the data the last fsync wrote back durable;
+  // 0: nothing waits for one.
+  uint64_t flush_gen = 0;
+  // The transactions (Journal::running) of the last change of the inode that fsync must make
+  // durable (any: store()) and of the last one fdatasync must (size, allocation, mapping:
+  // what reading the data back needs). Written under rw exclusive, read by fsync without it.
+  std::atomic<uint64_t> meta_txn{0}, data_txn{0};
+  static constexpr size_t kMaxWrittenRuns = 4096;
+
   // Kernel references (FUSE lookups) and open handles: FsImpl::table_mu_.
   uint64_t nlookup = 0;
   uint32_t opens = 0;
@@ -238,6 +257,9 @@ class FsImpl final : public Filesystem {
   // REQUIRES: rw exclusive (or the node being created), in a transaction.
   [[nodiscard]] int store(Node& n);
   void publish(Node& n);
+  // n changed in the running transaction (Node::meta_txn; `data`: Node::data_txn too).
+  // REQUIRES: rw exclusive (or the node being created), in a transaction.
+  void note_changed(Node& n, bool data);
   template <typename D>  // Inode or Node::Published
   void fill_attr(const D& d, Ino ino, Attr* out) const {
     out->ino = ino;
@@ -336,6 +358,9 @@ class FsImpl final : public Filesystem {
   [[nodiscard]] int write_locked(Node& n, uint64_t off, size_t len, const char* buf,
                                  size_t* written);
   [[nodiscard]] int zero_range(Node& n, uint64_t off, uint64_t len);  // within mapped blocks
+  // Data of `n` written to device blocks [first, first + count): fsync writes them back.
+  // REQUIRES: rw exclusive.
+  void note_written(Node& n, uint64_t first, uint64_t count);
   [[nodiscard]] int set_size(Node& n, uint64_t size);
   // Before growing from old to size.
   [[nodiscard]] int drop_past_eof(Node& n, uint64_t old, uint64_t size);
@@ -454,6 +479,18 @@ class FsImpl final : public Filesystem {
   mutable Mutex table_mu_;  // leaf: nodes_, table_epoch_, and Node::nlookup/opens
   std::unordered_map<Ino, NodeRef> nodes_;
   uint64_t table_epoch_ = 0;  // bumped whenever a node leaves nodes_ (get_node's re-check)
+  // fsync's bookkeeping of linked nodes that left the table with something not yet durable
+  // (table_mu_): the next get_node of the inode takes it back, so that a file closed,
+  // forgotten and opened again is still synced. Data written since its last fsync is kept
+  // as "all" (its next fsync writes back the whole cache) rather than as runs.
+  struct SyncLeftover {
+    bool written_all;
+    uint64_t flush_gen, meta_txn, data_txn;
+  };
+  std::unordered_map<Ino, SyncLeftover> sync_leftovers_;
+  // REQUIRES: table_mu_, and nobody else holds `n` (it is leaving the table).
+  void keep_sync_state(const Node& n);
+  void adopt_sync_state(Node& n);  // REQUIRES: table_mu_, `n` not yet in the table
   // Leaf locks over the inode slots of the inode-table buffers: store() writes a slot while
   // get_node() may be reading another inode's of the same block, or (in the window where a
   // node leaves the table) the same one.

@@ -34,7 +34,7 @@ const char* kind_name(MetaKind k) {
 
 Journal::Journal(blockdev::BlockDevice& dev, const Superblock& sb, uint64_t pos, uint64_t seq,
                  Log log)
-    : dev_(dev), sb_(sb), log_(std::move(log)), pos_(pos), seq_(seq) {
+    : dev_(dev), flusher_(dev), sb_(sb), log_(std::move(log)), pos_(pos), seq_(seq) {
   // One descriptor per transaction, and the transaction (descriptor + blocks + commit) must
   // fit in the ring of journal_blocks - 1 positions.
   capacity_ = std::min<uint32_t>(kJournalMaxBlocks, sb.journal_blocks - 3);
@@ -232,6 +232,9 @@ int Journal::commit() {
     closed_ = true;
     gate_cv_.wait(g, [&] { return active_ == 0; });
   }
+  // Operations entering from now on belong to the next transaction.
+  const uint64_t closing = running_.load(std::memory_order_relaxed);
+  running_.store(closing + 1, std::memory_order_release);
   {
     std::lock_guard<std::mutex> g(dirty_mu_);
     dirty.swap(dirty_);
@@ -299,6 +302,7 @@ int Journal::commit() {
       return rc;
     }
   }
+  committed_.store(closing, std::memory_order_release);
   if (committed) committed();
   return rc;
 }
@@ -311,7 +315,7 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
   };
   auto jblock = [&](uint64_t p) { return 1 + p; };  // position -> device block
   // (1) Data of this transaction and the previous checkpoint become durable.
-  if (auto st = dev_.flush(); !st.is_ok()) return fail("flush before commit", st);
+  if (auto st = flusher_.flush_all(); !st.is_ok()) return fail("flush before commit", st);
   // (2) The previous transaction is checkpointed: the tail moves to this one.
   if (write_header() != 0) {
     log_("journal: header write failed; the filesystem is now read-only");
@@ -342,6 +346,7 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
   c->checksum = block_checksum(c, offsetof(JournalCommit, checksum), sb_.checksum_seed);
   // Write in contiguous runs up to the ring's end, then from position 1.
   uint64_t p = pos_;
+  std::vector<blockdev::BlockDevice::Range> mine{{1, 1}};  // the header and the runs
   for (uint32_t i = 0; i < n + 2;) {
     const uint32_t run =
         static_cast<uint32_t>(std::min<uint64_t>(n + 2 - i, sb_.journal_blocks - p));
@@ -349,11 +354,14 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
         !st.is_ok()) {
       return fail("journal write", st);
     }
+    mine.push_back({jblock(p), run});
     i += run;
     p = p + run >= sb_.journal_blocks ? 1 : p + run;
   }
-  // (4) The commit is durable.
-  if (auto st = dev_.flush(); !st.is_ok()) return fail("flush after commit", st);
+  // (4) The commit is durable: the header and the ring's runs (cache lines when short) are
+  // written back, then the device's Flush; nothing else needs writing back for it.
+  if (auto st = flusher_.flush_ranges(mine.data(), mine.size()); !st.is_ok())
+    return fail("flush after commit", st);
   journal_blocks_written.fetch_add(n + 2, std::memory_order_relaxed);
   pos_ = p;
   ++seq_;
@@ -418,9 +426,9 @@ bool Journal::drop_if_clean(uint64_t block) {
 int Journal::close() {
   if (int rc = commit(); rc) return rc;
   std::lock_guard<Mutex> c(commit_mu_);
-  if (auto st = dev_.flush(); !st.is_ok()) return EIO;
+  if (auto st = flusher_.flush_all(); !st.is_ok()) return EIO;
   if (int rc = write_header(); rc) return rc;
-  return dev_.flush().is_ok() ? 0 : EIO;
+  return flusher_.flush_all().is_ok() ? 0 : EIO;
 }
 
 int Journal::write_header() {

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "flusher.h"
 #include "locks.h"
 #include "warpfs/blockdev/block_device.h"
 #include "warpfs/fs/format.h"
@@ -125,6 +126,15 @@ class Journal {
   // EIO. Serialised; a caller arriving during a commit waits for it and commits again only if
   // more was dirtied.
   [[nodiscard]] int commit();
+  // Transaction numbers for fsync (not the on-disk seq): running() is the transaction an
+  // operation inside a Txn belongs to (stable while it is inside: a commit moves it on only
+  // under its closed gate); durable_txn() is the last one known durable (0: none). A change
+  // made in transaction t is durable once durable_txn() >= t.
+  uint64_t running() const { return running_.load(std::memory_order_acquire); }
+  uint64_t durable_txn() const { return committed_.load(std::memory_order_acquire); }
+  // Every flush of the mount's device goes through this (flusher.h).
+  Flusher& flusher() { return flusher_; }
+  const Flusher& flusher() const { return flusher_; }
   // Blocks a transaction may still dirty before a commit is forced.
   uint32_t capacity() const { return capacity_; }
 
@@ -178,6 +188,7 @@ class Journal {
       const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks);
 
   blockdev::BlockDevice& dev_;
+  Flusher flusher_;
   Superblock sb_;  // geometry and seed (changed only by grow(), which runs alone)
   Log log_;
   uint32_t capacity_;
@@ -190,7 +201,10 @@ class Journal {
   int active_ = 0;
   bool closed_ = false;
 
-  Mutex commit_mu_;     // one commit at a time; outside the gate
+  Mutex commit_mu_;  // one commit at a time; outside the gate
+  // running(): changed only under the closed gate with no operation inside, by the commit
+  // (commit_mu_) that closes it; committed_ (durable_txn()): written under commit_mu_.
+  std::atomic<uint64_t> running_{1}, committed_{0};
   uint64_t pos_, seq_;  // commit_mu_
   // The last transaction whose checkpoint is written (its buffers' homes are current).
   std::atomic<uint64_t> checkpointed_seq_{0};

@@ -373,7 +373,7 @@ int FsImpl::statfs(struct statvfs* out) {
 int FsImpl::sync() {
   if (ro_) return 0;
   if (int rc = journal_->commit(); rc) return rc;
-  return dev_.flush().is_ok() ? 0 : EIO;
+  return journal_->flusher().flush_all().is_ok() ? 0 : EIO;
 }
 
 void FsImpl::shrink_caches() {

@@ -176,6 +176,7 @@ int FsImpl::xattr_set_locked(Node& n, uint8_t index, std::string_view short_name
   }
   serialize(b, n.ino, v);
   journal_->dirty(b);
+  note_changed(n, false);
   return 0;
 }
 
@@ -255,6 +256,7 @@ int FsImpl::remove_xattr_locked(Node& n, uint8_t index, std::string_view short_n
     serialize(b, n.ino, v);
     journal_->dirty(b);
   }
+  note_changed(n, false);
   return 0;
 }
 

@@ -68,6 +68,22 @@ class CutDevice final : public blockdev::BlockDevice {
     }
     return d_.flush();
   }
+  // A write-back sends writes (a cache below): a mutating call. The device's Flush alone is
+  // a flush like flush().
+  blockdev::Status write_back(const Range* r, size_t n) override {
+    if (cut_ || arrive()) return dead();
+    return d_.write_back(r, n);
+  }
+  blockdev::Status flush_device() override {
+    if (cut_) return dead();
+    const bool chosen =
+        flushes_.fetch_add(1, std::memory_order_relaxed) + 1 == cut_at_flush_.load();
+    if (arrive() || chosen) {
+      cut_ = true;
+      return dead();
+    }
+    return d_.flush_device();
+  }
   blockdev::Status trim(uint64_t b, uint64_t n) override {
     if (cut_ || arrive()) return dead();
     trims_.fetch_add(n, std::memory_order_relaxed);

@@ -126,11 +126,28 @@ std::vector<std::pair<std::string, Id>> Model::names() const {
 }
 
 void Model::step() {
+  const size_t k = current() + 1;  // the state this step makes
+  for (const auto& [id, n] : cur_.nodes) {
+    auto was = last_.nodes.find(id);
+    if (was != last_.nodes.end() && was->second == n) continue;  // not edited (copy on write)
+    const MNode* o = was == last_.nodes.end() ? nullptr : was->second.get();
+    if (!o || o->mode != n->mode || o->size != n->size) size_at_[id] = meta_at_[id] = k;
+    if (o && (o->links != n->links || o->xattrs != n->xattrs || o->entries != n->entries ||
+              o->target != n->target))
+      meta_at_[id] = k;
+  }
+  last_ = cur_;
   if (!keep_) {
     ++base_;  // current() moves on; state(current()) is cur_
     return;
   }
   hist_.push_back(cur_);
+}
+
+void Model::synced(Id id, bool data_only) {
+  const auto& at = data_only ? size_at_ : meta_at_;
+  if (auto it = at.find(id); it != at.end()) durable(it->second);
+  data_floor_[id] = current();
 }
 
 void Model::durable(size_t k) {
@@ -161,6 +178,10 @@ void Model::restart(size_t k, const std::map<Id, std::string>& data) {
   hist_.clear();
   hist_.push_back(cur_);
   base_ = 0;
+  last_ = cur_;
+  meta_at_.clear();
+  size_at_.clear();
+  data_floor_.clear();
 }
 
 void model_write(MNode& n, uint64_t off, const std::string& data) {
@@ -439,9 +460,11 @@ std::string check_data(const Model& m, size_t k, size_t hi, const Observed& o,
         if (it == m.state(t).nodes.end()) return false;
         return std::memcmp(model_block(*it->second, b).data(), got, len) == 0;
       };
-      if (fits(k)) continue;
+      // Not older than the file's last fsync, which made its data durable.
+      const size_t from = std::max(k, m.data_floor(id));
+      if (fits(from)) continue;
       bool ok = false;
-      for (size_t t = k + 1; t <= hi && !ok; ++t) ok = fits(t);
+      for (size_t t = from + 1; t <= hi && !ok; ++t) ok = fits(t);
       if (ok) continue;
       const std::string& want = model_block(*m.state(k).nodes.at(id), b);
       size_t at = 0;
@@ -1230,7 +1253,8 @@ std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut,
     case OpKind::kFsync:
     case OpKind::kFdatasync:
       *rc = fs.fsync(ino_of(op.id), op.kind == OpKind::kFdatasync);
-      if (*rc == 0) m.durable(m.current());  // acknowledged: durable, whatever the device did
+      // Acknowledged: durable, whatever the device did.
+      if (*rc == 0) m.synced(op.id, op.kind == OpKind::kFdatasync);
       return "";
     case OpKind::kSync:
       *rc = fs.sync();

@@ -15,15 +15,16 @@
 // operations that run as several transactions: a write commits per piece of at most 1 MiB
 // (file.cc kBlocksPerTxn), and a truncate sets the size in one transaction and frees blocks
 // in later ones (invisible here, as is freeing an unlinked inode). fsync, fdatasync (of any
-// file or directory) and sync commit the whole running transaction and flush the device
-// (warpfs's fdatasync is its fsync: POSIX would promise less, and this checks what warpfs
-// promises).
+// file or directory) make that node durable: fsync its metadata (for a directory, its
+// names), fdatasync its size (or existence) and data; the journal commits in order, so what
+// came before the node's last such change is durable too. sync commits everything.
 // So, numbering the model's states S_0, S_1, ... (one per operation, one per piece of a
 // large write):
 //   metadata  The recovered tree (every name, its inode number, type, permission bits, link
 //             count, size, symlink target and xattrs; hard links as the same inode) equals
-//             S_k for one k with lo <= k <= hi. lo: the state at the last fsync/fdatasync/
-//             sync that returned 0, or the state before an operation during which a commit
+//             S_k for one k with lo <= k <= hi. lo: the state at the last sync that
+//             returned 0; the state of the last change an acknowledged fsync/fdatasync needed
+//             (Model::synced); or the state before an operation during which a commit
 //             completed (FsStats::commits rose: commits are durable when counted). hi: the
 //             last state an operation reached before the cut, the cut one included.
 //   data      File data is written in place, outside the journal, before the transaction
@@ -32,8 +33,9 @@
 //             the operations up to k was durable, and each 4 KiB block of a recovered file,
 //             as far as its recovered size reaches, equals that block in some S_t with
 //             k <= t <= hi: a later write may have landed or not, block by block, never
-//             torn inside a block. A file untouched since an acknowledged fsync has exactly
-//             its fsync'd content; data that a committed size covers is never lost.
+//             torn inside a block, and from no state before the file's last acknowledged
+//             fsync/fdatasync. A file untouched since an acknowledged fsync has exactly its
+//             fsync'd content; data that a committed size covers is never lost.
 // Nothing else is allowed: no half-done rename, no name in two places, no size or xattr
 // from outside [lo, hi]; fsck finds leaked blocks and inodes. (Several states may have the
 // same metadata, e.g. around an overwrite; the tree passes if one of them explains it all.)
@@ -102,6 +104,15 @@ class Model {
   size_t current() const { return base_ + hist_.size() - 1; }  // index of the last step()
   // States before `k` can no longer be found (k's transaction is durable).
   void durable(size_t k);
+  // fsync (`data_only`: fdatasync) of `id` returned 0 in the current state: the state of its
+  // last change that the call makes durable (any of its metadata, a directory's names;
+  // fdatasync: its size or creation) and every one before it are durable, and its data
+  // blocks come from no state before the current one (data_floor).
+  void synced(Id id, bool data_only);
+  size_t data_floor(Id id) const {
+    auto it = data_floor_.find(id);
+    return it == data_floor_.end() ? 0 : it->second;
+  }
   size_t lo() const { return base_; }
   const State& state(size_t k) const { return keep_ ? hist_[k - base_] : cur_; }
   // Without history (a run with no crash to come: the stress harnesses), step() keeps no
@@ -120,6 +131,11 @@ class Model {
   State cur_;
   std::deque<State> hist_;  // states base_ .. base_ + size - 1
   size_t base_ = 0;
+  // By node, the state of its last metadata change and of its last size change (creation
+  // included), found by step() against the state before; and of its last acknowledged
+  // fsync (synced()).
+  State last_;
+  std::map<Id, size_t> meta_at_, size_at_, data_floor_;
   Id next_ = 1;
 };
 

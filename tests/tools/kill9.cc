@@ -31,8 +31,9 @@
 // thread issues every operation and warpfs turns the kernel's writeback cache off: each
 // syscall's FUSE requests are answered, in order, before it returns. What differs:
 //   - The lower bound rises only when an fsync or fdatasync (of a file or a directory:
-//     FUSE_FSYNC, FUSE_FSYNCDIR) returns 0, and at a clean unmount; warpfs commits the whole
-//     running transaction on either (its other commits are not visible from here). The
+//     FUSE_FSYNC, FUSE_FSYNCDIR) returns 0, to that node's last change the call needs
+//     (Model::synced; warpfs's other commits are not visible from here), and at a clean
+//     unmount. The
 //     workload's "sync" is syncfs(2) on the mount, which the kernel does not pass on to a
 //     FUSE daemon (only virtiofs gets FUSE_SYNCFS): it makes nothing durable.
 //   - The operation the kill interrupts may or may not have happened, whatever it returned
@@ -205,8 +206,6 @@ struct Worker {
   std::unique_ptr<Model> model;
   std::unique_ptr<SyscallRunner> runner;
   std::mt19937_64 rng;
-  // Operations not yet known durable: (the state they reached, the clock when they returned).
-  std::deque<std::pair<size_t, uint64_t>> pending;
   std::vector<std::string> trace;
 };
 
@@ -222,9 +221,8 @@ class Cut {
     if (opt_.verbose) report_.trace.push_back(s);
   }
   std::string fsck(const char* when);
-  // Runs one operation of worker w; "" or the failure. Keeps the cross-thread durability
-  // bookkeeping: an fsync that began after an operation returned, and returned 0, makes it
-  // durable (warpfs commits the whole running transaction on any fsync).
+  // Runs one operation of worker w; "" or the failure. An fsync makes only what its node
+  // needs durable (Model::synced), so one worker's fsync says nothing of another's states.
   std::string apply(Worker& w, const Op& op);
   // `ops` operations on every worker at once (the killer counts them); "" or the first
   // failure.
@@ -239,9 +237,7 @@ class Cut {
   Daemon daemon_;
   std::unique_ptr<Killer> killer_;
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::atomic<uint64_t> clock_{1};        // tickets: operations returned, fsyncs begun
-  std::atomic<uint64_t> acked_fsync_{0};  // the latest ticket an fsync that returned 0 began at
-  std::atomic<uint64_t> started_{0};      // operations started (for the killer)
+  std::atomic<uint64_t> started_{0};  // operations started (for the killer)
   Report report_;
 };
 
@@ -253,22 +249,8 @@ std::string Cut::fsck(const char* when) {
 }
 
 std::string Cut::apply(Worker& w, const Op& op) {
-  Model& m = *w.model;
-  const uint64_t acked = acked_fsync_.load();
-  while (!w.pending.empty() && w.pending.front().second < acked) {
-    m.durable(w.pending.front().first);
-    w.pending.pop_front();
-  }
-  const bool sync = op.kind == OpKind::kFsync || op.kind == OpKind::kFdatasync;
-  const uint64_t began = sync ? clock_.fetch_add(1) : 0;
   int rc = 0;
   std::string bad = w.runner->exec(op, &rc);
-  if (sync && rc == 0) {
-    uint64_t cur = acked_fsync_.load();
-    while (cur < began && !acked_fsync_.compare_exchange_weak(cur, began)) {
-    }
-  }
-  w.pending.emplace_back(m.current(), clock_.fetch_add(1));
   if (!bad.empty()) return bad;
   if (rc != 0 && !killed()) {
     if (std::string how = daemon_.ended(); !how.empty())
@@ -365,7 +347,6 @@ std::string Cut::recover() {
     report_.hi += model.current();
     report_.matched += k;
     model.restart(k, crash::recovered_data(model.state(k), o));
-    w.pending.clear();
   }
   return "";
 }

@@ -318,7 +318,8 @@ std::string SyscallRunner::exec(const Op& op, int* rc) {
         sys(op.kind == OpKind::kFsync ? fsync(fd) : fdatasync(fd));
         if (temp) close(fd);
       }
-      if (*rc == 0) m.durable(m.current());  // acknowledged: everything before is durable
+      // Acknowledged: the node's last change the call needs, and all before it, is durable.
+      if (*rc == 0) m.synced(op.id, op.kind == OpKind::kFdatasync);
       return "";
     }
     case OpKind::kSync: {  // syncfs: not forwarded to a FUSE daemon, so no promise

@@ -37,8 +37,23 @@ class BlockDevice {
   // One transfer in the bulk class (file data).
   virtual Status read(uint64_t block, uint32_t count, void* buf) = 0;
   virtual Status write(uint64_t block, uint32_t count, const void* buf) = 0;
-  // Everything written before is durable when this returns ok.
+  // Everything written before is durable when this returns ok: what a cache of the device's
+  // own holds is written back (write_back of every block), then flush_device().
   virtual Status flush() = 0;
+  // A run of blocks, for write_back().
+  struct Range {
+    uint64_t block = 0;
+    uint64_t count = 0;
+  };
+  // Every write of the ranges' blocks that returned before this call has reached the device
+  // when it returns ok (a software cache writes those blocks' dirty lines back, and waits for
+  // write-backs of them already in flight); nothing is flushed: the device may still hold
+  // them in its volatile write cache. Default: nothing to do (writes go to the device).
+  virtual Status write_back(const Range* ranges, size_t n);
+  // The device's own flush alone: every write that reached the device before the call is
+  // durable when it returns ok (NVMe Flush). A cache's dirty lines are not written back.
+  // Default: flush() (a device with no cache of its own).
+  virtual Status flush_device() { return flush(); }
   // The blocks' contents are no longer needed (reads return zeroes or old data).
   virtual Status trim(uint64_t block, uint64_t count) = 0;
   // Several transfers (any number), in flight together where the device can; sets each

@@ -64,7 +64,9 @@ class FileBlockDevice final : public BlockDevice {
 // (a journal checkpoint) is one acquire per 32 blocks. Larger transfers bypass the cache
 // (consistent with dirty cached lines). A block whose cache set is full of referenced lines
 // goes straight to the device. Each transfer's priority class reaches the device with its
-// fills, write-backs and bypasses. flush() writes dirty lines back, then flushes the device.
+// fills, write-backs and bypasses. flush() writes every dirty line back, then flushes the
+// device; write_back() writes back only the named blocks' lines (no scan of the cache), and
+// flush_device() is the device's Flush alone (fsync: FsImpl::fsync).
 class CachedBlockDevice final : public BlockDevice {
  public:
   static std::unique_ptr<CachedBlockDevice> create(cache::Backend& below,
@@ -76,6 +78,8 @@ class CachedBlockDevice final : public BlockDevice {
   Status read(uint64_t block, uint32_t count, void* buf) override;
   Status write(uint64_t block, uint32_t count, const void* buf) override;
   Status flush() override;
+  Status write_back(const Range* ranges, size_t n) override;
+  Status flush_device() override;
   Status trim(uint64_t block, uint64_t count) override;
   void submit(Io* ios, int n) override;
   Status alloc_io_buffer(size_t bytes, void** out) override { return below_.alloc(bytes, out); }

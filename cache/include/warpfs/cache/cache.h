@@ -140,9 +140,18 @@ class Cache {
   Status write(uint64_t block, uint32_t offset, const void* buf, uint32_t len);
 
   // Write-back of dirty lines in [first, first + count) / everywhere, then (flush_all) a
-  // device flush so that everything acknowledged before is durable.
+  // device flush so that everything acknowledged before is durable. A line another flusher
+  // is writing back meanwhile is waited for: when these return, every write released before
+  // the call that falls in the range is on the device.
   Status flush_range(uint64_t first, uint64_t count);
   Status flush_all();
+  // The same as flush_range over exactly these blocks (fsync of one file: its blocks), no
+  // device flush: each block's set is probed for that block alone, the rest of the cache is
+  // not visited.
+  struct Range {
+    uint64_t first = 0, count = 0;
+  };
+  Status write_back(const Range* ranges, size_t n);
   // Drops cached lines in the range without writing them back (their data is discarded:
   // trim). Lines still referenced are left alone and reported with kSetFull.
   Status invalidate_range(uint64_t first, uint64_t count);
@@ -224,6 +233,22 @@ class Cache {
   int acquire_scalar(Lane* lane, LineRef* out);
   static constexpr int kScalarRetries = 200;  // ~2 ms of backed-off retries
   Status write_back_locked(uint32_t line, uint64_t block, nvme::Priority p);
+  // flush_range's and write_back's steps. A line to write: pinned, Dirty cleared, kWriting
+  // set; a line someone else is writing back: pinned, to wait on.
+  struct Writing {
+    uint32_t line;
+    uint64_t block;
+    nvme::Priority priority;  // the class of the data's writer (kMeta)
+  };
+  struct WriteBack {
+    std::vector<Writing> items;
+    std::vector<uint32_t> waits;
+    Status result;
+  };
+  // Line w of `set` (its lock held) joins `wb` if it holds a dirty or in-flight block.
+  void collect_line(uint32_t w, WriteBack* wb);
+  void write_items(WriteBack* wb);          // writes the items (batches of kMaxOps), unpins them
+  Status finish_write_back(WriteBack* wb);  // the rest, then waits for the others' lines
   void prefetch(uint64_t first, uint64_t count);
   std::vector<std::pair<uint64_t, uint32_t>> pin_range(uint64_t first, uint64_t count);
   void unpin(const std::vector<std::pair<uint64_t, uint32_t>>& pins);

@@ -30,10 +30,13 @@ inline constexpr uint32_t kDirty = 1u << 29;
 inline constexpr uint32_t kCountMask = kDirty - 1;
 // Line flags (a second word beside the state): the clock's reference bit, read-ahead, and
 // whether a metadata-class lane wrote the line's dirty data (its write-back then goes in the
-// metadata class too: a commit's checkpoint waits on it).
+// metadata class too: a commit's checkpoint waits on it), and whether a write-back of the
+// line is in flight (set by the flusher that cleared Dirty, cleared once the device has it:
+// another flusher that finds the line clean waits for it before it may call it written).
 inline constexpr uint32_t kRef = 1;
 inline constexpr uint32_t kAhead = 2;
 inline constexpr uint32_t kMeta = 4;
+inline constexpr uint32_t kWriting = 8;
 
 // Valid and not being filled or evicted: a reference taken on it is a hit.
 WARPFS_HD constexpr bool usable(uint32_t s) {
