@@ -264,6 +264,12 @@ int FsImpl::alloc_meta_block(Node& n, uint64_t* out) {
   return 0;
 }
 
+void FsImpl::free_meta_block(Node& n, uint64_t block) {
+  journal_->forget_block(block);
+  free_blocks(block, 1);
+  n.disk.blocks -= 1;
+}
+
 // Writes the mapping back: leaves that changed, then the index, then the inode. Leaves are
 // first brought into shape: the inline form while 8 extents suffice, full leaves split,
 // empty ones dropped, and a second index level when more than 8 leaves are needed.
@@ -271,11 +277,7 @@ int FsImpl::map_store(Node& n) {
   WARPFS_DCHECK(changeable_by_me(n), "map_store: rw exclusive");
   WARPFS_DCHECK(journal_->in_transaction(), "map_store: in a transaction");
   if (n.disk.flags & Inode::kFlagInlineSymlink) return store(n);
-  auto free_meta = [&](uint64_t b) {
-    journal_->forget_block(b);
-    free_blocks(b, 1);
-    n.disk.blocks -= 1;
-  };
+  auto free_meta = [&](uint64_t b) { free_meta_block(n, b); };
   size_t total = 0;
   for (const ExtentLeaf& l : n.leaves) total += l.ext.size();
   const bool inline_now = n.leaves.size() == 1 && n.leaves[0].block == 0;

@@ -213,10 +213,7 @@ int FsImpl::reclaim(const NodeRef& n) {
     // allocated inode with no links that nothing leads to (a power cut then leaks it).
     Journal::Txn t(*journal_);
     if (int rc = orphan_remove(*n, pred.get()); rc) return rc;
-    if (n->disk.xattr_block) {
-      journal_->forget_block(n->disk.xattr_block);
-      free_blocks(n->disk.xattr_block, 1);
-    }
+    xattr_free_all(*n);
     if (int rc = free_inode(*n); rc) return rc;
   }
   std::lock_guard<Mutex> g(table_mu_);

@@ -107,6 +107,11 @@ struct Node {
   std::vector<ExtentLeaf> leaves;
   std::vector<uint64_t> index_blocks;  // depth 2
   bool index_dirty = false;
+  // Whether security.capability is among the attributes (rw, like `disk`): found by one
+  // scan of the chain, then kept by every set and remove, so that the write path's
+  // drop_capability_locked costs nothing for a file without one (xattr.cc).
+  enum class Cap : uint8_t { kUnknown, kAbsent, kPresent };
+  Cap cap = Cap::kUnknown;
 
   // Published attributes for getattr without `rw` (leaf lock): what stat shows, copied
   // from `disk` at every store (a quarter of an Inode: a node per inode the kernel holds).
@@ -353,8 +358,22 @@ class FsImpl final : public Filesystem {
   [[nodiscard]] int dir_readdir(Node& dir, uint64_t offset,
                                 const std::function<bool(const DirEntry&)>& emit);
 
-  // --- xattrs (xattr.cc)
-  [[nodiscard]] int xattr_load(Node& n, MetaBuf** out);
+  // --- xattrs (xattr.cc); REQUIRES: rw held (exclusive for changes, in a transaction)
+  // The chain of xattr blocks, first to last (empty: none). EIO on a loop or a bad block.
+  [[nodiscard]] int xattr_chain(Node& n, std::vector<MetaBuf*>* chain);
+  // Frees every xattr block and value block of n (a freed or undone inode); what cannot be
+  // read is left for fsck. Clears xattr_block.
+  void xattr_free_all(Node& n);
+  bool xattr_chains() const { return (sb_.features & kFeatureXattrChain) != 0; }
+  // An out-of-line value: its `size` bytes from value blocks `blocks` (each verified as n's).
+  [[nodiscard]] int xattr_read_value(Node& n, uint32_t size, const std::vector<uint64_t>& blocks,
+                                     std::string* out);
+  // Frees those of `blocks` that are n's value blocks (a corrupt record frees nothing else).
+  void xattr_free_value(Node& n, const std::vector<uint64_t>& blocks);
+  // Block i of the chain leaves it (and is freed) if it holds no entry.
+  void xattr_unlink_if_empty(Node& n, std::vector<MetaBuf*>& chain, size_t i);
+  // A metadata block of n's (tree, xattr) freed: dropped from the cache, n.disk.blocks less.
+  void free_meta_block(Node& n, uint64_t block);
 
   // --- helpers
   static int check_name(std::string_view name);

@@ -277,10 +277,7 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
     // caller hears the create's error; an undo that fails too leaves an inode no name
     // reaches, which fsck frees.
     int urc = punch(*n, 0, uint64_t{1} << 32);
-    if (d.xattr_block) {  // an inherited ACL
-      journal_->forget_block(d.xattr_block);
-      free_blocks(d.xattr_block, 1);
-    }
+    xattr_free_all(*n);  // an inherited ACL
     if (int frc = free_inode(*n); frc && !urc) urc = frc;
     if (urc) {
       log("inode " + std::to_string(n->ino) + ": undoing a failed create failed (run fsck.warpfs)");

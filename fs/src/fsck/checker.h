@@ -133,6 +133,10 @@ struct Info {
   uint64_t size = 0, blocks = 0, parent = 0, next_orphan = 0, xattr = 0, dir_seed = 0;
   std::vector<Extent> ext;     // sorted by logical, non-overlapping
   std::vector<uint64_t> tree;  // extent-tree blocks
+  // The xattr blocks after the first (chain blocks) and the value blocks, and the chain
+  // blocks a repair rewrote (written by the write phase, their checksums set).
+  std::vector<uint64_t> xblocks;
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> xpatch;
   std::unique_ptr<RootPatch> root;
   State state = State::kLive;
   bool on_orphan_list = false;
@@ -157,6 +161,10 @@ inline std::string iname(const Info& n) {
 }
 // One past the last logical block n's extents map.
 uint64_t mapped_end(const Info& n);
+// The blocks n owns besides its extents' (its Inode::blocks less the data).
+inline uint64_t meta_blocks(const Info& n) {
+  return n.tree.size() + (n.xattr ? 1 : 0) + n.xblocks.size();
+}
 
 // A problem a worker found, reported later by the calling thread (Checker::report_all).
 struct Finding {
@@ -165,10 +173,11 @@ struct Finding {
 using Findings = std::vector<Finding>;
 
 // Calls f(first, count) for every block range `n` owns, in a fixed order: the xattr block,
-// the extent-tree blocks, the extents.
+// the other xattr blocks, the extent-tree blocks, the extents.
 template <typename F>
 void for_each_claim(const Info& n, F f) {
   if (n.xattr) f(n.xattr, uint64_t{1});
+  for (uint64_t b : n.xblocks) f(b, uint64_t{1});
   for (uint64_t b : n.tree) f(b, uint64_t{1});
   for (const Extent& e : n.ext) f(e.physical, uint64_t{e.blocks()});
 }

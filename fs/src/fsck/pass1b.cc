@@ -97,6 +97,13 @@ void Checker::move_shared(Info& n, std::vector<bool>& taken) {
       n.dirty = true;
     }
   }
+  for (uint64_t b : n.xblocks) {
+    if (must_move(b, taken)) {
+      unfixable("inode " + num(n.ino) + ": xattr block " + num(b) +
+                " is claimed by another inode too (not moved: copy the file's attributes and "
+                "clear them)");
+    }
+  }
   for (size_t t = 0; t < n.tree.size();) {
     if (must_move(n.tree[t], taken)) {
       n.tree.erase(n.tree.begin() + static_cast<long>(t));  // write_mapping allocates another

@@ -73,7 +73,7 @@ void Checker::write_mapping(Info& n) {
   n.ext = std::move(ext);
   n.tree = std::move(used);
   n.root = std::move(rp);
-  n.blocks = n.tree.size() + (n.xattr ? 1 : 0);
+  n.blocks = meta_blocks(n);
   for (const Extent& e : n.ext) n.blocks += e.blocks();
   n.remap = false;
   n.dirty = true;

@@ -25,12 +25,18 @@ enum : uint32_t {
   kFeatureHashedDirs = 1,
   kFeatureExtents = 2,
   kFeatureJournal = 4,
-  kFeatureGdtRoom = 8
+  kFeatureGdtRoom = 8,
+  // Extended attributes beyond one block (FORMAT.md "Extended attributes"): xattr blocks
+  // chained through XattrHeader::next and values in value blocks. Code that predates it
+  // would take those blocks for leaked ones and free them, so it must refuse such an image.
+  kFeatureXattrChain = 16
 };
 inline constexpr uint32_t kFeaturesV1 = kFeatureHashedDirs | kFeatureExtents | kFeatureJournal;
 // Feature sets this code reads: v1, and v1 with a descriptor table that keeps room to grow
-// (Superblock::gdt_blocks; FORMAT.md "Layout"), which code that predates it must refuse.
+// (Superblock::gdt_blocks; FORMAT.md "Layout"), each with or without chained xattrs; code
+// that predates either must refuse it.
 inline bool features_supported(uint32_t f) {
+  f &= ~uint32_t{kFeatureXattrChain};
   return f == kFeaturesV1 || f == (kFeaturesV1 | kFeatureGdtRoom);
 }
 
@@ -244,7 +250,7 @@ struct XattrHeader {
   uint16_t count;
   uint16_t used;  // bytes of entries after the header
   uint64_t owner;
-  uint64_t reserved;
+  uint64_t next;  // the chain's next xattr block, 0 = the last (kFeatureXattrChain; else 0)
   uint64_t checksum;
 };
 static_assert(sizeof(XattrHeader) == 32);
@@ -255,7 +261,40 @@ struct XattrEntryHeader {
 };
 static_assert(sizeof(XattrEntryHeader) == 4);
 inline constexpr uint32_t kXattrMagic = 0x41584657;  // "WFXA"
-enum : uint8_t { kXattrUser = 1, kXattrTrusted = 2, kXattrSecurity = 3, kXattrSystem = 4 };
+// kXattrInternal: the filesystem's own records, never listed nor reachable by a name.
+enum : uint8_t {
+  kXattrUser = 1,
+  kXattrTrusted = 2,
+  kXattrSecurity = 3,
+  kXattrSystem = 4,
+  kXattrInternal = 5
+};
+// name_index bit 7: the entry's value is an XattrValueRef (value_len = its bytes), the value
+// itself in value blocks.
+inline constexpr uint8_t kXattrOutOfLine = 0x80;
+// Values longer than this go to value blocks (kFeatureXattrChain); shorter ones are inline.
+inline constexpr uint32_t kXattrInlineMax = 2048;
+inline constexpr uint32_t kXattrValueMax = 65536;  // XATTR_SIZE_MAX
+// The record of an out-of-line value: `count` value blocks follow as u64 block numbers.
+struct XattrValueRef {
+  uint32_t size;   // bytes of the value
+  uint32_t count;  // value blocks, ceil(size / kXattrValuePayload)
+};
+static_assert(sizeof(XattrValueRef) == 8);
+// A value block: header, then up to kXattrValuePayload bytes of the value.
+struct XattrValueHeader {
+  uint32_t magic;  // "WFXV"
+  uint32_t used;   // bytes of the value in this block
+  uint64_t owner;
+  uint32_t position;  // this block's index in the value's list
+  uint32_t reserved;
+  uint64_t checksum;
+};
+static_assert(sizeof(XattrValueHeader) == 32);
+inline constexpr uint32_t kXattrValueMagic = 0x56584657;  // "WFXV"
+inline constexpr uint32_t kXattrValuePayload = kBlockSize - sizeof(XattrValueHeader);
+inline constexpr uint32_t kXattrMaxValueBlocks =
+    (kXattrValueMax + kXattrValuePayload - 1) / kXattrValuePayload;
 
 // Every header-carrying metadata block (directory index and leaf, extent node, xattr block)
 // keeps its checksum at byte 24 of the block.
@@ -264,9 +303,10 @@ static_assert(offsetof(DirIndexHeader, checksum) == kHeaderChecksumOffset);
 static_assert(offsetof(DirLeafHeader, checksum) == kHeaderChecksumOffset);
 static_assert(offsetof(ExtentNodeHeader, checksum) == kHeaderChecksumOffset);
 static_assert(offsetof(XattrHeader, checksum) == kHeaderChecksumOffset);
+static_assert(offsetof(XattrValueHeader, checksum) == kHeaderChecksumOffset);
 
 // The owner inode of a header block: at byte 16 in index-shaped headers (directory index,
-// extent node), at byte 8 in the others (directory leaf, xattr block).
+// extent node), at byte 8 in the others (directory leaf, xattr block, xattr value block).
 inline uint64_t header_owner(const uint8_t* block) {
   uint32_t magic;
   uint64_t owner;
@@ -276,7 +316,8 @@ inline uint64_t header_owner(const uint8_t* block) {
   return owner;
 }
 static_assert(offsetof(DirIndexHeader, owner) == 16 && offsetof(ExtentNodeHeader, owner) == 16);
-static_assert(offsetof(DirLeafHeader, owner) == 8 && offsetof(XattrHeader, owner) == 8);
+static_assert(offsetof(DirLeafHeader, owner) == 8 && offsetof(XattrHeader, owner) == 8 &&
+              offsetof(XattrValueHeader, owner) == 8);
 
 // FORMAT.md "Journal": a transaction is a descriptor, `count` blocks, and a commit. Journal
 // positions are journal-relative (0 is the header) and wrap from journal_blocks-1 to 1.
