@@ -362,7 +362,7 @@ class FsImpl final : public Filesystem {
   // The chain of xattr blocks, first to last (empty: none). EIO on a loop or a bad block.
   [[nodiscard]] int xattr_chain(Node& n, std::vector<MetaBuf*>* chain);
   // Frees every xattr block and value block of n (a freed or undone inode); what cannot be
-  // read is left for fsck. Clears xattr_block.
+  // read is left for fsck, but for the first block. Clears xattr_block.
   void xattr_free_all(Node& n);
   bool xattr_chains() const { return (sb_.features & kFeatureXattrChain) != 0; }
   // An out-of-line value: its `size` bytes from value blocks `blocks` (each verified as n's).

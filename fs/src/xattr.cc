@@ -125,7 +125,7 @@ bool value_ref(const MetaBuf* b, const Entry& x, XattrValueRef* r, std::vector<u
 
 void erase_entry(MetaBuf* b, const Entry& x) {
   XattrHeader h = header(b);
-  const size_t end = sizeof h + h.used, sz = x.size();
+  const size_t end = std::min<size_t>(kBlockSize, sizeof h + h.used), sz = x.size();
   std::memmove(b->data + x.off, b->data + x.off + sz, end - x.off - sz);
   std::memset(b->data + end - sz, 0, sz);
   h.count -= 1;
@@ -226,6 +226,9 @@ void FsImpl::xattr_free_all(Node& n) {
     });
   }
   for (MetaBuf* b : chain) free_meta_block(n, b->block);
+  // The inode's own first block goes even when it could not be read (as before chains:
+  // free_blocks keeps a block that is not in a data area, and says so).
+  if (n.disk.xattr_block != 0 && chain.empty()) free_meta_block(n, n.disk.xattr_block);
   n.disk.xattr_block = 0;
   n.cap = Node::Cap::kAbsent;
 }
