@@ -41,14 +41,15 @@ size_t leaf_for(const std::vector<ExtentLeaf>& leaves, uint64_t lblk) {
 
 }  // namespace
 
-int FsImpl::meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner, uint32_t alt_magic) {
-  auto verify = [magic, alt_magic, owner](const MetaBuf& b) -> std::string {
+int FsImpl::meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner, uint32_t alt_magic,
+                     std::string (*layout)(const uint8_t*)) {
+  auto verify = [magic, alt_magic, owner, layout](const MetaBuf& b) -> std::string {
     uint32_t m;
     std::memcpy(&m, b.data, 4);
     const uint64_t o = header_owner(b.data);
     if (m != magic && (alt_magic == 0 || m != alt_magic)) return "wrong magic";
     if (o != owner) return "owned by inode " + std::to_string(o) + ", not " + std::to_string(owner);
-    return "";
+    return layout ? layout(b.data) : "";
   };
   return journal_->get(block, MetaKind::kHeader, 0, out, verify, owner);
 }

@@ -380,9 +380,10 @@ class FsImpl final : public Filesystem {
   [[nodiscard]] int check_writable() const;
   void log(const std::string& s) const { log_(s); }
   // A header block of `owner` with magic `magic` (or `alt_magic`, if not 0), verified on
-  // its first read.
+  // its first read; `layout`, if given, checks the rest ("" or what is wrong).
   [[nodiscard]] int meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner,
-                             uint32_t alt_magic = 0);
+                             uint32_t alt_magic = 0,
+                             std::string (*layout)(const uint8_t*) = nullptr);
   // The allocating calls, once; their public versions retry them after a commit
   // (retry_enospc).
   [[nodiscard]] int link_once(Ino ino, Ino new_parent, std::string_view new_name, Attr* out);

@@ -93,6 +93,25 @@ bool each_entry(const MetaBuf* b, F f) {
   return false;
 }
 
+// "" or what is wrong with an xattr block's entries as read (FORMAT.md "Extended
+// attributes": `count` well-formed entries filling exactly `used` bytes), checked once when
+// the block is read; changes keep it so.
+std::string block_layout(const uint8_t* data) {
+  XattrHeader h;
+  std::memcpy(&h, data, sizeof h);
+  if (h.used > kBlockSize - sizeof h) return "used bytes overflow the block";
+  size_t off = sizeof h;
+  for (uint16_t i = 0; i < h.count; ++i) {
+    XattrEntryHeader e;
+    if (off + sizeof e > sizeof h + h.used) return "entries run past the used bytes";
+    std::memcpy(&e, data + off, sizeof e);
+    if (e.name_len == 0) return "an entry without a name";
+    off += entry_size(e.name_len, e.value_len);
+  }
+  if (off != sizeof h + h.used) return "entries do not fill the used bytes";
+  return "";
+}
+
 struct Found {
   size_t block = 0;  // in the chain
   Entry x;
@@ -158,7 +177,7 @@ int FsImpl::xattr_chain(Node& n, std::vector<MetaBuf*>* chain) {
       return EIO;
     }
     MetaBuf* m;
-    if (int rc = meta_get(b, &m, kXattrMagic, n.ino); rc) return rc;
+    if (int rc = meta_get(b, &m, kXattrMagic, n.ino, 0, block_layout); rc) return rc;
     chain->push_back(m);
     b = header(m).next;
   }

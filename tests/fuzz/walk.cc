@@ -275,7 +275,8 @@ class Walker {
     }
     std::vector<bool> stored(set.size());
     for (size_t i = 0; i < set.size(); ++i) {
-      const auto& [k, v] = set[i];
+      const std::string& k = set[i].first;
+      const std::string& v = set[i].second;
       stored[i] =
           op("setxattr many", [&] { return f_.setxattr(ino, k, v.data(), v.size(), 0); }) == 0;
     }
