@@ -112,6 +112,10 @@ struct Node {
   // drop_capability_locked costs nothing for a file without one (xattr.cc).
   enum class Cap : uint8_t { kUnknown, kAbsent, kPresent };
   Cap cap = Cap::kUnknown;
+  // Whether the internal times record exists (rw, like `disk`): set where a time field gets
+  // a sentinel, and at load from the fields (the record exists exactly while one holds a
+  // sentinel); store() removes it when none does any more (FORMAT.md "Inode").
+  bool times_record = false;
 
   // Published attributes for getattr without `rw` (leaf lock): what stat shows, copied
   // from `disk` at every store (a quarter of an Inode: a node per inode the kernel holds).
@@ -254,10 +258,19 @@ class FsImpl final : public Filesystem {
     out->rdev = d.rdev;
     out->size = d.size;
     out->blocks = d.blocks * (kBlockSize / 512);
-    out->atime_ns = d.atime_ns;
-    out->mtime_ns = d.mtime_ns;
-    out->ctime_ns = d.ctime_ns;
+    out->atime = time_split(d.atime_ns);
+    out->mtime = time_split(d.mtime_ns);
+    out->ctime = time_split(d.ctime_ns);
   }
+  // Exact times (FORMAT.md "Inode"): the fields of *out whose stored form in d is a sentinel,
+  // from n's internal record; a missing or malformed one is logged and the field stays as
+  // the nearest end. REQUIRES: rw held.
+  void exact_times(Node& n, const Inode& d, Attr* out);
+  // The same for a node read through its published attributes: takes rw shared when a
+  // published time is a sentinel (rare). REQUIRES: no lock of n held.
+  void exact_times_unlocked(Node& n, Attr* out);
+  // n's internal times record: 0, ENODATA, or an error (EIO for a malformed one).
+  [[nodiscard]] int times_record(Node& n, TimesRecord* r);
   // The inode-table block holding `ino`, and its slot's offset in it.
   uint64_t inode_block(Ino ino, size_t* off) const;
   // f(buffer, offset) for ino's slot, under its slot lock (MetaBuf's rules): the buffer may

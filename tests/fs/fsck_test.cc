@@ -826,6 +826,55 @@ TEST(FsckRepair, XattrBlockCountIncludesChainAndValueBlocks) {
   EXPECT_EQ(check_xattr_values(*r, f), 1000u);
 }
 
+TEST(FsckRepair, OutOfRangeTimeWithoutItsRecordIsClamped) {
+  auto r = Rig::make();
+  ASSERT_TRUE(r);
+  const Ino f = r->create(kRootInode, "old");
+  const Ino g = r->create(kRootInode, "far");
+  SetAttr s;
+  s.mtime = true;
+  s.new_mtime = TimeSpec{INT64_MAX, 5};
+  Attr a;
+  ASSERT_EQ(r->fs->setattr(g, s, &a), 0);
+  ASSERT_EQ(r->fs->setxattr(g, "user.keep", "k", 1, 0), 0);
+  unmount(*r);
+  Raw raw(*r->dev);
+  // f: a sentinel and no xattr block at all; g: its record's bytes damaged (the block's
+  // checksum fixed up, so only the record is wrong).
+  Inode d = raw.inode(f);
+  d.atime_ns = kTimeBelow;
+  raw.put_inode(f, d);
+  const uint64_t xb = raw.inode(g).xattr_block;
+  auto b = raw.get(xb);
+  bool found = false;
+  XattrHeader h;
+  std::memcpy(&h, b.data(), sizeof h);
+  size_t off = sizeof h;
+  for (uint16_t i = 0; i < h.count; ++i) {
+    XattrEntryHeader e;
+    std::memcpy(&e, b.data() + off, sizeof e);
+    if (e.name_index == kXattrInternal) {
+      // mtime's seconds become 0: no longer out of range.
+      std::memset(b.data() + off + sizeof e + e.name_len + 16, 0, 8);
+      found = true;
+    }
+    off += (sizeof e + e.name_len + e.value_len + 3) & ~size_t{3};
+  }
+  ASSERT_TRUE(found);
+  put_header_block(raw, xb, b);
+  found_repaired_clean(
+      *r, {"inode " + std::to_string(f) + ": atime is out of range but has no record of its value",
+           "entry times holds a time that does not match",
+           "inode " + std::to_string(g) + ": mtime is out of range"});
+  ASSERT_EQ(r->fs->getattr(f, &a), 0);
+  EXPECT_EQ(time_ns_from(a.atime), kTimeBelow + 1) << "the earliest time the field holds";
+  ASSERT_EQ(r->fs->getattr(g, &a), 0);
+  EXPECT_EQ(time_ns_from(a.mtime), kTimeAbove - 1);
+  std::string v;
+  EXPECT_EQ(r->fs->getxattr(g, "user.keep", &v), 0) << "the other attributes stay";
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
 TEST(FsckRepair, CorruptExtentTreeBlock) {
   auto r = Rig::make();
   ASSERT_TRUE(r);

@@ -44,6 +44,11 @@ def image_seeds():
     for i in range(48):
         seeds[f"base0-header{i}-next"] = bytes([0, 0]) + patch(HEADERS, ADD, i, 16, [1])
         seeds[f"base0-header{i}-outofline"] = bytes([0, 0]) + patch(HEADERS, XOR, i, 33, [0x80])
+    # Inode times (byte 32 atime ... 56 crtime) set to a sentinel, with and without a record.
+    for i in range(8):
+        for field in range(4):
+            seeds[f"base0-inode{i}-time{field}-sentinel"] = bytes([0, 0]) + patch(
+                INODE, OVERWRITE, i, 32 + 8 * field, list(struct.pack("<q", -(2**63) if field % 2 else 2**63 - 1)))
     # The journal: its header's tail, a descriptor's count and target, a commit's sequence.
     seeds["crashed-journal-tail"] = bytes([1, 0]) + patch(JOURNAL, ADD, 0, 8, [1])
     for j in range(1, 8):

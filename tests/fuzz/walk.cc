@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -294,6 +295,27 @@ class Walker {
     }
   }
 
+  // Times out of the field's range (the internal record) and back in range; what setattr
+  // stored reads back exactly.
+  void change_times(Ino ino) {
+    const fs::TimeSpec times[] = {{INT64_MAX, 999999999}, {INT64_MIN, 0}, {-11676096000LL, 7}};
+    for (const fs::TimeSpec& t : times) {
+      fs::SetAttr s;
+      s.atime = s.mtime = true;
+      s.new_atime = t;
+      s.new_mtime = times[0];
+      Attr a;
+      if (op("setattr times", [&] { return f_.setattr(ino, s, &a); }) != 0) continue;
+      if (op("getattr times", [&] { return f_.getattr(ino, &a); }) == 0 && a.atime != t) {
+        note("an out-of-range time reads back otherwise", "inode " + std::to_string(ino));
+      }
+    }
+    fs::SetAttr now;
+    now.atime = now.mtime = now.atime_now = now.mtime_now = true;
+    Attr a;
+    op("setattr now", [&] { return f_.setattr(ino, now, &a); });
+  }
+
   void truncate(Ino ino, uint64_t size) {
     fs::SetAttr s;
     s.size = true;
@@ -318,6 +340,7 @@ class Walker {
       op("fallocate", [&] { return f_.fallocate(file, 0, 0, 3 * fs::kBlockSize); });
       op("setxattr", [&] { return f_.setxattr(file, "user.fz", "0123456789", 10, 0); });
       change_xattrs(file);
+      change_times(file);
       op("fsync", [&] { return f_.fsync(file, false); });
       f_.release(file);
     }

@@ -140,10 +140,11 @@ struct Info {
   std::unique_ptr<RootPatch> root;
   State state = State::kLive;
   bool on_orphan_list = false;
-  bool dirty = false;    // the inode is rewritten
-  bool remap = false;    // its extent tree is rewritten from `ext`
-  bool rebuild = false;  // directories: rewritten from their entries
-  bool fresh = false;    // created by the checker (root, lost+found)
+  bool dirty = false;        // the inode is rewritten
+  bool remap = false;        // its extent tree is rewritten from `ext`
+  bool rebuild = false;      // directories: rewritten from their entries
+  bool fresh = false;        // created by the checker (root, lost+found)
+  bool clamp_times = false;  // a time's sentinel has no record: the field is clamped
   bool reached = false;
   uint32_t names = 0, subdirs = 0;  // pass 4
   uint64_t namer = 0;               // directories: the directory whose entry names it

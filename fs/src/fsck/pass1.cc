@@ -36,6 +36,8 @@ struct Walk {
   bool changed = false;
 };
 
+std::string times_problem(const Inode& d, const uint8_t* v, size_t len);
+
 // Scans one group's inode table into a GroupScan.
 // Thread-safety: one per worker; shares only the device (BlockDevice: any thread may read)
 // and the Layout (not written during pass 1).
@@ -65,7 +67,8 @@ class InodeScanner {
                   uint16_t child_depth, uint64_t lo, uint64_t hi, const std::string& where);
   void walk_node(const Info& n, Walk& w, uint64_t block, uint16_t depth, uint64_t lo, uint64_t hi);
   std::string node_problem(const Info& n, const std::vector<uint8_t>& buf, uint16_t depth);
-  bool check_xattrs(Info& n, const std::string& where);
+  bool check_xattrs(Info& n, const Inode& d, const std::string& where);
+  void check_times(Info& n, const Inode& d, const std::string& where);
   std::string chain_block_problem(const Info& n, uint64_t block, std::vector<uint8_t>& buf);
   std::string value_problem(const Info& n, const uint8_t* entry, const XattrEntryHeader& e,
                             std::vector<uint64_t>* blocks);
@@ -73,7 +76,8 @@ class InodeScanner {
   BlockDevice& io_;
   const Layout& L_;
   GroupScan& out_;
-  const bool chains_;  // kFeatureXattrChain
+  const bool chains_;      // kFeatureXattrChain
+  bool times_ok_ = false;  // the inode being checked has a sound times record
 };
 
 void InodeScanner::scan_group(uint32_t g) {
@@ -117,6 +121,39 @@ void InodeScanner::check_inode(uint64_t ino, const Inode& d) {
     return;
   }
   check_blocks(n, d, where);
+  check_times(n, d, where);
+}
+
+// A time field holding a sentinel needs its exact value in the internal record (FORMAT.md
+// "Inode"), which check_xattrs found well formed or dropped: without it the field is
+// clamped to the nearest time it holds.
+void InodeScanner::check_times(Info& n, const Inode& d, const std::string& where) {
+  const char* names[] = {"atime", "mtime", "ctime", "crtime"};
+  const uint64_t fields[] = {d.atime_ns, d.mtime_ns, d.ctime_ns, d.crtime_ns};
+  for (int i = 0; i < 4; ++i) {
+    if (!time_sentinel(fields[i]) || times_ok_) continue;
+    problem(where + ": " + names[i] + " is out of range but has no record of its value",
+            "clamped to the " + std::string(fields[i] == kTimeBelow ? "earliest" : "latest") +
+                " time it holds");
+    n.clamp_times = n.dirty = true;
+  }
+}
+
+// "" or what is wrong with the internal times record `v` of an inode `d`: its size, its
+// nanoseconds, each field holding a sentinel recorded as out of range on that side.
+std::string times_problem(const Inode& d, const uint8_t* v, size_t len) {
+  if (!has_time_sentinel(d)) return "is kept though no time is out of range";
+  TimesRecord r;
+  if (len != sizeof r) return "has " + num(len) + " bytes, not " + num(sizeof r);
+  std::memcpy(&r, v, sizeof r);
+  const uint64_t fields[] = {d.atime_ns, d.mtime_ns, d.ctime_ns, d.crtime_ns};
+  for (int i = 0; i < 4; ++i) {
+    if (!time_sentinel(fields[i])) continue;
+    if (r.t[i].nsec >= 1000000000 || time_ns_from(r.t[i].sec, r.t[i].nsec) != fields[i]) {
+      return "holds a time that does not match its field's sentinel";
+    }
+  }
+  return "";
 }
 
 // Checksum, type, flags, parent field: false (and kBad) if the inode cannot be trusted.
@@ -206,7 +243,8 @@ void InodeScanner::walk_root(const Info& n, Walk& w, const Inode& d, const std::
 
 // The xattr chain, then the block count against what the inode owns.
 void InodeScanner::check_blocks(Info& n, const Inode& d, const std::string& where) {
-  const bool xattrs_changed = n.xattr != 0 && check_xattrs(n, where);
+  times_ok_ = false;
+  const bool xattrs_changed = n.xattr != 0 && check_xattrs(n, d, where);
   uint64_t blocks = meta_blocks(n);
   for (const Extent& e : n.ext) blocks += e.blocks();
   if (blocks != n.blocks) {
@@ -217,7 +255,6 @@ void InodeScanner::check_blocks(Info& n, const Inode& d, const std::string& wher
     n.blocks = blocks;
     n.dirty = true;
   }
-  (void)d;
 }
 
 // The chain of xattr blocks (FORMAT.md "Extended attributes"): each block's header and
@@ -226,7 +263,7 @@ void InodeScanner::check_blocks(Info& n, const Inode& d, const std::string& wher
 // a bad entry (malformed value record, bad value block, a name seen before) is removed from
 // its block. The value and chain blocks that stay go to n.xblocks; rewritten blocks to
 // n.xpatch. True if anything was repaired.
-bool InodeScanner::check_xattrs(Info& n, const std::string& where) {
+bool InodeScanner::check_xattrs(Info& n, const Inode& d, const std::string& where) {
   std::set<uint64_t> seen;                                       // this inode's xattr blocks so far
   std::set<std::pair<uint8_t, std::string>> names;               // namespace (without bit 7), name
   std::vector<std::pair<uint64_t, std::vector<uint8_t>>> chain;  // blocks kept, as repaired
@@ -271,6 +308,9 @@ bool InodeScanner::check_xattrs(Info& n, const std::string& where) {
       std::string bad;
       if (!names.insert({static_cast<uint8_t>(e.name_index & ~kXattrOutOfLine), name}).second) {
         bad = "repeats a name";
+      } else if (e.name_index == kXattrInternal && name == kTimesRecordName) {
+        bad = times_problem(d, p + sizeof e + e.name_len, e.value_len);
+        if (bad.empty()) times_ok_ = true;
       } else if (e.name_index & kXattrOutOfLine) {
         bad = value_problem(n, p, e, &vblocks);
         for (size_t k = 0; k < vblocks.size() && bad.empty(); ++k) {

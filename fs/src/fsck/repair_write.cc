@@ -186,6 +186,10 @@ void Checker::patch_inode(const Info& n, uint64_t now, uint8_t* p) const {
     d.parent = n.parent;
     d.next_orphan = n.on_orphan_list ? n.next_orphan : 0;
     d.xattr_block = n.xattr;
+    if (n.clamp_times) {
+      for (uint64_t* t : {&d.atime_ns, &d.mtime_ns, &d.ctime_ns, &d.crtime_ns})
+        *t = time_clamped(*t);
+    }
     if (n.root) {
       d.extent_count = n.root->count;
       d.tree_depth = n.root->depth;

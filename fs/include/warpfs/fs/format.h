@@ -360,14 +360,38 @@ uint64_t inode_checksum(const Inode& ino, uint64_t ino_number, uint64_t seed);
 inline constexpr uint64_t kMaxNameHash = (1ull << 63) - 2;
 uint64_t name_hash(const char* name, size_t len, uint64_t dir_seed);
 
-// FORMAT.md "Inode": a time as stored, signed nanoseconds since the epoch (two's complement
-// in the u64 field), from seconds and nanoseconds; outside 1677..2262 the nearer end.
+// FORMAT.md "Inode": a time, signed seconds since the epoch and nanoseconds 0..999999999.
+struct TimeSpec {
+  int64_t sec = 0;
+  int64_t nsec = 0;
+  bool operator==(const TimeSpec&) const = default;
+};
+// A time field as stored: signed nanoseconds since the epoch (two's complement in the u64
+// field), strictly between the two sentinels. A sentinel means the time is out of that range
+// (before 1677-09-21 or after 2262-04-11) and is exact in the inode's internal record
+// (TimesRecord); which end tells the side.
+inline constexpr uint64_t kTimeBelow = static_cast<uint64_t>(INT64_MIN);
+inline constexpr uint64_t kTimeAbove = static_cast<uint64_t>(INT64_MAX);
+inline bool time_sentinel(uint64_t stored) {
+  return stored == kTimeBelow || stored == kTimeAbove;
+}
+// Whether a time field of d holds a sentinel: its exact time is in the internal record.
+inline bool has_time_sentinel(const Inode& d) {
+  return time_sentinel(d.atime_ns) || time_sentinel(d.mtime_ns) || time_sentinel(d.ctime_ns) ||
+         time_sentinel(d.crtime_ns);
+}
+// The stored form of (sec, nsec): the nanoseconds, or the sentinel of the side it lies on.
 inline uint64_t time_ns_from(int64_t sec, int64_t nsec) {
-  __int128 ns = static_cast<__int128>(sec) * 1000000000 + nsec;  // no int64 sec overflows it
-  ns = ns > INT64_MAX ? INT64_MAX : ns < INT64_MIN ? INT64_MIN : ns;
+  const __int128 ns = static_cast<__int128>(sec) * 1000000000 + nsec;  // no int64 sec overflows it
+  if (ns >= INT64_MAX) return kTimeAbove;
+  if (ns <= INT64_MIN) return kTimeBelow;
   return static_cast<uint64_t>(static_cast<int64_t>(ns));
 }
-// The seconds (floor) and nanoseconds (0..999999999) of a stored time.
+inline uint64_t time_ns_from(const TimeSpec& t) {
+  return time_ns_from(t.sec, t.nsec);
+}
+// The seconds (floor) and nanoseconds (0..999999999) of a stored time; a sentinel reads as
+// the nanosecond value it is (the nearest end), what a missing record falls back to.
 inline void time_split(uint64_t stored, int64_t* sec, int64_t* nsec) {
   const int64_t ns = static_cast<int64_t>(stored);
   *sec = ns / 1000000000;
@@ -377,6 +401,28 @@ inline void time_split(uint64_t stored, int64_t* sec, int64_t* nsec) {
     *sec -= 1;
   }
 }
+inline TimeSpec time_split(uint64_t stored) {
+  TimeSpec t;
+  time_split(stored, &t.sec, &t.nsec);
+  return t;
+}
+// A sentinel replaced by the nearest time a field holds exactly (fsck's repair of a
+// sentinel without a record).
+inline uint64_t time_clamped(uint64_t stored) {
+  return stored == kTimeBelow ? kTimeBelow + 1 : stored == kTimeAbove ? kTimeAbove - 1 : stored;
+}
+
+// FORMAT.md "Inode": the internal xattr (kXattrInternal) "times": the exact atime, mtime,
+// ctime and crtime, of which those whose field holds a sentinel count.
+struct TimesRecord {
+  struct Entry {
+    int64_t sec;
+    uint32_t nsec;
+    uint32_t pad;
+  } t[4];  // atime, mtime, ctime, crtime
+};
+static_assert(sizeof(TimesRecord) == 64);
+inline constexpr const char* kTimesRecordName = "times";
 
 // Group geometry helpers.
 inline uint64_t group_of_inode(uint64_t ino, uint32_t inodes_per_group) {
