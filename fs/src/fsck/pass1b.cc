@@ -93,6 +93,10 @@ void Checker::move_shared(Info& n, std::vector<bool>& taken) {
     if (!alloc(1, &to, &got) || !copy_blocks(n.xattr, to, 1)) {
       unfixable("inode " + num(n.ino) + ": no free block to copy its xattr block to");
     } else {
+      // A repair of pass 1 rewrote the block: its new content goes to the copy.
+      for (auto& patch : n.xpatch) {
+        if (patch.first == n.xattr) patch.first = to;
+      }
       n.xattr = to;
       n.dirty = true;
     }
