@@ -875,6 +875,51 @@ TEST(FsckRepair, OutOfRangeTimeWithoutItsRecordIsClamped) {
   EXPECT_EQ(r->check_and_remount(), "");
 }
 
+TEST(FsckRepair, XattrChainAndValueBlocksSharedWithAFileAreCopied) {
+  auto r = Rig::make();
+  ASSERT_TRUE(r);
+  // The data file comes first (lower inode): it keeps the shared blocks; the chain moves.
+  const Ino data1 = r->create(kRootInode, "data1");
+  const Ino data2 = r->create(kRootInode, "data2");
+  ASSERT_EQ(r->write(data1, 0, "one"), 0);
+  ASSERT_EQ(r->write(data2, 0, "two"), 0);
+  const Ino f = xattr_file(*r, 1500);
+  Raw raw(*r->dev);
+  const std::vector<uint64_t> chain = xattr_chain(raw, f);
+  ASSERT_GE(chain.size(), 3u);
+  // data1's block becomes the chain's second block; data2's a value block of big1/big2.
+  Inode d1 = raw.inode(data1);
+  d1.root.extents[0].physical = chain[1];
+  raw.put_inode(data1, d1);
+  uint64_t value_block = 0;
+  for (uint64_t cb : chain) {
+    auto b = raw.get(cb);
+    XattrHeader h;
+    std::memcpy(&h, b.data(), sizeof h);
+    size_t off = sizeof h;
+    for (uint16_t i = 0; i < h.count; ++i) {
+      XattrEntryHeader e;
+      std::memcpy(&e, b.data() + off, sizeof e);
+      if (e.name_index & kXattrOutOfLine)
+        std::memcpy(&value_block, b.data() + off + 4 + e.name_len + 8, 8);
+      off += (sizeof e + e.name_len + e.value_len + 3) & ~size_t{3};
+    }
+  }
+  ASSERT_NE(value_block, 0u);
+  Inode d2 = raw.inode(data2);
+  d2.root.extents[0].physical = value_block;
+  raw.put_inode(data2, d2);
+  found_repaired_clean(*r, {"block " + std::to_string(chain[1]) + ": owned by inode " +
+                                std::to_string(data1) + " and inode " + std::to_string(f),
+                            "block " + std::to_string(value_block) + ": owned by inode " +
+                                std::to_string(data2) + " and inode " + std::to_string(f)});
+  EXPECT_EQ(check_xattr_values(*r, f), 1500u) << "every attribute kept";
+  std::string v;
+  EXPECT_EQ(r->fs->getxattr(f, "user.big1", &v), 0);
+  EXPECT_EQ(r->fs->getxattr(f, "user.big2", &v), 0);
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
 TEST(FsckRepair, CorruptExtentTreeBlock) {
   auto r = Rig::make();
   ASSERT_TRUE(r);

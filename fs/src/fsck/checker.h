@@ -136,6 +136,8 @@ struct Info {
   // The xattr blocks after the first (chain blocks) and the value blocks, and the chain
   // blocks a repair rewrote (written by the write phase, their checksums set).
   std::vector<uint64_t> xblocks;
+  std::vector<std::pair<uint64_t, uint32_t>> xref;  // where each of xblocks is named: a chain
+                                                    // block and the offset of the u64 there
   std::vector<std::pair<uint64_t, std::vector<uint8_t>>> xpatch;
   std::unique_ptr<RootPatch> root;
   State state = State::kLive;
@@ -294,6 +296,8 @@ class Checker {
   std::vector<std::vector<uint64_t>> dup_owners();
   void report_dups(const std::vector<std::vector<uint64_t>>& owners);
   void move_shared(Info& n, std::vector<bool>& taken);
+  void move_xattr_blocks(Info& n, std::vector<bool>& taken);
+  void xattr_block_moved(Info& n, uint64_t from, uint64_t to);
   bool must_move(uint64_t b, std::vector<bool>& taken);
   bool move_extent(Info& n, const Extent& e, std::vector<bool>& taken, std::vector<Extent>* out);
   bool copy_run(Info& n, const Extent& e, uint64_t from, uint64_t to, std::vector<Extent>* out);

@@ -10,6 +10,7 @@
 // merges the scans in group order (reports, Infos, claims), so the outcome is the serial one.
 #include <algorithm>
 #include <bit>
+#include <cstddef>
 #include <cstring>
 #include <set>
 
@@ -330,9 +331,13 @@ bool InodeScanner::check_xattrs(Info& n, const Inode& d, const std::string& wher
         continue;
       }
       std::memcpy(out.data() + put, p, sz);
+      for (size_t k = 0; k < vblocks.size(); ++k) {
+        n.xblocks.push_back(vblocks[k]);
+        n.xref.emplace_back(
+            b, static_cast<uint32_t>(put + sizeof e + e.name_len + sizeof(XattrValueRef) + 8 * k));
+      }
       put += sz;
       ++kept;
-      n.xblocks.insert(n.xblocks.end(), vblocks.begin(), vblocks.end());
     }
     if (dropped) {
       h.count = kept;
@@ -340,7 +345,10 @@ bool InodeScanner::check_xattrs(Info& n, const Inode& d, const std::string& wher
       std::memcpy(out.data(), &h, sizeof h);
       buf = std::move(out);
     }
-    if (!chain.empty()) n.xblocks.push_back(b);
+    if (!chain.empty()) {
+      n.xblocks.push_back(b);
+      n.xref.emplace_back(chain.back().first, static_cast<uint32_t>(offsetof(XattrHeader, next)));
+    }
     chain.emplace_back(b, std::move(buf));
     changed.push_back(dropped);
     b = h.next;
