@@ -693,6 +693,23 @@ void put_header_block(Raw& raw, uint64_t b, std::vector<uint8_t>& data) {
   std::memcpy(data.data() + kHeaderChecksumOffset, &sum, 8);
   raw.put(b, data.data());
 }
+// Calls fn(block, its data, entry offset, entry header) for every entry of `ino`'s chain.
+template <typename F>
+void each_raw_entry(Raw& raw, Ino ino, F fn) {
+  for (uint64_t cb : xattr_chain(raw, ino)) {
+    std::vector<uint8_t> b = raw.get(cb);
+    XattrHeader h;
+    std::memcpy(&h, b.data(), sizeof h);
+    size_t off = sizeof h;
+    for (uint16_t i = 0; i < h.count; ++i) {
+      XattrEntryHeader e;
+      std::memcpy(&e, b.data() + off, sizeof e);
+      fn(cb, b, off, e);
+      off += (sizeof e + e.name_len + e.value_len + 3) & ~size_t{3};
+    }
+  }
+}
+
 // Every listed attribute has the value xattr_file gave it; how many small ones are left.
 size_t check_xattr_values(Rig& r, Ino f) {
   std::string names, v;
@@ -756,22 +773,13 @@ TEST(FsckRepair, BadXattrValueBlockDropsOnlyItsEntry) {
   Raw raw(*r->dev);
   // big1's record: find its entry in the chain, and its second value block.
   uint64_t victim = 0;
-  for (uint64_t cb : xattr_chain(raw, f)) {
-    auto b = raw.get(cb);
-    XattrHeader h;
-    std::memcpy(&h, b.data(), sizeof h);
-    size_t off = sizeof h;
-    for (uint16_t i = 0; i < h.count; ++i) {
-      XattrEntryHeader e;
-      std::memcpy(&e, b.data() + off, sizeof e);
-      const std::string name(reinterpret_cast<const char*>(b.data() + off + 4), e.name_len);
-      if (name == "big1") {
-        ASSERT_TRUE(e.name_index & kXattrOutOfLine);
-        std::memcpy(&victim, b.data() + off + 4 + e.name_len + 8 + 8, 8);
-      }
-      off += (sizeof e + e.name_len + e.value_len + 3) & ~size_t{3};
-    }
-  }
+  each_raw_entry(
+      raw, f, [&](uint64_t, const std::vector<uint8_t>& b, size_t off, const XattrEntryHeader& e) {
+        const std::string name(reinterpret_cast<const char*>(b.data() + off + 4), e.name_len);
+        if (name == "big1" && (e.name_index & kXattrOutOfLine)) {
+          std::memcpy(&victim, b.data() + off + 4 + e.name_len + 8 + 8, 8);
+        }
+      });
   ASSERT_NE(victim, 0u);
   auto vb = raw.get(victim);
   vb[100] ^= 1;
@@ -844,24 +852,16 @@ TEST(FsckRepair, OutOfRangeTimeWithoutItsRecordIsClamped) {
   Inode d = raw.inode(f);
   d.atime_ns = kTimeBelow;
   raw.put_inode(f, d);
-  const uint64_t xb = raw.inode(g).xattr_block;
-  auto b = raw.get(xb);
   bool found = false;
-  XattrHeader h;
-  std::memcpy(&h, b.data(), sizeof h);
-  size_t off = sizeof h;
-  for (uint16_t i = 0; i < h.count; ++i) {
-    XattrEntryHeader e;
-    std::memcpy(&e, b.data() + off, sizeof e);
-    if (e.name_index == kXattrInternal) {
-      // mtime's seconds become 0: no longer out of range.
-      std::memset(b.data() + off + sizeof e + e.name_len + 16, 0, 8);
-      found = true;
-    }
-    off += (sizeof e + e.name_len + e.value_len + 3) & ~size_t{3};
-  }
+  each_raw_entry(raw, g,
+                 [&](uint64_t xb, std::vector<uint8_t> b, size_t off, const XattrEntryHeader& e) {
+                   if (e.name_index != kXattrInternal) return;
+                   // mtime's seconds become 0: no longer out of range.
+                   std::memset(b.data() + off + sizeof e + e.name_len + 16, 0, 8);
+                   put_header_block(raw, xb, b);
+                   found = true;
+                 });
   ASSERT_TRUE(found);
-  put_header_block(raw, xb, b);
   found_repaired_clean(
       *r, {"inode " + std::to_string(f) + ": atime is out of range but has no record of its value",
            "entry times holds a time that does not match",
@@ -892,19 +892,12 @@ TEST(FsckRepair, XattrChainAndValueBlocksSharedWithAFileAreCopied) {
   d1.root.extents[0].physical = chain[1];
   raw.put_inode(data1, d1);
   uint64_t value_block = 0;
-  for (uint64_t cb : chain) {
-    auto b = raw.get(cb);
-    XattrHeader h;
-    std::memcpy(&h, b.data(), sizeof h);
-    size_t off = sizeof h;
-    for (uint16_t i = 0; i < h.count; ++i) {
-      XattrEntryHeader e;
-      std::memcpy(&e, b.data() + off, sizeof e);
-      if (e.name_index & kXattrOutOfLine)
-        std::memcpy(&value_block, b.data() + off + 4 + e.name_len + 8, 8);
-      off += (sizeof e + e.name_len + e.value_len + 3) & ~size_t{3};
-    }
-  }
+  each_raw_entry(
+      raw, f, [&](uint64_t, const std::vector<uint8_t>& b, size_t off, const XattrEntryHeader& e) {
+        if (e.name_index & kXattrOutOfLine) {
+          std::memcpy(&value_block, b.data() + off + 4 + e.name_len + 8, 8);
+        }
+      });
   ASSERT_NE(value_block, 0u);
   Inode d2 = raw.inode(data2);
   d2.root.extents[0].physical = value_block;
