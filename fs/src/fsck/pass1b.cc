@@ -138,7 +138,8 @@ void Checker::move_xattr_blocks(Info& n, std::vector<bool>& taken) {
       continue;
     }
     xattr_block_moved(n, from, to);
-    const auto [at, off] = n.xref[j];
+    const uint64_t at = n.xref[j].first;
+    const uint32_t off = n.xref[j].second;
     auto it = std::find_if(n.xpatch.begin(), n.xpatch.end(),
                            [&](const auto& p) { return p.first == at; });
     if (it == n.xpatch.end()) {
