@@ -36,6 +36,7 @@ void usage(FILE* f) {
                "                      meta_cache_mb=N, comma-separated (\"\": none); the command\n"
                "                      line's own options win\n"
                "  -E mount_opts=OPTS  the same, as tune2fs spells it\n"
+               "  -O xattr_chain      enable extended attributes beyond one block (one way)\n"
                "  -V, --version       print the version\n");
 }
 
@@ -59,6 +60,8 @@ void list(const fs::Superblock& sb) {
   const std::string mo = fs::default_mount_options(sb);
   std::printf("default mount options: %s\n", mo.empty() ? "(none)" : mo.c_str());
   std::printf("mount count:           %" PRIu64 "\n", sb.mount_count);
+  std::printf("xattr_chain:           %s\n",
+              (sb.features & fs::kFeatureXattrChain) ? "on" : "off (one xattr block per inode)");
 }
 
 }  // namespace
@@ -79,7 +82,7 @@ int main(int argc, char** argv) {
   bool show = false;
   int c;
   uint64_t v = 0;
-  while ((c = getopt_long(argc, argv, "lL:m:r:u:g:c:o:E:hV", longs, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "lL:m:r:u:g:c:o:E:O:hV", longs, nullptr)) != -1) {
     switch (c) {
       case 'l':
         show = true;
@@ -142,6 +145,13 @@ int main(int argc, char** argv) {
         r.mount_opts = opts;
         break;
       }
+      case 'O':
+        if (std::string(optarg) != "xattr_chain") {
+          std::fprintf(stderr, "tune.warpfs: -O knows xattr_chain only\n");
+          return 2;
+        }
+        r.enable_xattr_chain = true;
+        break;
       default:  // -h, -V, or not an option
         return tools::help_version_or_usage(c, "tune.warpfs", usage, 0, 2);
     }
@@ -156,7 +166,7 @@ int main(int argc, char** argv) {
   }
   const std::string device = argv[optind];
   const bool change = r.label || r.reserved_percent || r.reserved_blocks || r.reserved_uid ||
-                      r.reserved_gid || r.commit_interval_s || r.mount_opts;
+                      r.reserved_gid || r.commit_interval_s || r.mount_opts || r.enable_xattr_chain;
   blockdev::StackOptions so;
   so.log = [](const std::string& s) { std::fprintf(stderr, "tune.warpfs: %s\n", s.c_str()); };
   so.block_bytes = fs::kBlockSize;

@@ -382,8 +382,9 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int to_set, fus
   s.new_gid = st->st_gid;
   s.new_size = static_cast<uint64_t>(st->st_size);
   // Signed: a date before 1970 has negative seconds (FORMAT.md "Inode").
-  s.new_atime_ns = warpfs::fs::time_ns_from(st->st_atim.tv_sec, st->st_atim.tv_nsec);
-  s.new_mtime_ns = warpfs::fs::time_ns_from(st->st_mtim.tv_sec, st->st_mtim.tv_nsec);
+  // Any int64 seconds the kernel passes (utimensat): kept exactly (FORMAT.md "Inode").
+  s.new_atime = {st->st_atim.tv_sec, st->st_atim.tv_nsec};
+  s.new_mtime = {st->st_mtim.tv_sec, st->st_mtim.tv_nsec};
   Attr a;
   reply_attr_or_err(req, fs_of(req).setattr(ino, s, &a), a);
 }

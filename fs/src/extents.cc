@@ -41,14 +41,15 @@ size_t leaf_for(const std::vector<ExtentLeaf>& leaves, uint64_t lblk) {
 
 }  // namespace
 
-int FsImpl::meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner, uint32_t alt_magic) {
-  auto verify = [magic, alt_magic, owner](const MetaBuf& b) -> std::string {
+int FsImpl::meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner, uint32_t alt_magic,
+                     std::string (*layout)(const uint8_t*)) {
+  auto verify = [magic, alt_magic, owner, layout](const MetaBuf& b) -> std::string {
     uint32_t m;
     std::memcpy(&m, b.data, 4);
     const uint64_t o = header_owner(b.data);
     if (m != magic && (alt_magic == 0 || m != alt_magic)) return "wrong magic";
     if (o != owner) return "owned by inode " + std::to_string(o) + ", not " + std::to_string(owner);
-    return "";
+    return layout ? layout(b.data) : "";
   };
   return journal_->get(block, MetaKind::kHeader, 0, out, verify, owner);
 }
@@ -264,6 +265,12 @@ int FsImpl::alloc_meta_block(Node& n, uint64_t* out) {
   return 0;
 }
 
+void FsImpl::free_meta_block(Node& n, uint64_t block) {
+  journal_->forget_block(block);
+  free_blocks(block, 1);
+  n.disk.blocks -= 1;
+}
+
 // Writes the mapping back: leaves that changed, then the index, then the inode. Leaves are
 // first brought into shape: the inline form while 8 extents suffice, full leaves split,
 // empty ones dropped, and a second index level when more than 8 leaves are needed.
@@ -271,11 +278,7 @@ int FsImpl::map_store(Node& n) {
   WARPFS_DCHECK(changeable_by_me(n), "map_store: rw exclusive");
   WARPFS_DCHECK(journal_->in_transaction(), "map_store: in a transaction");
   if (n.disk.flags & Inode::kFlagInlineSymlink) return store(n);
-  auto free_meta = [&](uint64_t b) {
-    journal_->forget_block(b);
-    free_blocks(b, 1);
-    n.disk.blocks -= 1;
-  };
+  auto free_meta = [&](uint64_t b) { free_meta_block(n, b); };
   size_t total = 0;
   for (const ExtentLeaf& l : n.leaves) total += l.ext.size();
   const bool inline_now = n.leaves.size() == 1 && n.leaves[0].block == 0;

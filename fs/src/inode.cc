@@ -64,6 +64,7 @@ int FsImpl::get_node(Ino ino, NodeRef* out) {
       return EIO;
     }
     n->pub = n->disk;
+    n->times_record = has_time_sentinel(n->disk);
     std::lock_guard<Mutex> g(table_mu_);
     auto it = nodes_.find(ino);
     if (it != nodes_.end()) {
@@ -83,6 +84,12 @@ int FsImpl::get_node(Ino ino, NodeRef* out) {
 int FsImpl::store(Node& n) {
   WARPFS_DCHECK(changeable_by_me(n), "store: rw exclusive");
   WARPFS_DCHECK(journal_->in_transaction(), "store: in a transaction");
+  // A time written in range replaced the last sentinel: the record goes with the change.
+  if (n.times_record && !has_time_sentinel(n.disk)) {
+    const int rc = remove_xattr_locked(n, kXattrInternal, kTimesRecordName);
+    if (rc && rc != ENODATA) return rc;
+    n.times_record = false;
+  }
   n.disk.checksum = inode_checksum(n.disk, n.ino, sb_.checksum_seed);
   bool data = false;  // what fdatasync needs changed too (see Node::data_txn)
   if (int rc = with_slot(n.ino,
@@ -112,6 +119,42 @@ void FsImpl::note_changed(Node& n, bool data) {
   if (data) n.data_txn.store(t, std::memory_order_release);
 }
 
+int FsImpl::times_record(Node& n, TimesRecord* r) {
+  std::string v;
+  if (int rc = xattr_get_locked(n, kXattrInternal, kTimesRecordName, &v); rc) return rc;
+  if (v.size() != sizeof *r) return EIO;
+  std::memcpy(r, v.data(), sizeof *r);
+  for (const auto& e : r->t) {
+    if (e.nsec >= 1000000000) return EIO;
+  }
+  return 0;
+}
+
+void FsImpl::exact_times(Node& n, const Inode& d, Attr* out) {
+  WARPFS_DCHECK(readable_by_me(n), "exact_times: rw held");
+  if (!has_time_sentinel(d)) return;
+  TimesRecord r;
+  if (int rc = times_record(n, &r); rc) {
+    log("inode " + std::to_string(n.ino) + ": a time out of range without its record (" +
+        std::strerror(rc) + "; run fsck.warpfs)");
+    return;
+  }
+  const uint64_t fields[3] = {d.atime_ns, d.mtime_ns, d.ctime_ns};
+  TimeSpec* outs[3] = {&out->atime, &out->mtime, &out->ctime};
+  for (int i = 0; i < 3; ++i) {
+    if (time_sentinel(fields[i])) *outs[i] = TimeSpec{r.t[i].sec, r.t[i].nsec};
+  }
+}
+
+void FsImpl::exact_times_unlocked(Node& n, Attr* out) {
+  if (!time_sentinel(time_ns_from(out->atime)) && !time_sentinel(time_ns_from(out->mtime)) &&
+      !time_sentinel(time_ns_from(out->ctime))) {
+    return;
+  }
+  std::shared_lock<SharedMutex> lk(n.rw);
+  exact_times(n, n.disk, out);
+}
+
 void FsImpl::publish(Node& n) {
   std::lock_guard<std::mutex> g(n.attr_mu);
   n.pub = n.disk;
@@ -128,16 +171,14 @@ void Attr::to_stat(struct stat* st) const {
   st->st_size = static_cast<off_t>(size);
   st->st_blocks = static_cast<blkcnt_t>(blocks);
   st->st_blksize = kBlockSize;
-  // Signed: dates before 1970 too (FORMAT.md "Inode").
-  auto put = [](uint64_t stored, timespec* ts) {
-    int64_t sec, nsec;
-    time_split(stored, &sec, &nsec);
-    ts->tv_sec = static_cast<time_t>(sec);
-    ts->tv_nsec = static_cast<long>(nsec);
+  // Signed: dates before 1970 too, any int64 seconds (FORMAT.md "Inode").
+  auto put = [](const TimeSpec& t, timespec* ts) {
+    ts->tv_sec = static_cast<time_t>(t.sec);
+    ts->tv_nsec = static_cast<long>(t.nsec);
   };
-  put(atime_ns, &st->st_atim);
-  put(mtime_ns, &st->st_mtim);
-  put(ctime_ns, &st->st_ctim);
+  put(atime, &st->st_atim);
+  put(mtime, &st->st_mtim);
+  put(ctime, &st->st_ctim);
 }
 
 int FsImpl::new_node(Ino parent, uint32_t mode, const Caller& c, NodeRef* out) {
@@ -260,10 +301,7 @@ int FsImpl::reclaim(const NodeRef& n) {
     // allocated inode with no links that nothing leads to (a power cut then leaks it).
     Journal::Txn t(*journal_);
     if (int rc = orphan_remove(*n, pred.get()); rc) return rc;
-    if (n->disk.xattr_block) {
-      journal_->forget_block(n->disk.xattr_block);
-      free_blocks(n->disk.xattr_block, 1);
-    }
+    xattr_free_all(*n);
     if (int rc = free_inode(*n); rc) return rc;
   }
   std::lock_guard<Mutex> g(table_mu_);

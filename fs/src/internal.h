@@ -107,6 +107,15 @@ struct Node {
   std::vector<ExtentLeaf> leaves;
   std::vector<uint64_t> index_blocks;  // depth 2
   bool index_dirty = false;
+  // Whether security.capability is among the attributes (rw, like `disk`): found by one
+  // scan of the chain, then kept by every set and remove, so that the write path's
+  // drop_capability_locked costs nothing for a file without one (xattr.cc).
+  enum class Cap : uint8_t { kUnknown, kAbsent, kPresent };
+  Cap cap = Cap::kUnknown;
+  // Whether the internal times record exists (rw, like `disk`): set where a time field gets
+  // a sentinel, and at load from the fields (the record exists exactly while one holds a
+  // sentinel); store() removes it when none does any more (FORMAT.md "Inode").
+  bool times_record = false;
 
   // Published attributes for getattr without `rw` (leaf lock): what stat shows, copied
   // from `disk` at every store (a quarter of an Inode: a node per inode the kernel holds).
@@ -271,10 +280,19 @@ class FsImpl final : public Filesystem {
     out->rdev = d.rdev;
     out->size = d.size;
     out->blocks = d.blocks * (kBlockSize / 512);
-    out->atime_ns = d.atime_ns;
-    out->mtime_ns = d.mtime_ns;
-    out->ctime_ns = d.ctime_ns;
+    out->atime = time_split(d.atime_ns);
+    out->mtime = time_split(d.mtime_ns);
+    out->ctime = time_split(d.ctime_ns);
   }
+  // Exact times (FORMAT.md "Inode"): the fields of *out whose stored form in d is a sentinel,
+  // from n's internal record; a missing or malformed one is logged and the field stays as
+  // the nearest end. REQUIRES: rw held.
+  void exact_times(Node& n, const Inode& d, Attr* out);
+  // The same for a node read through its published attributes: takes rw shared when a
+  // published time is a sentinel (rare). REQUIRES: no lock of n held.
+  void exact_times_unlocked(Node& n, Attr* out);
+  // n's internal times record: 0, ENODATA, or an error (EIO for a malformed one).
+  [[nodiscard]] int times_record(Node& n, TimesRecord* r);
   // The inode-table block holding `ino`, and its slot's offset in it.
   uint64_t inode_block(Ino ino, size_t* off) const;
   // f(buffer, offset) for ino's slot, under its slot lock (MetaBuf's rules): the buffer may
@@ -378,17 +396,32 @@ class FsImpl final : public Filesystem {
   [[nodiscard]] int dir_readdir(Node& dir, uint64_t offset,
                                 const std::function<bool(const DirEntry&)>& emit);
 
-  // --- xattrs (xattr.cc)
-  [[nodiscard]] int xattr_load(Node& n, MetaBuf** out);
+  // --- xattrs (xattr.cc); REQUIRES: rw held (exclusive for changes, in a transaction)
+  // The chain of xattr blocks, first to last (empty: none). EIO on a loop or a bad block.
+  [[nodiscard]] int xattr_chain(Node& n, std::vector<MetaBuf*>* chain);
+  // Frees every xattr block and value block of n (a freed or undone inode); what cannot be
+  // read is left for fsck, but for the first block. Clears xattr_block.
+  void xattr_free_all(Node& n);
+  bool xattr_chains() const { return (sb_.features & kFeatureXattrChain) != 0; }
+  // An out-of-line value: its `size` bytes from value blocks `blocks` (each verified as n's).
+  [[nodiscard]] int xattr_read_value(Node& n, uint32_t size, const std::vector<uint64_t>& blocks,
+                                     std::string* out);
+  // Frees those of `blocks` that are n's value blocks (a corrupt record frees nothing else).
+  void xattr_free_value(Node& n, const std::vector<uint64_t>& blocks);
+  // Block i of the chain leaves it (and is freed) if it holds no entry.
+  void xattr_unlink_if_empty(Node& n, std::vector<MetaBuf*>& chain, size_t i);
+  // A metadata block of n's (tree, xattr) freed: dropped from the cache, n.disk.blocks less.
+  void free_meta_block(Node& n, uint64_t block);
 
   // --- helpers
   static int check_name(std::string_view name);
   [[nodiscard]] int check_writable() const;
   void log(const std::string& s) const { log_(s); }
   // A header block of `owner` with magic `magic` (or `alt_magic`, if not 0), verified on
-  // its first read.
+  // its first read; `layout`, if given, checks the rest ("" or what is wrong).
   [[nodiscard]] int meta_get(uint64_t block, MetaBuf** out, uint32_t magic, Ino owner,
-                             uint32_t alt_magic = 0);
+                             uint32_t alt_magic = 0,
+                             std::string (*layout)(const uint8_t*) = nullptr);
   // The allocating calls, once; their public versions retry them after a commit
   // (retry_enospc).
   [[nodiscard]] int link_once(Ino ino, Ino new_parent, std::string_view new_name, Attr* out);

@@ -343,8 +343,11 @@ int FsImpl::lookup_ino(Ino ino, Attr* out) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
   ref(*n, 1, 0);
-  std::lock_guard<std::mutex> g(n->attr_mu);
-  fill_attr(n->pub, ino, out);
+  {
+    std::lock_guard<std::mutex> g(n->attr_mu);
+    fill_attr(n->pub, ino, out);
+  }
+  exact_times_unlocked(*n, out);
   return 0;
 }
 

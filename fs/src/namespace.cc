@@ -49,8 +49,11 @@ int FsImpl::lookup(Ino parent, std::string_view name, Attr* out) {
       if (n->disk.links == 0 || n->disk.mode == 0) return ESTALE;
     }
     ref(*n, 1, 0);
-    std::lock_guard<std::mutex> ag(n->attr_mu);
-    fill_attr(n->pub, parent, out);
+    {
+      std::lock_guard<std::mutex> ag(n->attr_mu);
+      fill_attr(n->pub, parent, out);
+    }
+    exact_times_unlocked(*n, out);
     return 0;
   }
   NodeRef dir;
@@ -83,8 +86,11 @@ int FsImpl::lookup(Ino parent, std::string_view name, Attr* out) {
     }
     ref(*n, 1, 0);
   }
-  std::lock_guard<std::mutex> g(n->attr_mu);
-  fill_attr(n->pub, ino, out);
+  {
+    std::lock_guard<std::mutex> g(n->attr_mu);
+    fill_attr(n->pub, ino, out);
+  }
+  exact_times_unlocked(*n, out);
   return 0;
 }
 
@@ -136,8 +142,11 @@ void FsImpl::forget(Ino ino, uint64_t count) {
 int FsImpl::getattr(Ino ino, Attr* out) {
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  std::lock_guard<std::mutex> g(n->attr_mu);
-  fill_attr(n->pub, ino, out);
+  {
+    std::lock_guard<std::mutex> g(n->attr_mu);
+    fill_attr(n->pub, ino, out);
+  }
+  exact_times_unlocked(*n, out);
   return 0;
 }
 
@@ -161,9 +170,33 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
       if (int rc = set_size(*n, s.new_size); rc) return rc;
     }
   }
+  if ((s.atime && !s.atime_now && (s.new_atime.nsec < 0 || s.new_atime.nsec > 999999999)) ||
+      (s.mtime && !s.mtime_now && (s.new_mtime.nsec < 0 || s.new_mtime.nsec > 999999999))) {
+    return EINVAL;
+  }
   {
     Journal::Txn t(*journal_);
     const uint64_t now = now_ns();
+    uint64_t atime = s.atime ? (s.atime_now ? now : time_ns_from(s.new_atime)) : d.atime_ns;
+    uint64_t mtime =
+        s.mtime ? (s.mtime_now ? now : time_ns_from(s.new_mtime)) : (s.size ? now : d.mtime_ns);
+    if (!xattr_chains()) {  // older code knows no internal record: the nearest end, as it did
+      atime = time_clamped(atime);
+      mtime = time_clamped(mtime);
+    }
+    // A time out of range (only utimensat sets one): exact in the internal record, first,
+    // so that a failure (ENOSPC) changes nothing. Entries of fields that keep a sentinel
+    // stay; store() drops the record when no field holds one (FORMAT.md "Inode").
+    const bool a_out = s.atime && time_sentinel(atime), m_out = s.mtime && time_sentinel(mtime);
+    if (a_out || m_out) {
+      TimesRecord r{};
+      if (n->times_record && times_record(*n, &r) != 0) r = TimesRecord{};
+      if (a_out) r.t[0] = {s.new_atime.sec, static_cast<uint32_t>(s.new_atime.nsec), 0};
+      if (m_out) r.t[1] = {s.new_mtime.sec, static_cast<uint32_t>(s.new_mtime.nsec), 0};
+      const std::string v(reinterpret_cast<const char*>(&r), sizeof r);
+      if (int rc = xattr_set_locked(*n, kXattrInternal, kTimesRecordName, v); rc) return rc;
+      n->times_record = true;
+    }
     if (s.mode) {
       d.mode = (d.mode & S_IFMT) | (s.new_mode & 07777);
       // An access ACL follows the new mode (posix_acl_chmod; the kernel forgets its copy).
@@ -178,13 +211,13 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
       // chown clears set-user-ID and set-group-ID on non-directories (POSIX).
       if (!S_ISDIR(d.mode) && !s.mode) d.mode &= ~static_cast<uint32_t>(S_ISUID | S_ISGID);
     }
-    if (s.atime) d.atime_ns = s.atime_now ? now : s.new_atime_ns;
-    if (s.mtime) d.mtime_ns = s.mtime_now ? now : s.new_mtime_ns;
-    if (s.size) d.mtime_ns = s.mtime ? d.mtime_ns : now;
+    d.atime_ns = atime;
+    d.mtime_ns = mtime;
     d.ctime_ns = now;
     if (int rc = store(*n); rc) return rc;
   }
   fill_attr(d, ino, out);
+  exact_times(*n, d, out);
   return 0;
 }
 
@@ -277,10 +310,7 @@ int FsImpl::create_locked(Ino parent, std::string_view name, uint32_t mode, cons
     // caller hears the create's error; an undo that fails too leaves an inode no name
     // reaches, which fsck frees.
     int urc = punch(*n, 0, uint64_t{1} << 32);
-    if (d.xattr_block) {  // an inherited ACL
-      journal_->forget_block(d.xattr_block);
-      free_blocks(d.xattr_block, 1);
-    }
+    xattr_free_all(*n);  // an inherited ACL
     if (int frc = free_inode(*n); frc && !urc) urc = frc;
     if (urc) {
       log("inode " + std::to_string(n->ino) + ": undoing a failed create failed (run fsck.warpfs)");
@@ -376,6 +406,7 @@ int FsImpl::link_once(Ino ino, Ino new_parent, std::string_view new_name, Attr* 
   if (int rc = store(*dir); rc) return rc;
   ref(*n, 1, 0);
   fill_attr(n->disk, ino, out);
+  exact_times(*n, n->disk, out);
   return 0;
 }
 

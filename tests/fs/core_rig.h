@@ -222,6 +222,19 @@ struct Rig {
     EXPECT_TRUE(dev->read(block, 1, &sb).is_ok()) << block;
     return sb;
   }
+  // Unmounts, rewrites both superblocks with `features` (an image of older code: without
+  // kFeatureXattrChain) and mounts again.
+  bool set_features(uint32_t features) {
+    EXPECT_EQ(fs->unmount(), 0) << log;
+    fs.reset();
+    Superblock sb = superblock_at(0);
+    sb.features = features;
+    sb.checksum = superblock_checksum(sb);
+    const bool ok = dev->write(0, 1, &sb).is_ok() &&
+                    dev->write(sb.block_count - 1, 1, &sb).is_ok() && dev->flush().is_ok();
+    EXPECT_TRUE(ok);
+    return ok && mount();
+  }
   // fsck of the unmounted filesystem: "" when clean, else its report.
   std::string fsck_unmounted() {
     FsckOptions o;

@@ -303,9 +303,12 @@ TEST(Core, RenameReplacesExchangesAndRefusesLoops) {
   EXPECT_EQ(list(*r->fs, kRootInode), (std::set<std::string>{".", "..", "f", "g", "empty"}));
 }
 
+// An image without kFeatureXattrChain: one block per inode, as before the feature
+// (xattr_test.cc has the chains).
 TEST(Core, ExtendedAttributes) {
   auto r = Rig::make();
   ASSERT_TRUE(r);
+  ASSERT_TRUE(r->set_features(r->superblock_at(0).features & ~uint32_t{kFeatureXattrChain}));
   const Ino f = r->create(kRootInode, "x");
   EXPECT_EQ(r->fs->setxattr(f, "user.a", "1", 1, 0), 0);
   EXPECT_EQ(r->fs->setxattr(f, "user.a", "2", 1, XATTR_CREATE), EEXIST);

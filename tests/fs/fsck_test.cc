@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "fs/core_rig.h"
@@ -658,6 +659,258 @@ TEST(FsckRepair, XattrBlockWithABadChecksumIsDetached) {
                             ": checksum mismatch"});
   std::string v;
   EXPECT_EQ(r->fs->getxattr(t.c, "user.color", &v), ENODATA);
+}
+
+// --- xattr chains and value blocks ---------------------------------------------------------
+
+// A file with `n` small attributes (a chain of several blocks) and two 10000-byte values
+// (three value blocks each), unmounted; its inode.
+Ino xattr_file(Rig& r, int n) {
+  const Ino f = r.create(kRootInode, "xa");
+  for (int i = 0; i < n; ++i) {
+    const std::string k = "user.k" + std::to_string(10000 + i), v = "val" + std::to_string(i);
+    EXPECT_EQ(r.fs->setxattr(f, k, v.data(), v.size(), 0), 0);
+  }
+  for (const char* k : {"user.big1", "user.big2"}) {
+    const std::string v(10000, k[8]);
+    EXPECT_EQ(r.fs->setxattr(f, k, v.data(), v.size(), 0), 0);
+  }
+  unmount(r);
+  return f;
+}
+std::vector<uint64_t> xattr_chain(Raw& raw, Ino f) {
+  std::vector<uint64_t> out;
+  for (uint64_t b = raw.inode(f).xattr_block; b != 0 && out.size() < 100;) {
+    out.push_back(b);
+    XattrHeader h;
+    std::memcpy(&h, raw.get(b).data(), sizeof h);
+    b = h.next;
+  }
+  return out;
+}
+void put_header_block(Raw& raw, uint64_t b, std::vector<uint8_t>& data) {
+  const uint64_t sum = block_checksum(data.data(), kHeaderChecksumOffset, raw.seed());
+  std::memcpy(data.data() + kHeaderChecksumOffset, &sum, 8);
+  raw.put(b, data.data());
+}
+// Calls fn(block, its data, entry offset, entry header) for every entry of `ino`'s chain.
+template <typename F>
+void each_raw_entry(Raw& raw, Ino ino, F fn) {
+  for (uint64_t cb : xattr_chain(raw, ino)) {
+    std::vector<uint8_t> b = raw.get(cb);
+    XattrHeader h;
+    std::memcpy(&h, b.data(), sizeof h);
+    size_t off = sizeof h;
+    for (uint16_t i = 0; i < h.count; ++i) {
+      XattrEntryHeader e;
+      std::memcpy(&e, b.data() + off, sizeof e);
+      fn(cb, b, off, e);
+      off += (sizeof e + e.name_len + e.value_len + 3) & ~size_t{3};
+    }
+  }
+}
+
+// Every listed attribute has the value xattr_file gave it; how many small ones are left.
+size_t check_xattr_values(Rig& r, Ino f) {
+  std::string names, v;
+  EXPECT_EQ(r.fs->listxattr(f, &names), 0);
+  std::set<std::string> seen;
+  for (size_t at = 0; at < names.size();) {
+    const std::string k = names.substr(at, names.find('\0', at) - at);
+    at += k.size() + 1;
+    EXPECT_TRUE(seen.insert(k).second) << k << " listed twice";
+    EXPECT_EQ(r.fs->getxattr(f, k, &v), 0) << k;
+    if (k.rfind("user.big", 0) == 0) {
+      EXPECT_EQ(v, std::string(10000, k[8]));
+    } else {
+      EXPECT_EQ(v, "val" + std::to_string(std::stoi(k.substr(6)) - 10000)) << k;
+    }
+  }
+  return seen.size() - seen.count("user.big1") - seen.count("user.big2");
+}
+
+TEST(FsckRepair, BadXattrChainBlockCutsTheChainThere) {
+  auto r = Rig::make();
+  ASSERT_TRUE(r);
+  const Ino f = xattr_file(*r, 1500);
+  Raw raw(*r->dev);
+  const std::vector<uint64_t> chain = xattr_chain(raw, f);
+  ASSERT_GE(chain.size(), 4u);
+  auto b = raw.get(chain[2]);
+  b[40] ^= 0x55;
+  raw.put(chain[2], b.data());
+  found_repaired_clean(*r, {"inode " + std::to_string(f) + ": xattr block " +
+                            std::to_string(chain[2]) + ": checksum mismatch"});
+  const size_t left = check_xattr_values(*r, f);
+  EXPECT_GT(left, 100u) << "the blocks before the bad one are kept";
+  EXPECT_LT(left, 1500u);
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
+TEST(FsckRepair, XattrChainLoopIsCut) {
+  auto r = Rig::make();
+  ASSERT_TRUE(r);
+  const Ino f = xattr_file(*r, 1500);
+  Raw raw(*r->dev);
+  const std::vector<uint64_t> chain = xattr_chain(raw, f);
+  ASSERT_GE(chain.size(), 3u);
+  auto b = raw.get(chain.back());
+  XattrHeader h;
+  std::memcpy(&h, b.data(), sizeof h);
+  h.next = chain[1];
+  std::memcpy(b.data(), &h, sizeof h);
+  put_header_block(raw, chain.back(), b);
+  found_repaired_clean(
+      *r, {"xattr block " + std::to_string(chain[1]) + ": referenced twice (the chain loops)"});
+  EXPECT_EQ(check_xattr_values(*r, f), 1500u) << "nothing lost";
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
+TEST(FsckRepair, BadXattrValueBlockDropsOnlyItsEntry) {
+  auto r = Rig::make();
+  ASSERT_TRUE(r);
+  const Ino f = xattr_file(*r, 300);
+  Raw raw(*r->dev);
+  // big1's record: find its entry in the chain, and its second value block.
+  uint64_t victim = 0;
+  each_raw_entry(
+      raw, f, [&](uint64_t, const std::vector<uint8_t>& b, size_t off, const XattrEntryHeader& e) {
+        const std::string name(reinterpret_cast<const char*>(b.data() + off + 4), e.name_len);
+        if (name == "big1" && (e.name_index & kXattrOutOfLine)) {
+          std::memcpy(&victim, b.data() + off + 4 + e.name_len + 8 + 8, 8);
+        }
+      });
+  ASSERT_NE(victim, 0u);
+  auto vb = raw.get(victim);
+  vb[100] ^= 1;
+  raw.put(victim, vb.data());
+  found_repaired_clean(
+      *r, {"entry big1 has value block " + std::to_string(victim) + " with checksum mismatch"});
+  std::string v;
+  EXPECT_EQ(r->fs->getxattr(f, "user.big1", &v), ENODATA);
+  EXPECT_EQ(r->fs->getxattr(f, "user.big2", &v), 0);
+  EXPECT_EQ(check_xattr_values(*r, f), 300u) << "the small ones all stay";
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
+TEST(FsckRepair, XattrNameTwiceInAChainKeepsTheFirst) {
+  auto r = Rig::make();
+  ASSERT_TRUE(r);
+  const Ino f = xattr_file(*r, 1000);
+  Raw raw(*r->dev);
+  const std::vector<uint64_t> chain = xattr_chain(raw, f);
+  ASSERT_GE(chain.size(), 2u);
+  // The first entry of the second block takes the name of the first block's first entry.
+  auto first = raw.get(chain[0]), second = raw.get(chain[1]);
+  const size_t name_at = sizeof(XattrHeader) + sizeof(XattrEntryHeader);
+  XattrEntryHeader e0, e1;
+  std::memcpy(&e0, first.data() + sizeof(XattrHeader), sizeof e0);
+  std::memcpy(&e1, second.data() + sizeof(XattrHeader), sizeof e1);
+  ASSERT_EQ(e0.name_len, e1.name_len);
+  const std::string lost(reinterpret_cast<const char*>(second.data() + name_at), e1.name_len);
+  std::memcpy(second.data() + name_at, first.data() + name_at, e0.name_len);
+  put_header_block(raw, chain[1], second);
+  found_repaired_clean(
+      *r, {"xattr block " + std::to_string(chain[1]) + ": entry " +
+           std::string(reinterpret_cast<const char*>(first.data() + name_at), e0.name_len) +
+           " repeats a name"});
+  std::string v;
+  EXPECT_EQ(r->fs->getxattr(f, "user." + lost, &v), ENODATA);
+  EXPECT_EQ(check_xattr_values(*r, f), 999u);
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
+TEST(FsckRepair, XattrBlockCountIncludesChainAndValueBlocks) {
+  auto r = Rig::make();
+  ASSERT_TRUE(r);
+  const Ino f = xattr_file(*r, 1000);
+  Raw raw(*r->dev);
+  Inode d = raw.inode(f);
+  const uint64_t right = d.blocks;
+  EXPECT_EQ(right, xattr_chain(raw, f).size() + 6);
+  d.blocks = 1;
+  raw.put_inode(f, d);
+  found_repaired_clean(*r, {"blocks 1, but " + std::to_string(right) + " are allocated"});
+  EXPECT_EQ(check_xattr_values(*r, f), 1000u);
+}
+
+TEST(FsckRepair, OutOfRangeTimeWithoutItsRecordIsClamped) {
+  auto r = Rig::make();
+  ASSERT_TRUE(r);
+  const Ino f = r->create(kRootInode, "old");
+  const Ino g = r->create(kRootInode, "far");
+  SetAttr s;
+  s.mtime = true;
+  s.new_mtime = TimeSpec{INT64_MAX, 5};
+  Attr a;
+  ASSERT_EQ(r->fs->setattr(g, s, &a), 0);
+  ASSERT_EQ(r->fs->setxattr(g, "user.keep", "k", 1, 0), 0);
+  unmount(*r);
+  Raw raw(*r->dev);
+  // f: a sentinel and no xattr block at all; g: its record's bytes damaged (the block's
+  // checksum fixed up, so only the record is wrong).
+  Inode d = raw.inode(f);
+  d.atime_ns = kTimeBelow;
+  raw.put_inode(f, d);
+  bool found = false;
+  each_raw_entry(raw, g,
+                 [&](uint64_t xb, std::vector<uint8_t> b, size_t off, const XattrEntryHeader& e) {
+                   if (e.name_index != kXattrInternal) return;
+                   // mtime's seconds become 0: no longer out of range.
+                   std::memset(b.data() + off + sizeof e + e.name_len + 16, 0, 8);
+                   put_header_block(raw, xb, b);
+                   found = true;
+                 });
+  ASSERT_TRUE(found);
+  found_repaired_clean(
+      *r, {"inode " + std::to_string(f) + ": atime is out of range but has no record of its value",
+           "entry times holds a time that does not match",
+           "inode " + std::to_string(g) + ": mtime is out of range"});
+  ASSERT_EQ(r->fs->getattr(f, &a), 0);
+  EXPECT_EQ(time_ns_from(a.atime), kTimeBelow + 1) << "the earliest time the field holds";
+  ASSERT_EQ(r->fs->getattr(g, &a), 0);
+  EXPECT_EQ(time_ns_from(a.mtime), kTimeAbove - 1);
+  std::string v;
+  EXPECT_EQ(r->fs->getxattr(g, "user.keep", &v), 0) << "the other attributes stay";
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
+TEST(FsckRepair, XattrChainAndValueBlocksSharedWithAFileAreCopied) {
+  auto r = Rig::make();
+  ASSERT_TRUE(r);
+  // The data file comes first (lower inode): it keeps the shared blocks; the chain moves.
+  const Ino data1 = r->create(kRootInode, "data1");
+  const Ino data2 = r->create(kRootInode, "data2");
+  ASSERT_EQ(r->write(data1, 0, "one"), 0);
+  ASSERT_EQ(r->write(data2, 0, "two"), 0);
+  const Ino f = xattr_file(*r, 1500);
+  Raw raw(*r->dev);
+  const std::vector<uint64_t> chain = xattr_chain(raw, f);
+  ASSERT_GE(chain.size(), 3u);
+  // data1's block becomes the chain's second block; data2's a value block of big1/big2.
+  Inode d1 = raw.inode(data1);
+  d1.root.extents[0].physical = chain[1];
+  raw.put_inode(data1, d1);
+  uint64_t value_block = 0;
+  each_raw_entry(
+      raw, f, [&](uint64_t, const std::vector<uint8_t>& b, size_t off, const XattrEntryHeader& e) {
+        if (e.name_index & kXattrOutOfLine) {
+          std::memcpy(&value_block, b.data() + off + 4 + e.name_len + 8, 8);
+        }
+      });
+  ASSERT_NE(value_block, 0u);
+  Inode d2 = raw.inode(data2);
+  d2.root.extents[0].physical = value_block;
+  raw.put_inode(data2, d2);
+  found_repaired_clean(*r, {"block " + std::to_string(chain[1]) + ": owned by inode " +
+                                std::to_string(data1) + " and inode " + std::to_string(f),
+                            "block " + std::to_string(value_block) + ": owned by inode " +
+                                std::to_string(data2) + " and inode " + std::to_string(f)});
+  EXPECT_EQ(check_xattr_values(*r, f), 1500u) << "every attribute kept";
+  std::string v;
+  EXPECT_EQ(r->fs->getxattr(f, "user.big1", &v), 0);
+  EXPECT_EQ(r->fs->getxattr(f, "user.big2", &v), 0);
+  EXPECT_EQ(r->check_and_remount(), "");
 }
 
 TEST(FsckRepair, CorruptExtentTreeBlock) {

@@ -84,7 +84,8 @@ std::string verify_fresh(blockdev::BlockDevice& dev) {
   if (!rd(sb.block_count - 1)) return "backup unreadable";
   std::memcpy(&backup, b.data(), sizeof backup);
   if (std::memcmp(&sb, &backup, sizeof sb) != 0) return "backup differs from primary";
-  if (sb.state != kStateClean || sb.features != (kFeaturesV1 | kFeatureGdtRoom))
+  if (sb.state != kStateClean ||
+      sb.features != (kFeaturesV1 | kFeatureGdtRoom | kFeatureXattrChain))
     return "state/features";
   if (sb.gdt_blocks < (sb.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock)
     return "gdt_blocks";

@@ -37,6 +37,18 @@ def image_seeds():
         seeds[f"base{base}-data"] = bytes([base, 0]) + patch(DATA, XOR, 0, 0, [0x58])
         seeds[f"base{base}-raw-inode"] = bytes([base, 0]) + patch(INODE, XOR, 2, 20, [0x10], raw=True)
         seeds[f"base{base}-no-fixup"] = bytes([base | 0x04, 0]) + patch(INODE, XOR, 0, 0, [1])
+    # Xattr chain and value blocks (they sit among the header blocks of base 0; every index
+    # is patched, so that each chain and value block gets both): byte 16 is a chain block's
+    # `next` and a value block's `position`; byte 33 the first entry's name_index (bit 7:
+    # out of line).
+    for i in range(48):
+        seeds[f"base0-header{i}-next"] = bytes([0, 0]) + patch(HEADERS, ADD, i, 16, [1])
+        seeds[f"base0-header{i}-outofline"] = bytes([0, 0]) + patch(HEADERS, XOR, i, 33, [0x80])
+    # Inode times (byte 32 atime ... 56 crtime) set to a sentinel, with and without a record.
+    for i in range(8):
+        for field in range(4):
+            seeds[f"base0-inode{i}-time{field}-sentinel"] = bytes([0, 0]) + patch(
+                INODE, OVERWRITE, i, 32 + 8 * field, list(struct.pack("<q", -(2**63) if field % 2 else 2**63 - 1)))
     # The journal: its header's tail, a descriptor's count and target, a commit's sequence.
     seeds["crashed-journal-tail"] = bytes([1, 0]) + patch(JOURNAL, ADD, 0, 8, [1])
     for j in range(1, 8):

@@ -84,7 +84,7 @@ uint32_t magic_of(const uint8_t* b) {
 }
 bool header_magic(uint32_t m) {
   return m == fs::kDirIndexMagic || m == fs::kDirLeafMagic || m == fs::kExtentMagic ||
-         m == fs::kXattrMagic;
+         m == fs::kXattrMagic || m == fs::kXattrValueMagic;
 }
 
 Layout layout_of(const BaseImage& b) {
@@ -138,6 +138,17 @@ void populate(fs::Filesystem& f, bool small) {
   must(f.setxattr(file.ino, "user.long", longval.data(), longval.size(), 0), "setxattr");
   must(f.setxattr(file.ino, "trusted.t", "tt", 2, 0), "setxattr");
   must(f.setxattr(dir.ino, "security.s", "ss", 2, 0), "setxattr");
+  // A chain of xattr blocks and out-of-line values (value blocks), the last one partly used.
+  fs::Attr many_x;
+  must(f.mknod(dir.ino, "xattrs", S_IFREG | 0644, 0, c, &many_x), "mknod xattrs");
+  for (int i = 0; i < 260; ++i) {
+    const std::string k = "user.x" + std::to_string(i), v = "value" + std::to_string(i);
+    must(f.setxattr(many_x.ino, k, v.data(), v.size(), 0), "setxattr chain");
+  }
+  const std::string bigval(9000, 'B');
+  must(f.setxattr(many_x.ino, "user.big", bigval.data(), bigval.size(), 0), "setxattr big");
+  must(f.setxattr(many_x.ino, "trusted.edge", bigval.data(), fs::kXattrInlineMax + 1, 0),
+       "setxattr edge");
   must(f.link(file.ino, root, "hard", &a), "link");
   // More than 8 extents: the inode's root becomes an index over a leaf block.
   must(f.mknod(root, "fragmented", S_IFREG | 0600, 0, c, &a), "mknod fragmented");
@@ -347,6 +358,10 @@ uint64_t interesting(const BaseImage& b, uint8_t pick) {
       fs::kDirLeafMagic,
       fs::kExtentMagic,
       fs::kXattrMagic,
+      fs::kXattrValueMagic,
+      fs::kXattrValuePayload,
+      fs::kXattrValueMax,
+      fs::kXattrInlineMax,
       fs::kJournalHeaderMagic,
       fs::kJournalDescriptorMagic,
       fs::kJournalCommitMagic,

@@ -38,14 +38,15 @@ struct BaseImage {
   fs::Superblock sb;
   std::vector<fs::GroupDesc> groups;
   std::vector<uint64_t> meta;     // metadata blocks in use: patch targets of region kMeta
-  std::vector<uint64_t> headers;  // directory, extent-tree and xattr blocks
+  std::vector<uint64_t> headers;  // directory, extent-tree, xattr chain and value blocks
   std::vector<uint64_t> data;     // file data blocks that are not zero (symlink targets too)
   uint64_t blocks() const { return bytes.size() / fs::kBlockSize; }
 };
 
 // 0 "clean": a populated filesystem (directories, a split directory, files with holes and
 //   more than 8 extents, fallocated ranges, symlinks short and long, hard links, xattrs in
-//   every namespace, a fifo and a device node), cleanly unmounted. 4 MiB.
+//   every namespace, a file with a chain of xattr blocks and values in value blocks, a fifo
+//   and a device node), cleanly unmounted. 4 MiB.
 // 1 "crashed": the same, snapshot while mounted after a commit: the last transaction is
 //   still in the journal, the superblock is dirty and an unlinked-but-open file is on the
 //   orphan list.

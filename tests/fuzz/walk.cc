@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -194,13 +195,22 @@ class Walker {
     std::string names;
     if (op("listxattr", [&] { return f_.listxattr(a.ino, &names); }) == 0) {
       size_t start = 0;
-      for (int k = 0; k < 8 && start < names.size(); ++k) {
+      std::set<std::string> listed;
+      for (int k = 0; k < 400 && start < names.size(); ++k) {
         size_t end = names.find('\0', start);
         if (end == std::string::npos) end = names.size();
         const std::string name = names.substr(start, end - start);
+        if (!listed.insert(name).second) {
+          note("listxattr repeats a name", "inode " + std::to_string(a.ino) + ": " + name);
+        }
         std::string v;
-        op("getxattr", [&] { return f_.getxattr(a.ino, name, &v); });
-        if (xattr_name_.empty()) xattr_ino_ = a.ino, xattr_name_ = name;
+        if (op("getxattr", [&] { return f_.getxattr(a.ino, name, &v); }) == ENODATA) {
+          note("a listed attribute is not found", "inode " + std::to_string(a.ino) + ": " + name);
+        }
+        require(v.size() <= fs::kXattrValueMax, "getxattr returned more than 64 KiB");
+        if (xattr_name_.empty() || (xattr_ino_ == a.ino && k == 1)) {
+          xattr_ino_ = a.ino, xattr_name_ = name;
+        }
         start = end + 1;
       }
     }
@@ -253,6 +263,59 @@ class Walker {
     }
   }
 
+  // Many small attributes (a chain of blocks), values around the inline limit and of 64 KiB
+  // (value blocks); what a set said it stored reads back; then half of them go.
+  void change_xattrs(Ino ino) {
+    std::vector<std::pair<std::string, std::string>> set;
+    for (int i = 0; i < 200; ++i) {
+      set.emplace_back("user.fzm" + std::to_string(i), "v" + std::to_string(i * 37));
+    }
+    for (size_t len : {size_t{fs::kXattrInlineMax}, size_t{fs::kXattrInlineMax} + 1,
+                       size_t{fs::kXattrValuePayload} + 1, size_t{fs::kXattrValueMax}}) {
+      set.emplace_back("user.fzbig" + std::to_string(len), std::string(len, 'L'));
+    }
+    std::vector<bool> stored(set.size());
+    for (size_t i = 0; i < set.size(); ++i) {
+      const std::string& k = set[i].first;
+      const std::string& v = set[i].second;
+      stored[i] =
+          op("setxattr many", [&] { return f_.setxattr(ino, k, v.data(), v.size(), 0); }) == 0;
+    }
+    for (size_t i = 0; i < set.size(); ++i) {
+      std::string v;
+      if (stored[i] &&
+          op("getxattr many", [&] { return f_.getxattr(ino, set[i].first, &v); }) == 0) {
+        require(v == set[i].second, "getxattr of " + set[i].first + " differs from what was set");
+      }
+    }
+    std::string names;
+    op("listxattr many", [&] { return f_.listxattr(ino, &names); });
+    for (size_t i = 0; i < set.size(); i += 2) {
+      op("removexattr many", [&] { return f_.removexattr(ino, set[i].first); });
+    }
+  }
+
+  // Times out of the field's range (the internal record) and back in range; what setattr
+  // stored reads back exactly.
+  void change_times(Ino ino) {
+    const fs::TimeSpec times[] = {{INT64_MAX, 999999999}, {INT64_MIN, 0}, {-11676096000LL, 7}};
+    for (const fs::TimeSpec& t : times) {
+      fs::SetAttr s;
+      s.atime = s.mtime = true;
+      s.new_atime = t;
+      s.new_mtime = times[0];
+      Attr a;
+      if (op("setattr times", [&] { return f_.setattr(ino, s, &a); }) != 0) continue;
+      if (op("getattr times", [&] { return f_.getattr(ino, &a); }) == 0 && a.atime != t) {
+        note("an out-of-range time reads back otherwise", "inode " + std::to_string(ino));
+      }
+    }
+    fs::SetAttr now;
+    now.atime = now.mtime = now.atime_now = now.mtime_now = true;
+    Attr a;
+    op("setattr now", [&] { return f_.setattr(ino, now, &a); });
+  }
+
   void truncate(Ino ino, uint64_t size) {
     fs::SetAttr s;
     s.size = true;
@@ -276,6 +339,8 @@ class Walker {
       truncate(file, 50);
       op("fallocate", [&] { return f_.fallocate(file, 0, 0, 3 * fs::kBlockSize); });
       op("setxattr", [&] { return f_.setxattr(file, "user.fz", "0123456789", 10, 0); });
+      change_xattrs(file);
+      change_times(file);
       op("fsync", [&] { return f_.fsync(file, false); });
       f_.release(file);
     }
@@ -307,7 +372,11 @@ class Walker {
     }
     if (xattr_ino_) {
       op("setxattr replace", [&] { return f_.setxattr(xattr_ino_, xattr_name_, "new", 3, 0); });
+      const std::string big(fs::kXattrInlineMax + 100, 'q');
+      op("setxattr replace large",
+         [&] { return f_.setxattr(xattr_ino_, xattr_name_, big.data(), big.size(), 0); });
       op("removexattr", [&] { return f_.removexattr(xattr_ino_, xattr_name_); });
+      change_xattrs(xattr_ino_);
     }
     if (names_.size() >= 2) {
       const Ino p0 = names_[0].first, p1 = names_[names_.size() / 2].first;

@@ -133,13 +133,20 @@ struct Info {
   uint64_t size = 0, blocks = 0, parent = 0, next_orphan = 0, xattr = 0, dir_seed = 0;
   std::vector<Extent> ext;     // sorted by logical, non-overlapping
   std::vector<uint64_t> tree;  // extent-tree blocks
+  // The xattr blocks after the first (chain blocks) and the value blocks, and the chain
+  // blocks a repair rewrote (written by the write phase, their checksums set).
+  std::vector<uint64_t> xblocks;
+  std::vector<std::pair<uint64_t, uint32_t>> xref;  // where each of xblocks is named: a chain
+                                                    // block and the offset of the u64 there
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> xpatch;
   std::unique_ptr<RootPatch> root;
   State state = State::kLive;
   bool on_orphan_list = false;
-  bool dirty = false;    // the inode is rewritten
-  bool remap = false;    // its extent tree is rewritten from `ext`
-  bool rebuild = false;  // directories: rewritten from their entries
-  bool fresh = false;    // created by the checker (root, lost+found)
+  bool dirty = false;        // the inode is rewritten
+  bool remap = false;        // its extent tree is rewritten from `ext`
+  bool rebuild = false;      // directories: rewritten from their entries
+  bool fresh = false;        // created by the checker (root, lost+found)
+  bool clamp_times = false;  // a time's sentinel has no record: the field is clamped
   bool reached = false;
   uint32_t names = 0, subdirs = 0;  // pass 4
   uint64_t namer = 0;               // directories: the directory whose entry names it
@@ -157,6 +164,10 @@ inline std::string iname(const Info& n) {
 }
 // One past the last logical block n's extents map.
 uint64_t mapped_end(const Info& n);
+// The blocks n owns besides its extents' (its Inode::blocks less the data).
+inline uint64_t meta_blocks(const Info& n) {
+  return n.tree.size() + (n.xattr ? 1 : 0) + n.xblocks.size();
+}
 
 // A problem a worker found, reported later by the calling thread (Checker::report_all).
 struct Finding {
@@ -165,10 +176,11 @@ struct Finding {
 using Findings = std::vector<Finding>;
 
 // Calls f(first, count) for every block range `n` owns, in a fixed order: the xattr block,
-// the extent-tree blocks, the extents.
+// the other xattr blocks, the extent-tree blocks, the extents.
 template <typename F>
 void for_each_claim(const Info& n, F f) {
   if (n.xattr) f(n.xattr, uint64_t{1});
+  for (uint64_t b : n.xblocks) f(b, uint64_t{1});
   for (uint64_t b : n.tree) f(b, uint64_t{1});
   for (const Extent& e : n.ext) f(e.physical, uint64_t{e.blocks()});
 }
@@ -284,6 +296,8 @@ class Checker {
   std::vector<std::vector<uint64_t>> dup_owners();
   void report_dups(const std::vector<std::vector<uint64_t>>& owners);
   void move_shared(Info& n, std::vector<bool>& taken);
+  void move_xattr_blocks(Info& n, std::vector<bool>& taken);
+  void xattr_block_moved(Info& n, uint64_t from, uint64_t to);
   bool must_move(uint64_t b, std::vector<bool>& taken);
   bool move_extent(Info& n, const Extent& e, std::vector<bool>& taken, std::vector<Extent>* out);
   bool copy_run(Info& n, const Extent& e, uint64_t from, uint64_t to, std::vector<Extent>* out);

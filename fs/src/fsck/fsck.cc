@@ -131,6 +131,12 @@ void Checker::write_phase() {
     if (n.state == State::kLive && n.remap) write_mapping(n);
     if (failed()) return;
   }
+  for (const Info& n : infos_) {  // chain blocks a repair rewrote (pass 1)
+    if (n.state != State::kLive) continue;
+    for (const auto& [b, data] : n.xpatch) {
+      if (!write(b, 1, data.data())) return;
+    }
+  }
   write_inodes();
   if (!failed()) write_groups();
   if (!failed() && journal_header_bad_) reset_journal();

@@ -1,5 +1,6 @@
 // Pass 1: every inode of every group: checksum, type, flags, the extent tree (its nodes'
-// headers, the extents' ranges and order), the xattr block and the block count. Assumes the
+// headers, the extents' ranges and order), the xattr chain and value blocks, and the block
+// count. Assumes the
 // Layout and the descriptors of pass 0; builds the model the later passes read (one Info per
 // allocated inode, in inode order) and the block claims (claimed_), whose repeats go to
 // pass 1B. Nothing here looks at another inode: directories are pass 2's.
@@ -9,7 +10,9 @@
 // merges the scans in group order (reports, Infos, claims), so the outcome is the serial one.
 #include <algorithm>
 #include <bit>
+#include <cstddef>
 #include <cstring>
+#include <set>
 
 #include "fsck/checker.h"
 
@@ -34,12 +37,15 @@ struct Walk {
   bool changed = false;
 };
 
+std::string times_problem(const Inode& d, const uint8_t* v, size_t len);
+
 // Scans one group's inode table into a GroupScan.
 // Thread-safety: one per worker; shares only the device (BlockDevice: any thread may read)
 // and the Layout (not written during pass 1).
 class InodeScanner {
  public:
-  InodeScanner(BlockDevice& io, const Layout& l, GroupScan& out) : io_(io), L_(l), out_(out) {}
+  InodeScanner(BlockDevice& io, const Layout& l, GroupScan& out, bool chains)
+      : io_(io), L_(l), out_(out), chains_(chains) {}
   void scan_group(uint32_t g);
 
  private:
@@ -62,12 +68,17 @@ class InodeScanner {
                   uint16_t child_depth, uint64_t lo, uint64_t hi, const std::string& where);
   void walk_node(const Info& n, Walk& w, uint64_t block, uint16_t depth, uint64_t lo, uint64_t hi);
   std::string node_problem(const Info& n, const std::vector<uint8_t>& buf, uint16_t depth);
-  std::string check_xattr(const Info& n, uint64_t block);
-  std::string check_xattr_entries(const std::vector<uint8_t>& buf, const XattrHeader& h);
+  bool check_xattrs(Info& n, const Inode& d, const std::string& where);
+  void check_times(Info& n, const Inode& d, const std::string& where);
+  std::string chain_block_problem(const Info& n, uint64_t block, std::vector<uint8_t>& buf);
+  std::string value_problem(const Info& n, const uint8_t* entry, const XattrEntryHeader& e,
+                            std::vector<uint64_t>* blocks);
 
   BlockDevice& io_;
   const Layout& L_;
   GroupScan& out_;
+  const bool chains_;      // kFeatureXattrChain
+  bool times_ok_ = false;  // the inode being checked has a sound times record
 };
 
 void InodeScanner::scan_group(uint32_t g) {
@@ -111,6 +122,39 @@ void InodeScanner::check_inode(uint64_t ino, const Inode& d) {
     return;
   }
   check_blocks(n, d, where);
+  check_times(n, d, where);
+}
+
+// A time field holding a sentinel needs its exact value in the internal record (FORMAT.md
+// "Inode"), which check_xattrs found well formed or dropped: without it the field is
+// clamped to the nearest time it holds.
+void InodeScanner::check_times(Info& n, const Inode& d, const std::string& where) {
+  const char* names[] = {"atime", "mtime", "ctime", "crtime"};
+  const uint64_t fields[] = {d.atime_ns, d.mtime_ns, d.ctime_ns, d.crtime_ns};
+  for (int i = 0; i < 4; ++i) {
+    if (!time_sentinel(fields[i]) || times_ok_) continue;
+    problem(where + ": " + names[i] + " is out of range but has no record of its value",
+            "clamped to the " + std::string(fields[i] == kTimeBelow ? "earliest" : "latest") +
+                " time it holds");
+    n.clamp_times = n.dirty = true;
+  }
+}
+
+// "" or what is wrong with the internal times record `v` of an inode `d`: its size, its
+// nanoseconds, each field holding a sentinel recorded as out of range on that side.
+std::string times_problem(const Inode& d, const uint8_t* v, size_t len) {
+  if (!has_time_sentinel(d)) return "is kept though no time is out of range";
+  TimesRecord r;
+  if (len != sizeof r) return "has " + num(len) + " bytes, not " + num(sizeof r);
+  std::memcpy(&r, v, sizeof r);
+  const uint64_t fields[] = {d.atime_ns, d.mtime_ns, d.ctime_ns, d.crtime_ns};
+  for (int i = 0; i < 4; ++i) {
+    if (!time_sentinel(fields[i])) continue;
+    if (r.t[i].nsec >= 1000000000 || time_ns_from(r.t[i].sec, r.t[i].nsec) != fields[i]) {
+      return "holds a time that does not match its field's sentinel";
+    }
+  }
+  return "";
 }
 
 // Checksum, type, flags, parent field: false (and kBad) if the inode cannot be trusted.
@@ -198,26 +242,193 @@ void InodeScanner::walk_root(const Info& n, Walk& w, const Inode& d, const std::
   }
 }
 
-// The xattr block, then the block count against what the inode owns.
+// The xattr chain, then the block count against what the inode owns.
 void InodeScanner::check_blocks(Info& n, const Inode& d, const std::string& where) {
-  if (n.xattr != 0) {
-    if (const std::string why = check_xattr(n, n.xattr); !why.empty()) {
-      problem(where + ": xattr block " + num(n.xattr) + ": " + why,
-              "detached (its attributes are lost)");
-      n.xattr = 0;
-      n.dirty = true;
-    }
-  }
-  uint64_t blocks = n.tree.size() + (n.xattr ? 1 : 0);
+  times_ok_ = false;
+  const bool xattrs_changed = n.xattr != 0 && check_xattrs(n, d, where);
+  uint64_t blocks = meta_blocks(n);
   for (const Extent& e : n.ext) blocks += e.blocks();
   if (blocks != n.blocks) {
-    if (!n.remap && n.xattr == d.xattr_block) {
+    if (!n.remap && !xattrs_changed) {
       problem(where + ": blocks " + num(n.blocks) + ", but " + num(blocks) + " are allocated",
               "set to " + num(blocks));
     }
     n.blocks = blocks;
     n.dirty = true;
   }
+}
+
+// The chain of xattr blocks (FORMAT.md "Extended attributes"): each block's header and
+// entries, each out-of-line value's blocks, no name twice, no block twice. Repairs lose the
+// least they can: a bad block cuts the chain there (the block before it becomes the last),
+// a bad entry (malformed value record, bad value block, a name seen before) is removed from
+// its block. The value and chain blocks that stay go to n.xblocks; rewritten blocks to
+// n.xpatch. True if anything was repaired.
+bool InodeScanner::check_xattrs(Info& n, const Inode& d, const std::string& where) {
+  std::set<uint64_t> seen;                                       // this inode's xattr blocks so far
+  std::set<std::pair<uint8_t, std::string>> names;               // namespace (without bit 7), name
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> chain;  // blocks kept, as repaired
+  std::vector<bool> changed;
+  bool repaired = false;
+  for (uint64_t b = n.xattr; b != 0;) {
+    std::vector<uint8_t> buf(kBlockSize);
+    std::string why =
+        seen.count(b) ? "referenced twice (the chain loops)" : chain_block_problem(n, b, buf);
+    if (!why.empty()) {
+      problem(where + ": xattr block " + num(b) + ": " + why,
+              chain.empty() ? "detached (its attributes are lost)"
+                            : "chain cut before it (the attributes from it on are lost)");
+      repaired = true;
+      if (chain.empty()) {
+        n.xattr = 0;
+        n.dirty = true;
+      } else {
+        XattrHeader p;
+        std::memcpy(&p, chain.back().second.data(), sizeof p);
+        p.next = 0;
+        std::memcpy(chain.back().second.data(), &p, sizeof p);
+        changed.back() = true;
+      }
+      break;
+    }
+    seen.insert(b);
+    XattrHeader h;
+    std::memcpy(&h, buf.data(), sizeof h);
+    // The entries: the good ones are packed again, the bad ones dropped.
+    std::vector<uint8_t> out(kBlockSize, 0);
+    size_t off = sizeof h, put = sizeof h;
+    uint16_t kept = 0;
+    bool dropped = false;
+    for (uint16_t i = 0; i < h.count; ++i) {
+      XattrEntryHeader e;
+      std::memcpy(&e, buf.data() + off, sizeof e);
+      const size_t sz = (sizeof e + e.name_len + e.value_len + 3) & ~size_t{3};
+      const uint8_t* p = buf.data() + off;
+      const std::string name(reinterpret_cast<const char*>(p + sizeof e), e.name_len);
+      std::vector<uint64_t> vblocks;
+      std::string bad;
+      if (!names.insert({static_cast<uint8_t>(e.name_index & ~kXattrOutOfLine), name}).second) {
+        bad = "repeats a name";
+      } else if (e.name_index == kXattrInternal && name == kTimesRecordName) {
+        bad = times_problem(d, p + sizeof e + e.name_len, e.value_len);
+        if (bad.empty()) times_ok_ = true;
+      } else if (e.name_index & kXattrOutOfLine) {
+        bad = value_problem(n, p, e, &vblocks);
+        for (size_t k = 0; k < vblocks.size() && bad.empty(); ++k) {
+          if (seen.count(vblocks[k]) ||
+              std::find(vblocks.begin(), vblocks.begin() + static_cast<long>(k), vblocks[k]) !=
+                  vblocks.begin() + static_cast<long>(k)) {
+            bad = "has value block " + num(vblocks[k]) + " taken twice";
+          }
+        }
+        if (bad.empty()) seen.insert(vblocks.begin(), vblocks.end());
+      }
+      off += sz;
+      if (!bad.empty()) {
+        problem(where + ": xattr block " + num(b) + ": entry " + printable(name) + " " + bad,
+                "removed");
+        dropped = repaired = true;
+        continue;
+      }
+      std::memcpy(out.data() + put, p, sz);
+      for (size_t k = 0; k < vblocks.size(); ++k) {
+        n.xblocks.push_back(vblocks[k]);
+        n.xref.emplace_back(
+            b, static_cast<uint32_t>(put + sizeof e + e.name_len + sizeof(XattrValueRef) + 8 * k));
+      }
+      put += sz;
+      ++kept;
+    }
+    if (dropped) {
+      h.count = kept;
+      h.used = static_cast<uint16_t>(put - sizeof h);
+      std::memcpy(out.data(), &h, sizeof h);
+      buf = std::move(out);
+    }
+    if (!chain.empty()) {
+      n.xblocks.push_back(b);
+      n.xref.emplace_back(chain.back().first, static_cast<uint32_t>(offsetof(XattrHeader, next)));
+    }
+    chain.emplace_back(b, std::move(buf));
+    changed.push_back(dropped);
+    b = h.next;
+  }
+  for (size_t i = 0; i < chain.size(); ++i) {
+    if (!changed[i]) continue;
+    const uint64_t sum = block_checksum(chain[i].second.data(), kHeaderChecksumOffset, L_.seed);
+    std::memcpy(chain[i].second.data() + kHeaderChecksumOffset, &sum, 8);
+    n.xpatch.push_back(std::move(chain[i]));
+  }
+  return repaired;
+}
+
+// "" or what is wrong with a chain block: where it is, its header, its entries' layout.
+std::string InodeScanner::chain_block_problem(const Info& n, uint64_t block,
+                                              std::vector<uint8_t>& buf) {
+  if (!L_.is_data(block)) return "lies outside the data area";
+  if (!read(block, 1, buf.data())) return "unreadable";
+  if (std::string why = header_problem<XattrHeader>(buf.data(), kXattrMagic, n.ino, L_.seed);
+      !why.empty()) {
+    return why;
+  }
+  XattrHeader h;
+  std::memcpy(&h, buf.data(), sizeof h);
+  if (sizeof h + h.used > kBlockSize) return "used bytes " + num(h.used) + " overflow the block";
+  if (h.next != 0 && !chains_) return "links a chain without the xattr_chain feature";
+  const size_t end = sizeof h + h.used;
+  size_t off = sizeof h;
+  for (uint16_t i = 0; i < h.count; ++i) {
+    XattrEntryHeader e;
+    if (off + sizeof e > end) return "entry " + num(i) + " past the used bytes";
+    std::memcpy(&e, buf.data() + off, sizeof e);
+    const uint8_t index = e.name_index & ~kXattrOutOfLine;
+    if (e.name_len == 0 || index < kXattrUser || index > kXattrInternal ||
+        ((e.name_index & kXattrOutOfLine) && !chains_)) {
+      return "malformed entry " + num(i);
+    }
+    off += (sizeof e + e.name_len + e.value_len + 3) & ~size_t{3};
+    if (off > end) return "entry " + num(i) + " past the used bytes";
+  }
+  if (off != end) {
+    return num(h.count) + " entries end at byte " + num(off) + ", not " + num(end);
+  }
+  return "";
+}
+
+// "" or what is wrong with an out-of-line value: its record, each value block's place,
+// header, position and bytes. *blocks: the value's blocks (when the record is readable).
+std::string InodeScanner::value_problem(const Info& n, const uint8_t* entry,
+                                        const XattrEntryHeader& e, std::vector<uint64_t>* blocks) {
+  XattrValueRef r;
+  if (e.value_len < sizeof r) return "has a truncated value record";
+  std::memcpy(&r, entry + sizeof e + e.name_len, sizeof r);
+  if (r.size == 0 || r.size > kXattrValueMax || r.count != div_up(r.size, kXattrValuePayload) ||
+      e.value_len != sizeof r + size_t{r.count} * 8) {
+    return "has a malformed value record (" + num(r.size) + " bytes in " + num(r.count) +
+           " blocks)";
+  }
+  blocks->resize(r.count);
+  std::memcpy(blocks->data(), entry + sizeof e + e.name_len + sizeof r, size_t{r.count} * 8);
+  std::vector<uint8_t> buf(kBlockSize);
+  for (uint32_t i = 0; i < r.count; ++i) {
+    const uint64_t b = (*blocks)[i];
+    const std::string at = "value block " + num(b);
+    if (!L_.is_data(b)) return "has " + at + " outside the data area";
+    if (!read(b, 1, buf.data())) return "has " + at + " unreadable";
+    if (std::string why =
+            header_problem<XattrValueHeader>(buf.data(), kXattrValueMagic, n.ino, L_.seed);
+        !why.empty()) {
+      return "has " + at + " with " + why;
+    }
+    XattrValueHeader h;
+    std::memcpy(&h, buf.data(), sizeof h);
+    const uint32_t want = std::min(kXattrValuePayload, r.size - i * kXattrValuePayload);
+    if (h.position != i || h.used != want) {
+      return "has " + at + " at position " + num(h.position) + " with " + num(h.used) +
+             " bytes, expected " + num(i) + " and " + num(want);
+    }
+  }
+  return "";
 }
 
 // Extents of one node (the inode's root or a leaf block) covering [lo, hi): kept in
@@ -324,37 +535,6 @@ std::string InodeScanner::node_problem(const Info& n, const std::vector<uint8_t>
   return "";
 }
 
-// "" or what is wrong with the xattr block (FORMAT.md "Extended attributes").
-std::string InodeScanner::check_xattr(const Info& n, uint64_t block) {
-  if (!L_.is_data(block)) return "lies outside the data area";
-  std::vector<uint8_t> buf(kBlockSize);
-  if (!read(block, 1, buf.data())) return "unreadable";
-  const std::string why = header_problem<XattrHeader>(buf.data(), kXattrMagic, n.ino, L_.seed);
-  if (!why.empty()) return why;
-  XattrHeader h;
-  std::memcpy(&h, buf.data(), sizeof h);
-  if (sizeof h + h.used > kBlockSize) return "used bytes " + num(h.used) + " overflow the block";
-  return check_xattr_entries(buf, h);
-}
-
-std::string InodeScanner::check_xattr_entries(const std::vector<uint8_t>& buf,
-                                              const XattrHeader& h) {
-  const size_t end = sizeof h + h.used;
-  size_t off = sizeof h;
-  for (uint16_t i = 0; i < h.count; ++i) {
-    XattrEntryHeader e;
-    if (off + sizeof e > end) return "entry " + num(i) + " runs past the used bytes";
-    std::memcpy(&e, buf.data() + off, sizeof e);
-    if (e.name_len == 0 || e.name_index < kXattrUser || e.name_index > kXattrSystem) {
-      return "entry " + num(i) + " is malformed";
-    }
-    off += (sizeof e + e.name_len + e.value_len + 3) & ~size_t{3};
-    if (off > end) return "entry " + num(i) + " runs past the used bytes";
-  }
-  if (off != end) return num(h.count) + " entries end at byte " + num(off) + ", not " + num(end);
-  return "";
-}
-
 }  // namespace
 
 // --- the pass: groups scanned in windows, merged in order ---------------------------------
@@ -369,11 +549,12 @@ void Checker::pass1() {
   // A window of groups at a time: enough tasks to balance the workers, while the reports
   // and the progress callback still advance as the scan does.
   const uint32_t window = t == 1 ? 1 : 4 * t;
+  const bool chains = (sb_->features & kFeatureXattrChain) != 0;
   for (uint32_t base = 0; base < L_.groups && !failed(); base += window) {
     const uint32_t n = std::min(window, L_.groups - base);
     std::vector<GroupScan> scans(n);
     workers().for_each_index(
-        n, [&](uint32_t i) { InodeScanner(*io_, L_, scans[i]).scan_group(base + i); });
+        n, [&](uint32_t i) { InodeScanner(*io_, L_, scans[i], chains).scan_group(base + i); });
     for (uint32_t i = 0; i < n && !failed(); ++i) {
       merge_group(scans[i]);
       if (!scans[i].table_read) return;

@@ -3,6 +3,7 @@
 // shared run; with repair the first owner (the metadata area, then the lowest inode) keeps
 // the blocks and every later owner gets a copy, so pass 5 sees one owner per block.
 #include <algorithm>
+#include <cstring>
 
 #include "fsck/checker.h"
 
@@ -85,7 +86,8 @@ bool Checker::must_move(uint64_t b, std::vector<bool>& taken) {
   return true;
 }
 
-// Gives inode n copies of the shared blocks others took first: the xattr block, tree blocks
+// Gives inode n copies of the shared blocks others took first: the xattr chain and value
+// blocks (the block naming each rewritten to name its copy), tree blocks
 // (dropped: write_mapping allocates others) and extents.
 void Checker::move_shared(Info& n, std::vector<bool>& taken) {
   if (n.xattr && must_move(n.xattr, taken)) {
@@ -93,10 +95,12 @@ void Checker::move_shared(Info& n, std::vector<bool>& taken) {
     if (!alloc(1, &to, &got) || !copy_blocks(n.xattr, to, 1)) {
       unfixable("inode " + num(n.ino) + ": no free block to copy its xattr block to");
     } else {
+      xattr_block_moved(n, n.xattr, to);
       n.xattr = to;
       n.dirty = true;
     }
   }
+  move_xattr_blocks(n, taken);
   for (size_t t = 0; t < n.tree.size();) {
     if (must_move(n.tree[t], taken)) {
       n.tree.erase(n.tree.begin() + static_cast<long>(t));  // write_mapping allocates another
@@ -118,6 +122,48 @@ void Checker::move_shared(Info& n, std::vector<bool>& taken) {
   if (moved) {
     n.ext = std::move(out);
     n.remap = n.dirty = true;
+  }
+}
+
+// The chain and value blocks after the first: each shared one is copied, and the chain
+// block naming it (its `next`, or an entry's value record) is rewritten to name the copy.
+void Checker::move_xattr_blocks(Info& n, std::vector<bool>& taken) {
+  for (size_t j = 0; j < n.xblocks.size() && !failed(); ++j) {
+    const uint64_t from = n.xblocks[j];
+    if (!must_move(from, taken)) continue;
+    uint64_t to, got;
+    if (!alloc(1, &to, &got) || !copy_blocks(from, to, 1)) {
+      unfixable("inode " + num(n.ino) + ": no free block to copy its xattr block " + num(from) +
+                " to");
+      continue;
+    }
+    xattr_block_moved(n, from, to);
+    const uint64_t at = n.xref[j].first;
+    const uint32_t off = n.xref[j].second;
+    auto it = std::find_if(n.xpatch.begin(), n.xpatch.end(),
+                           [&](const auto& p) { return p.first == at; });
+    if (it == n.xpatch.end()) {
+      std::vector<uint8_t> buf(kBlockSize);
+      if (!read(at, 1, buf.data())) return;
+      n.xpatch.emplace_back(at, std::move(buf));
+      it = n.xpatch.end() - 1;
+    }
+    std::memcpy(it->second.data() + off, &to, 8);
+    const uint64_t sum = block_checksum(it->second.data(), kHeaderChecksumOffset, L_.seed);
+    std::memcpy(it->second.data() + kHeaderChecksumOffset, &sum, 8);
+    n.xblocks[j] = to;
+    n.dirty = true;
+  }
+}
+
+// An xattr chain block of n now lives at `to`: what pass 1 rewrote of it, and the references
+// its content holds, follow.
+void Checker::xattr_block_moved(Info& n, uint64_t from, uint64_t to) {
+  for (auto& p : n.xpatch) {
+    if (p.first == from) p.first = to;
+  }
+  for (auto& r : n.xref) {
+    if (r.first == from) r.first = to;
   }
 }
 

@@ -73,7 +73,7 @@ void Checker::write_mapping(Info& n) {
   n.ext = std::move(ext);
   n.tree = std::move(used);
   n.root = std::move(rp);
-  n.blocks = n.tree.size() + (n.xattr ? 1 : 0);
+  n.blocks = meta_blocks(n);
   for (const Extent& e : n.ext) n.blocks += e.blocks();
   n.remap = false;
   n.dirty = true;
@@ -186,6 +186,10 @@ void Checker::patch_inode(const Info& n, uint64_t now, uint8_t* p) const {
     d.parent = n.parent;
     d.next_orphan = n.on_orphan_list ? n.next_orphan : 0;
     d.xattr_block = n.xattr;
+    if (n.clamp_times) {
+      for (uint64_t* t : {&d.atime_ns, &d.mtime_ns, &d.ctime_ns, &d.crtime_ns})
+        *t = time_clamped(*t);
+    }
     if (n.root) {
       d.extent_count = n.root->count;
       d.tree_depth = n.root->depth;

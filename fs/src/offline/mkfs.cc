@@ -285,7 +285,7 @@ Status format(blockdev::BlockDevice& dev, const MkfsOptions& o, const Geometry& 
   sb.free_inodes = free_inodes;
   sb.root_inode = kRootInode;
   sb.state = kStateClean;
-  sb.features = kFeaturesV1 | kFeatureGdtRoom;
+  sb.features = kFeaturesV1 | kFeatureGdtRoom | kFeatureXattrChain;
   sb.checksum_seed = seed;
   for (auto& b : sb.uuid) b = static_cast<uint8_t>(rng());
   std::strncpy(sb.label, o.label.c_str(), sizeof sb.label - 1);

@@ -35,8 +35,8 @@ struct Attr {
   uint32_t mode = 0, nlink = 0, uid = 0, gid = 0, generation = 0;
   uint64_t rdev = 0;
   uint64_t size = 0;
-  uint64_t blocks = 0;                                // 512-byte units, as st_blocks
-  uint64_t atime_ns = 0, mtime_ns = 0, ctime_ns = 0;  // as stored: signed ns (format.h time_split)
+  uint64_t blocks = 0;           // 512-byte units, as st_blocks
+  TimeSpec atime, mtime, ctime;  // exact, any int64 seconds (FORMAT.md "Inode" times)
   void to_stat(struct stat* st) const;
 };
 
@@ -45,7 +45,8 @@ struct SetAttr {
   bool mode = false, uid = false, gid = false, size = false, atime = false, mtime = false;
   bool atime_now = false, mtime_now = false;  // UTIME_NOW
   uint32_t new_mode = 0, new_uid = 0, new_gid = 0;
-  uint64_t new_size = 0, new_atime_ns = 0, new_mtime_ns = 0;  // times: format.h time_ns_from
+  uint64_t new_size = 0;
+  TimeSpec new_atime, new_mtime;  // any int64 seconds, nsec 0..999999999
 };
 
 struct MountOptions {

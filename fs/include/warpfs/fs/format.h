@@ -25,12 +25,18 @@ enum : uint32_t {
   kFeatureHashedDirs = 1,
   kFeatureExtents = 2,
   kFeatureJournal = 4,
-  kFeatureGdtRoom = 8
+  kFeatureGdtRoom = 8,
+  // Extended attributes beyond one block (FORMAT.md "Extended attributes"): xattr blocks
+  // chained through XattrHeader::next and values in value blocks. Code that predates it
+  // would take those blocks for leaked ones and free them, so it must refuse such an image.
+  kFeatureXattrChain = 16
 };
 inline constexpr uint32_t kFeaturesV1 = kFeatureHashedDirs | kFeatureExtents | kFeatureJournal;
 // Feature sets this code reads: v1, and v1 with a descriptor table that keeps room to grow
-// (Superblock::gdt_blocks; FORMAT.md "Layout"), which code that predates it must refuse.
+// (Superblock::gdt_blocks; FORMAT.md "Layout"), each with or without chained xattrs; code
+// that predates either must refuse it.
 inline bool features_supported(uint32_t f) {
+  f &= ~uint32_t{kFeatureXattrChain};
   return f == kFeaturesV1 || f == (kFeaturesV1 | kFeatureGdtRoom);
 }
 
@@ -244,7 +250,7 @@ struct XattrHeader {
   uint16_t count;
   uint16_t used;  // bytes of entries after the header
   uint64_t owner;
-  uint64_t reserved;
+  uint64_t next;  // the chain's next xattr block, 0 = the last (kFeatureXattrChain; else 0)
   uint64_t checksum;
 };
 static_assert(sizeof(XattrHeader) == 32);
@@ -255,7 +261,40 @@ struct XattrEntryHeader {
 };
 static_assert(sizeof(XattrEntryHeader) == 4);
 inline constexpr uint32_t kXattrMagic = 0x41584657;  // "WFXA"
-enum : uint8_t { kXattrUser = 1, kXattrTrusted = 2, kXattrSecurity = 3, kXattrSystem = 4 };
+// kXattrInternal: the filesystem's own records, never listed nor reachable by a name.
+enum : uint8_t {
+  kXattrUser = 1,
+  kXattrTrusted = 2,
+  kXattrSecurity = 3,
+  kXattrSystem = 4,
+  kXattrInternal = 5
+};
+// name_index bit 7: the entry's value is an XattrValueRef (value_len = its bytes), the value
+// itself in value blocks.
+inline constexpr uint8_t kXattrOutOfLine = 0x80;
+// Values longer than this go to value blocks (kFeatureXattrChain); shorter ones are inline.
+inline constexpr uint32_t kXattrInlineMax = 2048;
+inline constexpr uint32_t kXattrValueMax = 65536;  // XATTR_SIZE_MAX
+// The record of an out-of-line value: `count` value blocks follow as u64 block numbers.
+struct XattrValueRef {
+  uint32_t size;   // bytes of the value
+  uint32_t count;  // value blocks, ceil(size / kXattrValuePayload)
+};
+static_assert(sizeof(XattrValueRef) == 8);
+// A value block: header, then up to kXattrValuePayload bytes of the value.
+struct XattrValueHeader {
+  uint32_t magic;  // "WFXV"
+  uint32_t used;   // bytes of the value in this block
+  uint64_t owner;
+  uint32_t position;  // this block's index in the value's list
+  uint32_t reserved;
+  uint64_t checksum;
+};
+static_assert(sizeof(XattrValueHeader) == 32);
+inline constexpr uint32_t kXattrValueMagic = 0x56584657;  // "WFXV"
+inline constexpr uint32_t kXattrValuePayload = kBlockSize - sizeof(XattrValueHeader);
+inline constexpr uint32_t kXattrMaxValueBlocks =
+    (kXattrValueMax + kXattrValuePayload - 1) / kXattrValuePayload;
 
 // Every header-carrying metadata block (directory index and leaf, extent node, xattr block)
 // keeps its checksum at byte 24 of the block.
@@ -264,9 +303,10 @@ static_assert(offsetof(DirIndexHeader, checksum) == kHeaderChecksumOffset);
 static_assert(offsetof(DirLeafHeader, checksum) == kHeaderChecksumOffset);
 static_assert(offsetof(ExtentNodeHeader, checksum) == kHeaderChecksumOffset);
 static_assert(offsetof(XattrHeader, checksum) == kHeaderChecksumOffset);
+static_assert(offsetof(XattrValueHeader, checksum) == kHeaderChecksumOffset);
 
 // The owner inode of a header block: at byte 16 in index-shaped headers (directory index,
-// extent node), at byte 8 in the others (directory leaf, xattr block).
+// extent node), at byte 8 in the others (directory leaf, xattr block, xattr value block).
 inline uint64_t header_owner(const uint8_t* block) {
   uint32_t magic;
   uint64_t owner;
@@ -276,7 +316,8 @@ inline uint64_t header_owner(const uint8_t* block) {
   return owner;
 }
 static_assert(offsetof(DirIndexHeader, owner) == 16 && offsetof(ExtentNodeHeader, owner) == 16);
-static_assert(offsetof(DirLeafHeader, owner) == 8 && offsetof(XattrHeader, owner) == 8);
+static_assert(offsetof(DirLeafHeader, owner) == 8 && offsetof(XattrHeader, owner) == 8 &&
+              offsetof(XattrValueHeader, owner) == 8);
 
 // FORMAT.md "Journal": a transaction is a descriptor, `count` blocks, and a commit. Journal
 // positions are journal-relative (0 is the header) and wrap from journal_blocks-1 to 1.
@@ -319,14 +360,38 @@ uint64_t inode_checksum(const Inode& ino, uint64_t ino_number, uint64_t seed);
 inline constexpr uint64_t kMaxNameHash = (1ull << 63) - 2;
 uint64_t name_hash(const char* name, size_t len, uint64_t dir_seed);
 
-// FORMAT.md "Inode": a time as stored, signed nanoseconds since the epoch (two's complement
-// in the u64 field), from seconds and nanoseconds; outside 1677..2262 the nearer end.
+// FORMAT.md "Inode": a time, signed seconds since the epoch and nanoseconds 0..999999999.
+struct TimeSpec {
+  int64_t sec = 0;
+  int64_t nsec = 0;
+  bool operator==(const TimeSpec&) const = default;
+};
+// A time field as stored: signed nanoseconds since the epoch (two's complement in the u64
+// field), strictly between the two sentinels. A sentinel means the time is out of that range
+// (before 1677-09-21 or after 2262-04-11) and is exact in the inode's internal record
+// (TimesRecord); which end tells the side.
+inline constexpr uint64_t kTimeBelow = static_cast<uint64_t>(INT64_MIN);
+inline constexpr uint64_t kTimeAbove = static_cast<uint64_t>(INT64_MAX);
+inline bool time_sentinel(uint64_t stored) {
+  return stored == kTimeBelow || stored == kTimeAbove;
+}
+// Whether a time field of d holds a sentinel: its exact time is in the internal record.
+inline bool has_time_sentinel(const Inode& d) {
+  return time_sentinel(d.atime_ns) || time_sentinel(d.mtime_ns) || time_sentinel(d.ctime_ns) ||
+         time_sentinel(d.crtime_ns);
+}
+// The stored form of (sec, nsec): the nanoseconds, or the sentinel of the side it lies on.
 inline uint64_t time_ns_from(int64_t sec, int64_t nsec) {
-  __int128 ns = static_cast<__int128>(sec) * 1000000000 + nsec;  // no int64 sec overflows it
-  ns = ns > INT64_MAX ? INT64_MAX : ns < INT64_MIN ? INT64_MIN : ns;
+  const __int128 ns = static_cast<__int128>(sec) * 1000000000 + nsec;  // no int64 sec overflows it
+  if (ns >= INT64_MAX) return kTimeAbove;
+  if (ns <= INT64_MIN) return kTimeBelow;
   return static_cast<uint64_t>(static_cast<int64_t>(ns));
 }
-// The seconds (floor) and nanoseconds (0..999999999) of a stored time.
+inline uint64_t time_ns_from(const TimeSpec& t) {
+  return time_ns_from(t.sec, t.nsec);
+}
+// The seconds (floor) and nanoseconds (0..999999999) of a stored time; a sentinel reads as
+// the nanosecond value it is (the nearest end), what a missing record falls back to.
 inline void time_split(uint64_t stored, int64_t* sec, int64_t* nsec) {
   const int64_t ns = static_cast<int64_t>(stored);
   *sec = ns / 1000000000;
@@ -336,6 +401,28 @@ inline void time_split(uint64_t stored, int64_t* sec, int64_t* nsec) {
     *sec -= 1;
   }
 }
+inline TimeSpec time_split(uint64_t stored) {
+  TimeSpec t;
+  time_split(stored, &t.sec, &t.nsec);
+  return t;
+}
+// A sentinel replaced by the nearest time a field holds exactly (fsck's repair of a
+// sentinel without a record).
+inline uint64_t time_clamped(uint64_t stored) {
+  return stored == kTimeBelow ? kTimeBelow + 1 : stored == kTimeAbove ? kTimeAbove - 1 : stored;
+}
+
+// FORMAT.md "Inode": the internal xattr (kXattrInternal) "times": the exact atime, mtime,
+// ctime and crtime, of which those whose field holds a sentinel count.
+struct TimesRecord {
+  struct Entry {
+    int64_t sec;
+    uint32_t nsec;
+    uint32_t pad;
+  } t[4];  // atime, mtime, ctime, crtime
+};
+static_assert(sizeof(TimesRecord) == 64);
+inline constexpr const char* kTimesRecordName = "times";
 
 // Group geometry helpers.
 inline uint64_t group_of_inode(uint64_t ino, uint32_t inodes_per_group) {

@@ -1,7 +1,7 @@
 // tune.warpfs: changes the adjustable fields of an unmounted, clean filesystem's superblock
 // (FORMAT.md "Superblock"): its label, the blocks kept for root and who may use them, the
-// default journal commit interval and default mount options, as tune2fs does for ext4. Nothing else
-// is touched.
+// default journal commit interval and default mount options, and the xattr_chain feature, as
+// tune2fs does for ext4. Nothing else is touched.
 //
 // Libraries: tune() and read_tunable_superblock() are offline code (warpfs_fs_offline, linked
 // by tune.warpfs and the tests); the default mount options' parser and accessor are the
@@ -24,6 +24,10 @@ struct TuneRequest {
   std::optional<uint32_t> reserved_uid, reserved_gid;
   std::optional<uint32_t> commit_interval_s;  // 0: 5 s; at most 86400
   std::optional<std::string> mount_opts;      // default mount options; "" clears them
+  // -O xattr_chain: extended attributes beyond one block (kFeatureXattrChain). Enabling it
+  // needs nothing else: an image's one-block attributes are a chain of one. Not reversible
+  // here (blocks already chained would be lost to older code).
+  bool enable_xattr_chain = false;
 };
 
 // The default mount options a superblock may keep (FORMAT.md "Default mount options"), as
