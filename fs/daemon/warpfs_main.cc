@@ -37,6 +37,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "fuse_session.h"
 #include "warpfs/blockdev/devices.h"
 #include "warpfs/blockdev/stack.h"
 #include "warpfs/fs/filesystem.h"
@@ -739,10 +740,9 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
 }
 
 void op_init(void*, fuse_conn_info* conn) {
-  if (conn->capable & FUSE_CAP_SPLICE_READ) conn->want &= ~FUSE_CAP_SPLICE_READ;
-  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;  // the kernel must not reorder writes past fsync
-  // Larger writes move more per request (FUSE's default is 128 KiB).
-  conn->max_write = 1 << 20;
+  // No splice reads, no writeback cache, 1 MiB writes, the asynchronous queue's depth: as
+  // warpfs-null (fuse_session.h).
+  warpfs::daemon::negotiate(conn);
   // File handles (name_to_handle_at, NFS export): the kernel decodes one it no longer caches
   // by looking up "." of its inode and ".." of a directory (Filesystem::lookup).
   if (conn->capable & FUSE_CAP_EXPORT_SUPPORT) conn->want |= FUSE_CAP_EXPORT_SUPPORT;
@@ -1209,6 +1209,7 @@ void usage(const char* prog) {
       "  ro              read-only (rw: read-write, the default)\n"
       "  ro/rw, discard/nodiscard and meta_cache_mb= not given here come from the filesystem's\n"
       "  default mount options (tune.warpfs -o), if it has any\n"
+      "  max_threads=N   FUSE worker threads at most (default: 4 per CPU, 10 to 64)\n"
       "  and the FUSE options (-f foreground, -d debug, -s single-threaded, allow_other, ...)\n"
       "%s --list-devices: the NVMe controllers (as warpfs-pci list)\n"
       "%s --version (-V): the version\n",
@@ -1278,6 +1279,7 @@ int main(int argc, char** argv) {
     fuse_opt_free_args(&args);
     return list_devices();
   }
+  const bool threads_given = warpfs::daemon::max_threads_given(&args);
   fuse_cmdline_opts cl{};
   if (fuse_parse_cmdline(&args, &cl) != 0) return 1;
   if (o.device == nullptr || cl.mountpoint == nullptr) {
@@ -1444,21 +1446,7 @@ int main(int argc, char** argv) {
         });
         pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
         looped = true;
-        if (cl.singlethread) {
-          rc = fuse_session_loop(se);
-        } else {
-          fuse_loop_config* lc = fuse_loop_cfg_create();
-          // libfuse's defaults (as passthrough_ll): 10 threads at most, idle ones kept.
-          fuse_loop_cfg_set_clone_fd(lc, cl.clone_fd);
-          // fuse_parse_cmdline leaves max_threads and max_idle_threads at UINT_MAX unless
-          // -o max_threads= / max_idle_threads= was given; passed on as they are, libfuse
-          // logs "Ignoring invalid max threads value" at every mount.
-          if (cl.max_threads <= 100000) fuse_loop_cfg_set_max_threads(lc, cl.max_threads);
-          if (cl.max_idle_threads <= 100000)
-            fuse_loop_cfg_set_idle_threads(lc, cl.max_idle_threads);
-          rc = fuse_session_loop_mt(se, lc);
-          fuse_loop_cfg_destroy(lc);
-        }
+        rc = warpfs::daemon::run_session_loop(se, cl, threads_given);
         // A second Ctrl-C or SIGTERM must not cut the unmount below short.
         pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
         const uint64_t stop_one = 1;  // the eventfd stays readable: it stops both threads
