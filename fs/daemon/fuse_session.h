@@ -9,8 +9,10 @@
 
 namespace warpfs::daemon {
 
-// Entry and attribute timeouts (seconds).
-constexpr double kDefaultTimeoutS = 1;
+// Entry and attribute timeouts (seconds) unless -o timeout= says otherwise: the kernel sees
+// every change to a warpfs mount, and the daemon tells it those it makes on its own
+// (warpfs(8), CACHING), so its caches may keep names and attributes as long as they like.
+constexpr double kDefaultTimeoutS = 86400;
 
 // Larger writes move more per request (FUSE's default is 128 KiB).
 constexpr unsigned kMaxWrite = 1u << 20;

@@ -67,6 +67,7 @@ struct Options {
   unsigned commit_s = kCommitUnset;
   unsigned meta_cache_mb = kMetaCacheUnset;
   unsigned io_timeout_s = 30;
+  double timeout_s = warpfs::daemon::kDefaultTimeoutS;  // entry and attribute timeouts
   char* stats = nullptr;
   int ro = -1;       // -1: neither ro nor rw given (the superblock's default, else rw)
   int remount = 0;   // -o remount: mount(8) runs the helper again for mount -o remount
@@ -93,6 +94,7 @@ const fuse_opt kOpts[] = {WARPFS_OPT("cache_mb=%u", cache_mb),
                           WARPFS_OPT("remount", remount),
                           FUSE_OPT_KEY("rw", kKeyRw),
                           WARPFS_OPT("io_timeout=%u", io_timeout_s),
+                          WARPFS_OPT("timeout=%lf", timeout_s),
                           WARPFS_OPT("inline_io=%u", inline_io),
                           WARPFS_OPT("meta_cache_mb=%u", meta_cache_mb),
                           WARPFS_OPT("-h", help),
@@ -289,7 +291,7 @@ struct Daemon {
   ReadBuffers read_buffers;  // thread-safe itself; emptied before the stack goes
   std::unique_ptr<Filesystem> fs;
   std::string stats_path;
-  double timeout = 1.0;
+  double timeout = warpfs::daemon::kDefaultTimeoutS;  // entry and attribute (-o timeout=)
   PageCacheTracker page_cache;
   fuse_session* se = nullptr;
   // The live view's counters: each its own atomics, written by every worker (latency.h).
@@ -333,6 +335,14 @@ void reply_attr_or_err(fuse_req_t req, int rc, const Attr& a) {
   struct stat st;
   a.to_stat(&st);
   fuse_reply_attr(req, &st, daemon_of(req)->timeout);
+}
+
+// An attribute the kernel caches (for `timeout` seconds) changed beyond what it updates itself
+// after the request: it must ask again. Attributes only (offset -1): the kernel takes no
+// inode lock for it, so this is safe inside a request that holds one (write, setxattr, the
+// fileattr ioctls).
+void attributes_changed(fuse_req_t req, fuse_ino_t ino) {
+  fuse_lowlevel_notify_inval_inode(daemon_of(req)->se, ino, -1, 0);
 }
 
 // The caller's ids and umask. The kernel leaves the umask to the daemon (FUSE_CAP_DONT_MASK):
@@ -516,8 +526,8 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
   if (dropped_privs) {
     // The kernel clears set-user-ID itself before a buffered write, but not before an
     // O_DIRECT one (FUSE_HANDLE_KILLPRIV leaves it to us): its cached mode still has the
-    // bits, and an exec would honour them. Attributes only (offset -1): no inode lock taken.
-    fuse_lowlevel_notify_inval_inode(d->se, ino, -1, 0);
+    // bits, and an exec would honour them.
+    attributes_changed(req, ino);
   }
   if (rc) {
     fuse_reply_err(req, rc);
@@ -621,9 +631,14 @@ void op_statfs(fuse_req_t req, fuse_ino_t) {
   fuse_reply_statfs(req, &st);
 }
 
+// After setxattr and removexattr the kernel marks only ctime stale (fuse_update_ctime), but
+// the attribute block may come or go with them: st_blocks changes too (a statx asking for
+// STATX_BLOCKS alone would be answered from the cache).
 void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
                  int flags) {
-  fuse_reply_err(req, fs_of(req).setxattr(ino, name, value, size, flags));
+  const int rc = fs_of(req).setxattr(ino, name, value, size, flags);
+  if (rc == 0) attributes_changed(req, ino);
+  fuse_reply_err(req, rc);
 }
 
 void reply_sized(fuse_req_t req, int rc, const std::string& v, size_t size) {
@@ -651,7 +666,9 @@ void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 }
 
 void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
-  fuse_reply_err(req, fs_of(req).removexattr(ino, name));
+  const int rc = fs_of(req).removexattr(ino, name);
+  if (rc == 0) attributes_changed(req, ino);
+  fuse_reply_err(req, rc);
 }
 
 void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info*) {
@@ -704,6 +721,7 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
       fuse_reply_err(req, rc);
       return;
     }
+    attributes_changed(req, ino);  // ctime: the kernel's fileattr_set marks nothing stale
     fuse_reply_ioctl(req, 0, nullptr, 0);
     return;
   }
@@ -733,6 +751,7 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
       fuse_reply_err(req, rc);
       return;
     }
+    attributes_changed(req, ino);  // ctime, as FS_IOC_SETFLAGS
     fuse_reply_ioctl(req, 0, nullptr, 0);
     return;
   }
@@ -1201,6 +1220,8 @@ void usage(const char* prog) {
       "  meta_cache_mb=N cap of the metadata cache in MiB (default: the filesystem's, else 32;\n"
       "                  0: no cap); blocks of inodes the kernel has forgotten are dropped\n"
       "                  whatever the size\n"
+      "  timeout=SECONDS how long the kernel may cache names and attributes (default 86400;\n"
+      "                  0: ask the daemon every time)\n"
       "  io_timeout=N    reset the controller when a busy queue completes nothing for N\n"
       "                  seconds; the commands in flight fail with EIO (default 30; 0: never)\n"
       "  stats=FILE      write cache and journal counters as JSON to FILE at unmount and on "
@@ -1292,6 +1313,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "warpfs: queues and workers must be 1..64, commit 1..86400 seconds\n");
     return 1;
   }
+  if (!(o.timeout_s >= 0 && o.timeout_s <= 1e9)) {
+    std::fprintf(stderr, "warpfs: timeout must be 0..1000000000 seconds\n");
+    return 1;
+  }
   // Permissions are checked by the kernel; the daemon names itself in /proc/mounts, an
   // emulated image by its absolute path (so that mkfs and fsck recognise it as mounted
   // whatever directory they run in: blockdev::warpfs_mount_of_image).
@@ -1351,6 +1376,7 @@ int main(int argc, char** argv) {
   };
 
   Daemon d;
+  d.timeout = o.timeout_s;
   d.stats_path = o.stats ? o.stats : "";
   if (!d.stats_path.empty()) {
     if (std::string why = check_stats_path(d.stats_path); !why.empty()) {
