@@ -542,6 +542,14 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     // Safe inside the write: the kernel invalidates pages and attributes without the inode
     // lock.
     fuse_lowlevel_notify_inval_inode(d->se, ino, off, static_cast<off_t>(written));
+  } else if (fi->fh == kFhDirect && written > 0 && !dropped_privs) {
+    // The times too (that call invalidated them as well): for an asynchronous write the
+    // kernel marks the attributes stale when it queues the write (fuse_direct_IO) and only
+    // bumps their version when it completes, so the old mtime and ctime of a GETATTR answered
+    // while the write was under way would stay cached for the whole timeout. (A cached open
+    // that fcntl made O_DIRECT reaches the same kernel path and is not told: its writes look
+    // buffered here.) No cost seen: 4 KiB O_DIRECT QD1 writes 28-32k/s with and without.
+    attributes_changed(req, ino);
   }
   d->written_bytes.fetch_add(written, std::memory_order_relaxed);
   fuse_reply_write(req, written);
