@@ -65,7 +65,7 @@ struct Options {
   enum Layout { kFlat, kTree, kMix } layout = kFlat;
   std::vector<int> pids;
   uint64_t seed = 1;
-  uint64_t settle_ms = 1100;  // longer than the FUSE daemons' entry and attribute timeouts
+  uint64_t settle_ms = 1100;  // longer than a 1 s entry and attribute timeout (passthrough_ll's)
 };
 
 void print_usage(FILE* f) {
@@ -300,11 +300,11 @@ void run_namespace(const Options& o, const char* layout, const std::vector<std::
     return o.files;
   });
   // A FUSE filesystem's kernel caches names and attributes for the timeout its daemon gives
-  // (1 s in warpfs, passthrough_ll and fuse2fs): a stat right after a fast create phase never
-  // reaches the daemon, one after a slow phase does. So "stat" first waits the timeout out
-  // (every lookup goes to the filesystem). "stat_cached" then stats each chunk of
-  // kCachedChunk files twice and times only the second pass, which finds what the first put
-  // in the kernel's caches however slow the filesystem is.
+  // (1 s in passthrough_ll and fuse2fs; a day in warpfs, whose stats the kernel answers): a
+  // stat right after a fast create phase never reaches the daemon, one after a slow phase
+  // does. So "stat" first waits a 1 s timeout out (every lookup goes to such a filesystem).
+  // "stat_cached" then stats each chunk of kCachedChunk files twice and times only the second
+  // pass, which finds what the first put in the kernel's caches however slow the filesystem is.
   timespec settle{static_cast<time_t>(o.settle_ms / 1000),
                   static_cast<long>(o.settle_ms % 1000) * 1'000'000};
   while (nanosleep(&settle, &settle) != 0 && errno == EINTR) {

@@ -6,15 +6,14 @@
 // written range work. Everything is lost at unmount.
 //
 // What it shares with warpfs (fs/daemon/warpfs_main.cc) so that it measures the same
-// transport: the connection's options of op_init (max_write 1 MiB, no writeback cache, no
-// splice reads, export support and POSIX ACLs off here: they change no data-path request),
-// the mount options (default_permissions), 1 s entry and attribute timeouts (warpfs's
-// Daemon::timeout), O_DIRECT opens answered with FOPEN_DIRECT_IO and other opens with
-// keep_cache, no FLUSH handler (the kernel stops sending it after the first ENOSYS, as for
-// warpfs), GETXATTR answered (ENODATA) so the kernel keeps asking before writes as it does
-// warpfs, and the same multithreaded session loop configuration (libfuse's defaults, clone_fd
-// and max_threads / max_idle_threads from the command line exactly as warpfs passes them).
-// A change to one of these in warpfs_main.cc must be made here too.
+// transport: the connection's options and the session loop, from fs/daemon/fuse_session.h
+// (max_write 1 MiB, no writeback cache, no splice reads, the asynchronous queue's depth, the
+// worker threads; export support and POSIX ACLs off here: they change no data-path request),
+// warpfs's default entry and attribute timeouts, the mount options (default_permissions),
+// O_DIRECT opens answered with FOPEN_DIRECT_IO and other opens with keep_cache, no FLUSH
+// handler (the kernel stops sending it after the first ENOSYS, as for warpfs), and GETXATTR
+// answered (ENODATA) so the kernel keeps asking before writes as it does warpfs. A change to
+// the handlers' side of these in warpfs_main.cc must be made here too.
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 #include <sys/stat.h>
@@ -36,10 +35,11 @@
 #include <string>
 #include <vector>
 
+#include "fuse_session.h"  // fs/daemon: warpfs's connection options and session loop
+
 namespace {
 
-constexpr double kTimeoutS = 1.0;               // warpfs's Daemon::timeout (entry and attribute)
-constexpr unsigned kMaxWrite = 1u << 20;        // warpfs's op_init: conn->max_write
+constexpr double kTimeoutS = warpfs::daemon::kDefaultTimeoutS;  // warpfs's default timeout
 constexpr size_t kZeroBytes = size_t{1} << 20;  // one read may reference it several times
 
 // One file or directory. The fuse inode number is the Node's address (the root's is
@@ -152,9 +152,7 @@ int remove_node(fuse_ino_t parent, const char* name, bool dir) {
 }
 
 void op_init(void*, fuse_conn_info* conn) {
-  if (conn->capable & FUSE_CAP_SPLICE_READ) conn->want &= ~FUSE_CAP_SPLICE_READ;
-  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
-  conn->max_write = kMaxWrite;
+  warpfs::daemon::negotiate(conn);
 }
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -403,6 +401,7 @@ void usage(const char* prog) {
 
 int main(int argc, char** argv) {
   fuse_args args = FUSE_ARGS_INIT(argc, argv);
+  const bool threads_given = warpfs::daemon::max_threads_given(&args);
   fuse_cmdline_opts cl{};
   if (fuse_parse_cmdline(&args, &cl) != 0) return 1;
   if (cl.show_help || cl.show_version || cl.mountpoint == nullptr) {
@@ -425,18 +424,7 @@ int main(int argc, char** argv) {
       if (fuse_session_mount(se, cl.mountpoint) == 0) {
         if (fuse_daemonize(cl.foreground) == 0) {
           looped = true;
-          if (cl.singlethread) {
-            rc = fuse_session_loop(se);
-          } else {
-            // As warpfs: libfuse's defaults unless the command line set them.
-            fuse_loop_config* lc = fuse_loop_cfg_create();
-            fuse_loop_cfg_set_clone_fd(lc, cl.clone_fd);
-            if (cl.max_threads <= 100000) fuse_loop_cfg_set_max_threads(lc, cl.max_threads);
-            if (cl.max_idle_threads <= 100000)
-              fuse_loop_cfg_set_idle_threads(lc, cl.max_idle_threads);
-            rc = fuse_session_loop_mt(se, lc);
-            fuse_loop_cfg_destroy(lc);
-          }
+          rc = warpfs::daemon::run_session_loop(se, cl, threads_given);
         }
         fuse_session_unmount(se);
       }
