@@ -178,6 +178,7 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
       // chown clears set-user-ID and set-group-ID on non-directories (POSIX).
       if (!S_ISDIR(d.mode) && !s.mode) d.mode &= ~static_cast<uint32_t>(S_ISUID | S_ISGID);
     }
+    fold_times(*n);  // an overwrite's times first: those set here replace them
     if (s.atime) d.atime_ns = s.atime_now ? now : s.new_atime_ns;
     if (s.mtime) d.mtime_ns = s.mtime_now ? now : s.new_mtime_ns;
     if (s.size) d.mtime_ns = s.mtime ? d.mtime_ns : now;
