@@ -117,14 +117,16 @@ TEST(Overwrite, OpensNoTransactionAndItsTimesReachTheInodeAtTheNextStore) {
 }
 
 // The kernel forgets the node: its times are stored before it leaves the node table (else
-// the next lookup would read the old ones back).
+// the next lookup would read the old ones back, or it would have to stay in the table).
 TEST(Overwrite, ForgetStoresTheTimes) {
   auto r = Rig::make(64);
   ASSERT_TRUE(r);
   const Ino f = make_file(*r, "f", 4);
   ASSERT_EQ(r->write(f, kB, stamped_run(1, 1, 2)), 0);
   const uint64_t m = mtime(*r, f);
+  const uint64_t nodes = r->fs->stats().nodes;
   r->fs->forget(f, 1);
+  EXPECT_EQ(r->fs->stats().nodes, nodes - 1);  // it left: the lookup loads the stored inode
   Attr a;
   ASSERT_EQ(r->fs->lookup(kRootInode, "f", &a), 0);
   EXPECT_EQ(a.mtime_ns, m);
