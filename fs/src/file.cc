@@ -78,6 +78,7 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
   if (int rc = check_writable(); rc) return rc;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
+  if (int rc; overwrite(*n, off, len, buf, written, &rc)) return rc;
   std::unique_lock<SharedMutex> lk(n->rw);
   if (S_ISDIR(n->disk.mode)) return EISDIR;
   // Immutable: no write. Append-only: only past the end (an O_APPEND open's writes).
@@ -102,6 +103,73 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
   }
   if (dropped_privs) *dropped_privs = (privs & ~n->disk.mode) != 0;
   return *written > 0 ? 0 : rc;  // a short write reports what it wrote
+}
+
+// The fast path: no allocation, no size or mapping change, no privilege to drop, hence
+// nothing to journal. Ordered mode needs nothing either: the data goes to blocks the file
+// already owns on the media, and fsync writes them back (note_written). The times go to
+// Node::pending_times (see "Overwrites" in ARCHITECTURE.md). Holding rw shared excludes every
+// change of the size and mapping (truncate, punch, an extending or filling write: rw
+// exclusive) from the check to the last block written. Whole blocks only: a partial block's
+// read-modify-write would race another overwrite of the same block, so it takes the ordinary
+// path, whose exclusive lock excludes every fast one. Two fast overwrites of the same block
+// may land in either order, block by block, as two O_DIRECT writes on ext4 may.
+bool FsImpl::overwrite(Node& n, uint64_t off, size_t len, const char* buf, size_t* written,
+                       int* rc) {
+  if (len == 0 || off % kBlockSize != 0 || len % kBlockSize != 0) return false;
+  // An exclusive locker waiting: queue behind it (locks.h) rather than keep it out.
+  if (n.rw.writer_waiting()) return false;
+  std::shared_lock<SharedMutex> lk(n.rw);
+  const Inode& d = n.disk;
+  if (!n.mapped || !S_ISREG(d.mode) || pinned(d) || (d.mode & (S_ISUID | S_ISGID)) != 0 ||
+      !n.no_capability || off >= d.size || len > d.size - off) {
+    return false;
+  }
+  // The write's time replaces the stored ones by being later (fold_times): a file whose mtime
+  // or ctime was set past now (utimensat, or a sentinel beyond 2262) takes the ordinary path,
+  // which sets them to now.
+  const uint64_t t = now_ns();
+  if (time_later(d.mtime_ns, t) != t || time_later(d.ctime_ns, t) != t) return false;
+  struct Run {
+    uint64_t logical, physical, count;
+  };
+  Run runs[8];  // a FUSE write (1 MiB at most) over at most 8 extents; more: the ordinary path
+  size_t nruns = 0;
+  const uint64_t first = off / kBlockSize, end = (off + len) / kBlockSize;
+  for (uint64_t b = first; b < end;) {
+    const Mapping m = map_lookup(n, static_cast<uint32_t>(b));
+    if (m.hole || m.unwritten || nruns == std::size(runs)) return false;
+    const uint64_t run = std::min<uint64_t>(m.length, end - b);
+    runs[nruns++] = {b, m.physical, run};
+    b += run;
+  }
+  *rc = 0;
+  for (size_t i = 0; i < nruns; ++i) {
+    const Run& r = runs[i];
+    const blockdev::Status st = dev_.write(r.physical, static_cast<uint32_t>(r.count),
+                                           buf + (r.logical - first) * kBlockSize);
+    if (!st.is_ok()) {
+      log("inode " + std::to_string(n.ino) + ": data write failed: " + st.to_string());
+      *rc = errno_of(st);
+      break;
+    }
+    note_written(n, r.physical, r.count);
+    *written = (r.logical + r.count - first) * kBlockSize;
+  }
+  if (*written > 0) {
+    uint64_t p = n.pending_times.load(std::memory_order_relaxed);
+    while (p < t && !n.pending_times.compare_exchange_weak(p, t, std::memory_order_relaxed)) {
+    }
+    if (p == 0) {  // this thread raised it from 0: the node goes on the list
+      std::lock_guard<std::mutex> g(times_mu_);
+      times_dirty_.push_back(n.ino);
+    }
+    std::lock_guard<std::mutex> g(n.attr_mu);  // what stat shows
+    n.pub.mtime_ns = time_later(n.pub.mtime_ns, t);
+    n.pub.ctime_ns = time_later(n.pub.ctime_ns, t);
+    *rc = 0;  // a short write reports what it wrote
+  }
+  return true;
 }
 
 // One transaction's worth of a write. REQUIRES: rw exclusive, mapping loaded.
@@ -198,6 +266,8 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
     if (int xrc = drop_capability_locked(n); xrc && !rc) rc = xrc;
   }
   if (int src = map_store(n); src && !rc) rc = src;
+  // The capability is gone (map_store's note_changed cleared the flag before this).
+  if (*written > 0 && rc == 0) n.no_capability = true;
   return rc;
 }
 
@@ -405,7 +475,7 @@ int FsImpl::inspect(Ino ino, InodeReport* out) {
 }
 
 void FsImpl::note_written(Node& n, uint64_t first, uint64_t count) {
-  WARPFS_DCHECK(changeable_by_me(n), "note_written: rw exclusive");
+  WARPFS_DCHECK(readable_by_me(n), "note_written: rw held");
   std::lock_guard<std::mutex> g(n.written_mu);
   if (n.written_all) return;
   auto& w = n.written;
@@ -448,6 +518,12 @@ int FsImpl::fsync(Ino ino, bool datasync) {
   if (ro_) return 0;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
+  if (!datasync && n->pending_times.load(std::memory_order_relaxed) != 0) {
+    // An overwrite's times (fdatasync needs no time to read the data back): stored now, so
+    // that meta_txn names the transaction to commit (store()).
+    std::unique_lock<SharedMutex> lk(n->rw);
+    if (int rc = store_times_locked(*n); rc) return rc;
+  }
   std::lock_guard<std::mutex> one(n->sync_mu);
   Flusher& fl = journal_->flusher();
   std::vector<blockdev::BlockDevice::Range> runs;

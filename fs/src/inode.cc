@@ -84,6 +84,7 @@ int FsImpl::get_node(Ino ino, NodeRef* out) {
 int FsImpl::store(Node& n) {
   WARPFS_DCHECK(changeable_by_me(n), "store: rw exclusive");
   WARPFS_DCHECK(journal_->in_transaction(), "store: in a transaction");
+  fold_times(n);  // an overwrite's times (Node::pending_times) go with the inode
   // A time written in range replaced the last sentinel: the record goes with the change.
   if (n.times_record && !has_time_sentinel(n.disk)) {
     const int rc = remove_xattr_locked(n, kXattrInternal, kTimesRecordName);
@@ -115,6 +116,7 @@ int FsImpl::store(Node& n) {
 void FsImpl::note_changed(Node& n, bool data) {
   WARPFS_DCHECK(journal_->in_transaction(), "note_changed: in a transaction");
   const uint64_t t = journal_->running();
+  n.no_capability = false;  // unsure again (Node::no_capability)
   n.meta_txn.store(t, std::memory_order_release);
   if (data) n.data_txn.store(t, std::memory_order_release);
 }
@@ -153,6 +155,57 @@ void FsImpl::exact_times_unlocked(Node& n, Attr* out) {
   }
   std::shared_lock<SharedMutex> lk(n.rw);
   exact_times(n, n.disk, out);
+}
+
+void FsImpl::fold_times(Node& n) {
+  WARPFS_DCHECK(changeable_by_me(n), "fold_times: rw exclusive");
+  const uint64_t t = n.pending_times.exchange(0, std::memory_order_relaxed);
+  if (t == 0 || n.disk.mode == 0) return;  // none, or the inode is being freed
+  n.disk.mtime_ns = time_later(n.disk.mtime_ns, t);
+  n.disk.ctime_ns = time_later(n.disk.ctime_ns, t);
+}
+
+int FsImpl::store_times_locked(Node& n) {
+  WARPFS_DCHECK(changeable_by_me(n), "store_times_locked: rw exclusive");
+  WARPFS_DCHECK(!journal_->in_transaction(), "store_times_locked: not in a transaction");
+  if (n.pending_times.load(std::memory_order_relaxed) == 0 || n.disk.mode == 0) return 0;
+  Journal::Txn t(*journal_);
+  return store(n);
+}
+
+int FsImpl::store_times(bool wait) {
+  std::vector<Ino> inos, busy;
+  {
+    std::lock_guard<std::mutex> g(times_mu_);
+    inos.swap(times_dirty_);
+  }
+  int first_rc = 0;
+  for (const Ino ino : inos) {
+    NodeRef n;
+    {
+      std::lock_guard<Mutex> g(table_mu_);
+      auto it = nodes_.find(ino);
+      if (it == nodes_.end()) continue;  // freed (maybe_reclaim keeps a node with times)
+      n = it->second;
+    }
+    if (n->pending_times.load(std::memory_order_relaxed) == 0) continue;
+    std::unique_lock<SharedMutex> lk(n->rw, std::defer_lock);
+    if (wait) {
+      lk.lock();
+    } else if (!lk.try_lock()) {
+      busy.push_back(ino);
+      continue;
+    }
+    if (int rc = store_times_locked(*n); rc && !first_rc) first_rc = rc;
+    lk.unlock();
+    n.reset();
+    maybe_reclaim(ino);  // forgotten meanwhile: it stayed in the table for its times
+  }
+  if (!busy.empty()) {
+    std::lock_guard<std::mutex> g(times_mu_);
+    times_dirty_.insert(times_dirty_.end(), busy.begin(), busy.end());
+  }
+  return first_rc;
 }
 
 void FsImpl::publish(Node& n) {
@@ -240,9 +293,16 @@ void FsImpl::maybe_reclaim(Ino ino) {
     unlinked = n->pub.links == 0;
   }
   if (!unlinked) {
+    if (n->pending_times.load(std::memory_order_relaxed) != 0 && !ro_) {
+      // An overwrite's times, which leaving the table would lose.
+      std::unique_lock<SharedMutex> lk(n->rw);
+      if (store_times_locked(*n) != 0) return;  // stays (and stays on times_dirty_)
+    }
     std::lock_guard<Mutex> g(table_mu_);
-    // Only the table and `n` hold it: nobody is inside an operation on it.
-    if (n->nlookup == 0 && n->opens == 0 && n.use_count() == 2) {
+    // Only the table and `n` hold it: nobody is inside an operation on it. An overwrite
+    // since the store above leaves it for store_times.
+    if (n->nlookup == 0 && n->opens == 0 && n.use_count() == 2 &&
+        n->pending_times.load(std::memory_order_relaxed) == 0) {
       keep_sync_state(*n);
       nodes_.erase(ino);
       ++table_epoch_;

@@ -151,6 +151,18 @@ struct Node {
   std::atomic<uint64_t> meta_txn{0}, data_txn{0};
   static constexpr size_t kMaxWrittenRuns = 4096;
 
+  // The overwrite fast path (file.cc FsImpl::overwrite), which holds `rw` shared only.
+  // no_capability (rw): a write has dropped security.capability since the inode last changed.
+  // Set by write_locked after its store, cleared by note_changed (every change of the inode,
+  // its xattrs included, goes through it), so it is false whenever unsure: the fast path,
+  // which may not drop a capability, requires it.
+  bool no_capability = false;
+  // The latest mtime (= ctime) of overwrites not yet in `disk` (0: none). Raised by the fast
+  // path (atomically: several run at once under `rw` shared), taken into `disk` by store()
+  // under `rw` exclusive (fold_times). Such a node is on FsImpl::times_dirty_, so that the
+  // committer, fsync, sync or unmount stores it; a crash before that loses only the times.
+  std::atomic<uint64_t> pending_times{0};
+
   // Kernel references (FUSE lookups) and open handles: FsImpl::table_mu_.
   uint64_t nlookup = 0;
   uint32_t opens = 0;
@@ -376,9 +388,27 @@ class FsImpl final : public Filesystem {
   [[nodiscard]] int write_locked(Node& n, uint64_t off, size_t len, const char* buf,
                                  size_t* written);
   [[nodiscard]] int zero_range(Node& n, uint64_t off, uint64_t len);  // within mapped blocks
+  // A write wholly over mapped, written blocks inside the size of a file with no privilege
+  // to drop, with n.rw shared and no transaction: true if it took it (*rc its result), false
+  // if the write must take the ordinary path. REQUIRES: no lock of n's.
+  bool overwrite(Node& n, uint64_t off, size_t len, const char* buf, size_t* written, int* rc);
   // Data of `n` written to device blocks [first, first + count): fsync writes them back.
-  // REQUIRES: rw exclusive.
+  // REQUIRES: rw held (shared: the overwrite fast path).
   void note_written(Node& n, uint64_t first, uint64_t count);
+  // Overwrite times (Node::pending_times) into n.disk. REQUIRES: rw exclusive.
+  void fold_times(Node& n);
+  // Stores n's overwrite times, if it has any (not once freed), in a transaction of its own.
+  // REQUIRES: rw exclusive, not in a transaction.
+  [[nodiscard]] int store_times_locked(Node& n);
+  // Stores the nodes on times_dirty_ (each in a transaction of its own). `wait`: blocks on
+  // their locks (sync, fsync, unmount); else (the committer, which must never wait for an
+  // operation that may wait for a commit) skips a busy node until next time. REQUIRES: no
+  // node lock, not in a transaction.
+  [[nodiscard]] int store_times(bool wait);
+  std::mutex times_mu_;  // leaf: times_dirty_
+  // Nodes whose pending_times were raised from 0 (duplicates possible; some may have been
+  // stored since by another change).
+  std::vector<Ino> times_dirty_;
   [[nodiscard]] int set_size(Node& n, uint64_t size);
   // Before growing from old to size.
   [[nodiscard]] int drop_past_eof(Node& n, uint64_t old, uint64_t size);

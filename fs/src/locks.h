@@ -9,6 +9,11 @@
 // std::mutex and std::shared_mutex themselves, and the held_*() queries are never evaluated
 // (WARPFS_DCHECK does not evaluate its condition): no cost at all.
 //
+// SharedMutex also says whether a thread waits to take it exclusive (writer_waiting), so
+// that a path that could take it shared may queue behind that thread instead: glibc's
+// rwlock lets readers in while a writer waits, and shared holders that keep coming (the
+// overwrite fast path at a high queue depth) would starve a truncate or an fsync.
+//
 // The queries answer for the calling thread only: true means this thread holds the lock;
 // false says nothing about other threads. Thread-safety: as std::mutex / std::shared_mutex.
 #pragma once
@@ -63,6 +68,12 @@ class Mutex : public OwnedLock<std::mutex> {
 
 class SharedMutex : public OwnedLock<std::shared_mutex> {
  public:
+  void lock() {
+    waiting_.fetch_add(1, std::memory_order_relaxed);
+    OwnedLock::lock();
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  bool writer_waiting() const { return waiting_.load(std::memory_order_relaxed) != 0; }
   void lock_shared() {
     mu_.lock_shared();
     shared_held().push_back(this);
@@ -85,6 +96,7 @@ class SharedMutex : public OwnedLock<std::shared_mutex> {
   }
 
  private:
+  std::atomic<uint32_t> waiting_{0};  // threads in lock() (writer_waiting)
   // The shared locks this thread holds, one entry per hold.
   static std::vector<const SharedMutex*>& shared_held() {
     static thread_local std::vector<const SharedMutex*> held;
@@ -105,7 +117,24 @@ inline bool held_exclusive_by_me(const SharedMutex& m) {
 #else
 
 using Mutex = std::mutex;
-using SharedMutex = std::shared_mutex;
+class SharedMutex {
+ public:
+  void lock() {
+    waiting_.fetch_add(1, std::memory_order_relaxed);
+    mu_.lock();
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  bool try_lock() { return mu_.try_lock(); }
+  void unlock() { mu_.unlock(); }
+  void lock_shared() { mu_.lock_shared(); }
+  bool try_lock_shared() { return mu_.try_lock_shared(); }
+  void unlock_shared() { mu_.unlock_shared(); }
+  bool writer_waiting() const { return waiting_.load(std::memory_order_relaxed) != 0; }
+
+ private:
+  std::shared_mutex mu_;
+  std::atomic<uint32_t> waiting_{0};  // threads in lock() (writer_waiting)
+};
 // Only ever named inside WARPFS_DCHECK, which does not evaluate them with checks off.
 bool held_by_me(const Mutex& m);
 bool held_by_me(const SharedMutex& m);

@@ -242,7 +242,10 @@ void FsImpl::commit_loop() {
     if (!pressed || journal_->cached_buffers() > meta_cap_) {
       // The timer's commit: a failure is sticky (Journal::failed), so the next fsync, sync or
       // unmount reports it to someone who can act on it.
-      if (!ro_) (void)journal_->commit();
+      if (!ro_) {
+        (void)store_times(false);  // a failure is the journal's, sticky as the commit's
+        (void)journal_->commit();
+      }
       evict_metadata();
     }
     lk.lock();
@@ -279,6 +282,7 @@ int FsImpl::unmount() {
     log("unmount: the journal failed earlier; the superblock stays dirty (run fsck.warpfs)");
     return EIO;
   }
+  if (int rc = store_times(true); rc) return rc;
   if (int rc = journal_->close(); rc) return rc;
   return write_clean_superblock();
 }
@@ -303,6 +307,7 @@ int FsImpl::set_read_only(bool read_only) {
   if (read_only) {
     ro_ = true;  // changes from now on: EROFS
     if (journal_->failed()) return EIO;
+    if (int rc = store_times(true); rc) return rc;  // (overwrites in flight finish first)
     if (int rc = journal_->close(); rc) return rc;
     return write_clean_superblock();
   }
@@ -375,6 +380,7 @@ int FsImpl::statfs(struct statvfs* out) {
 
 int FsImpl::sync() {
   if (ro_) return 0;
+  if (int rc = store_times(true); rc) return rc;
   if (int rc = journal_->commit(); rc) return rc;
   return journal_->flusher().flush_all().is_ok() ? 0 : EIO;
 }

@@ -176,6 +176,7 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
   }
   {
     Journal::Txn t(*journal_);
+    fold_times(*n);  // an overwrite's times first: those set here replace them
     const uint64_t now = now_ns();
     uint64_t atime = s.atime ? (s.atime_now ? now : time_ns_from(s.new_atime)) : d.atime_ns;
     uint64_t mtime =

@@ -10,7 +10,8 @@
 //   1. namespace_mu_     namespace changes (create, link, unlink, rename, inode freeing)
 //   2. Node::rw          one per inode; several only under namespace_mu_
 //   3. the journal gate  a running transaction (never held while waiting for 1 or 2)
-//   4. leaf locks        allocator groups, metadata cache, node table, Node::attr_mu
+//   4. leaf locks        allocator groups, metadata cache, node table, Node::attr_mu,
+//                        Node::written_mu, FsImpl::times_mu_
 #pragma once
 
 #include <sys/stat.h>

@@ -406,6 +406,11 @@ inline TimeSpec time_split(uint64_t stored) {
   time_split(stored, &t.sec, &t.nsec);
   return t;
 }
+// The later of two stored times, compared as the signed values they are (a time before 1970
+// is a large u64).
+inline uint64_t time_later(uint64_t a, uint64_t b) {
+  return static_cast<int64_t>(a) >= static_cast<int64_t>(b) ? a : b;
+}
 // A sentinel replaced by the nearest time a field holds exactly (fsck's repair of a
 // sentinel without a record).
 inline uint64_t time_clamped(uint64_t stored) {
