@@ -103,6 +103,29 @@ TEST_F(PermTest, OwnerOnlyFileIsEACCESForOthers) {
   EXPECT_EQ(read_file(path("public")), "secret") << "nothing was truncated";
 }
 
+// open(O_TRUNC) by a user without CAP_FSETID who is not in the file's group drops set-user-ID
+// and set-group-ID, as a write does (on warpfs the truncate is the daemon's: atomic O_TRUNC).
+TEST_F(PermTest, TruncatingOpenDropsSetIdBits) {
+  root_file("suid", 04777, "data");
+  root_file("sgid", 02777, "data");
+  root_file("sgid_noexec", 02767, "data");  // without group execute: a non-member drops it too
+  for (const char* name : {"suid", "sgid", "sgid_noexec"}) {
+    EXPECT_AS_NOBODY(0, [&]() -> long {
+      const int fd = ::open(path(name).c_str(), O_WRONLY | O_TRUNC);
+      return fd < 0 ? -1 : ::close(fd);
+    }());
+  }
+  struct stat st;
+  ASSERT_OK(::stat(path("suid").c_str(), &st));
+  EXPECT_EQ(st.st_mode & 07777, 0777u);
+  EXPECT_EQ(st.st_size, 0);
+  ASSERT_OK(::stat(path("sgid").c_str(), &st));
+  EXPECT_EQ(st.st_mode & 07777, 0777u);
+  ASSERT_OK(::stat(path("sgid_noexec").c_str(), &st));
+  EXPECT_EQ(st.st_mode & 07777, 0767u);
+  EXPECT_EQ(st.st_size, 0);
+}
+
 TEST_F(PermTest, RootIgnoresModeBits) {
   root_file("none", 0000, "data");
   Fd fd(::open(path("none").c_str(), O_RDWR));
