@@ -122,7 +122,7 @@ bool FsImpl::overwrite(Node& n, uint64_t off, size_t len, const char* buf, size_
   std::shared_lock<SharedMutex> lk(n.rw);
   const Inode& d = n.disk;
   if (!n.mapped || !S_ISREG(d.mode) || pinned(d) || (d.mode & (S_ISUID | S_ISGID)) != 0 ||
-      !n.no_capability || off >= d.size || len > d.size - off) {
+      !(d.xattr_block == 0 || n.cap == Node::Cap::kAbsent) || off >= d.size || len > d.size - off) {
     return false;
   }
   // The write's time replaces the stored ones by being later (fold_times): a file whose mtime
@@ -266,8 +266,6 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
     if (int xrc = drop_capability_locked(n); xrc && !rc) rc = xrc;
   }
   if (int src = map_store(n); src && !rc) rc = src;
-  // The capability is gone (map_store's note_changed cleared the flag before this).
-  if (*written > 0 && rc == 0) n.no_capability = true;
   return rc;
 }
 

@@ -116,7 +116,6 @@ int FsImpl::store(Node& n) {
 void FsImpl::note_changed(Node& n, bool data) {
   WARPFS_DCHECK(journal_->in_transaction(), "note_changed: in a transaction");
   const uint64_t t = journal_->running();
-  n.no_capability = false;  // unsure again (Node::no_capability)
   n.meta_txn.store(t, std::memory_order_release);
   if (data) n.data_txn.store(t, std::memory_order_release);
 }

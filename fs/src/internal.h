@@ -109,7 +109,8 @@ struct Node {
   bool index_dirty = false;
   // Whether security.capability is among the attributes (rw, like `disk`): found by one
   // scan of the chain, then kept by every set and remove, so that the write path's
-  // drop_capability_locked costs nothing for a file without one (xattr.cc).
+  // drop_capability_locked costs nothing for a file without one (xattr.cc), and the
+  // overwrite fast path, which may not drop one, knows a file has none.
   enum class Cap : uint8_t { kUnknown, kAbsent, kPresent };
   Cap cap = Cap::kUnknown;
   // Whether the internal times record exists (rw, like `disk`): set where a time field gets
@@ -152,11 +153,6 @@ struct Node {
   static constexpr size_t kMaxWrittenRuns = 4096;
 
   // The overwrite fast path (file.cc FsImpl::overwrite), which holds `rw` shared only.
-  // no_capability (rw): a write has dropped security.capability since the inode last changed.
-  // Set by write_locked after its store, cleared by note_changed (every change of the inode,
-  // its xattrs included, goes through it), so it is false whenever unsure: the fast path,
-  // which may not drop a capability, requires it.
-  bool no_capability = false;
   // The latest mtime (= ctime) of overwrites not yet in `disk` (0: none). Raised by the fast
   // path (atomically: several run at once under `rw` shared), taken into `disk` by store()
   // under `rw` exclusive (fold_times). Such a node is on FsImpl::times_dirty_, so that the

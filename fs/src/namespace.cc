@@ -646,9 +646,9 @@ int FsImpl::open(Ino ino, int flags) {
     if (S_ISREG(n->disk.mode)) {
       // The kernel leaves this truncate's privilege drop to us too (do_truncate's
       // dentry_needs_remove_privs does not run for an atomic O_TRUNC): set-user-ID and
-      // set-group-ID go, as a write drops them (write_locked; the kernel keeps set-group-ID
-      // without group execute for a caller in the file's group, which the daemon cannot tell
-      // here: dropping it is the safe side). First, so that a crash between the two leaves the
+      // set-group-ID go. The kernel keeps set-group-ID without group execute for a caller in
+      // the file's group (and write_locked does), which the daemon cannot tell here: dropping
+      // it is the safe side. First, so that a crash between the two leaves the
       // privileges dropped, never a truncated file that keeps them.
       Inode& d = n->disk;
       const uint32_t kill = S_ISUID | S_ISGID;
