@@ -203,6 +203,10 @@ cleanup() {
   for ((i = ${#tmpfs_mounts[@]} - 1; i >= 0; --i)); do
     umount "${tmpfs_mounts[i]}" 2>/dev/null || umount -l "${tmpfs_mounts[i]}" || true
   done
+  # A row that failed keeps the daemons' logs beside the results: its cause is in them.
+  if [[ -s ${out:-} ]] && grep -q '"error":"[^"]' "$out" && [[ -d $work/logs ]]; then
+    cp -r "$work/logs" "$stem-logs" && echo "bench/fs: a row failed; logs in $stem-logs" >&2
+  fi
   rm -rf "$work"
   exit "$rc"
 }
