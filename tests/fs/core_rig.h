@@ -59,13 +59,7 @@ class CutDevice final : public blockdev::BlockDevice {
     return d_.write(b, n, buf);
   }
   blockdev::Status flush() override {
-    if (cut_) return dead();
-    const bool chosen =
-        flushes_.fetch_add(1, std::memory_order_relaxed) + 1 == cut_at_flush_.load();
-    if (arrive() || chosen) {
-      cut_ = true;
-      return dead();
-    }
+    if (cut_here_at_flush()) return dead();
     return d_.flush();
   }
   // A write-back sends writes (a cache below): a mutating call. The device's Flush alone is
@@ -75,13 +69,7 @@ class CutDevice final : public blockdev::BlockDevice {
     return d_.write_back(r, n);
   }
   blockdev::Status flush_device() override {
-    if (cut_) return dead();
-    const bool chosen =
-        flushes_.fetch_add(1, std::memory_order_relaxed) + 1 == cut_at_flush_.load();
-    if (arrive() || chosen) {
-      cut_ = true;
-      return dead();
-    }
+    if (cut_here_at_flush()) return dead();
     return d_.flush_device();
   }
   blockdev::Status trim(uint64_t b, uint64_t n) override {
@@ -101,6 +89,19 @@ class CutDevice final : public blockdev::BlockDevice {
     if (k != cut_at_.load(std::memory_order_acquire)) return false;
     cut_ = true;
     return true;
+  }
+  // A flush (flush() or flush_device(): both count as flushes and as mutating calls): true,
+  // and cut from now on, if the device is cut already or this is the flush or the mutating
+  // call chosen.
+  bool cut_here_at_flush() {
+    if (cut_) return true;
+    const bool chosen =
+        flushes_.fetch_add(1, std::memory_order_relaxed) + 1 == cut_at_flush_.load();
+    if (arrive() || chosen) {
+      cut_ = true;
+      return true;
+    }
+    return false;
   }
   void tear(uint64_t b, uint32_t n, const void* buf) {
     // xorshift's state is never 0
