@@ -275,6 +275,20 @@ void Run::sharer_loop(int index, uint64_t seed) {
   Filesystem& fs = *m_.fs;
   std::mt19937_64 rng(crash::mix(seed));
   auto below = [&](uint64_t n) { return n == 0 ? 0 : rng() % n; };
+  // The lookup references taken by pick_dir in this iteration, given back at its end. They
+  // are held while the directory is used, as the kernel holds a dentry's inode: without one
+  // a removed directory's inode number may be reused at once, by a regular file, say, and
+  // the operation would then see ENOTDIR, which no caller of the kernel can see.
+  std::vector<Ino> refs;
+  struct ForgetRefs {
+    Filesystem& fs;
+    std::vector<Ino>& refs;
+    void now() {
+      for (Ino i : refs) fs.forget(i, 1);
+      refs.clear();
+    }
+    ~ForgetRefs() { now(); }
+  } forget_refs{fs, refs};
   // A directory of /shared ("" = /shared itself, or d0..d2) and a name in it.
   auto pick_dir = [&](Ino* dir) -> int {
     if (below(3) == 0) {
@@ -284,7 +298,7 @@ void Run::sharer_loop(int index, uint64_t seed) {
     Attr a;
     const int rc = fs.lookup(shared_, "d" + std::to_string(below(3)), &a);
     if (rc) return rc;
-    fs.forget(a.ino, 1);
+    refs.push_back(a.ino);
     if (!S_ISDIR(a.mode)) return ENOTDIR;
     *dir = a.ino;  // may be removed before it is used: its operations then see ENOENT
     return 0;
@@ -303,6 +317,7 @@ void Run::sharer_loop(int index, uint64_t seed) {
   const std::initializer_list<int> kNameRaces = {ENOENT,  EEXIST, ENOTEMPTY, EISDIR,
                                                  ENOTDIR, EINVAL, EPERM,     EMLINK};
   while (!stop() && !cut()) {
+    forget_refs.now();
     other_ops_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t r = below(100);
     Ino dir;
