@@ -266,23 +266,38 @@ bool EmulatedController::has_work(unsigned idx) {
   return false;
 }
 
+uint64_t EmulatedController::next_wake(const Worker& w, uint64_t now) {
+  uint64_t wake_at = 0;
+  if (!w.blocked.empty()) wake_at = now + 20'000;  // retry a full CQ soon
+  if (!w.timed.empty()) {
+    const uint64_t due = w.timed.top().due_ns;
+    wake_at = wake_at ? std::min(wake_at, due) : due;
+  }
+  return wake_at;
+}
+
 // Idle: keep polling for idle_spin_ns (the next command usually arrives within
 // microseconds), then park on the kick futex until a doorbell rings or a timed completion
 // falls due.
+//
+// The sleep is planned twice. An inline ringer (run_inline) adds timed or blocked
+// completions under w.mu and then kicks us only if `sleeping` is set. So after announcing
+// ourselves we plan again under w.mu: either the ringer's addition came first and we see it
+// here, or our announcement came first and the ringer sees it and bumps `seq` (loaded before
+// the announcement, so the futex wait returns at once). Planning only before the
+// announcement lost such a completion until the next doorbell: with no other I/O, until the
+// driver's watchdog reset the controller.
 void EmulatedController::park(unsigned idx) {
+  static constexpr uint64_t kCloseNs = 100'000;  // a futex timeout would overshoot this
   Worker& w = workers_[idx];
   uint64_t now = port::now_ns();
-  uint64_t wake_at = 0;  // 0: nothing timed
+  uint64_t wake_at;
   {
     std::lock_guard<std::mutex> g(w.mu);
-    if (!w.blocked.empty()) wake_at = now + 20'000;  // retry a full CQ soon
-    if (!w.timed.empty()) {
-      const uint64_t due = w.timed.top().due_ns;
-      wake_at = wake_at ? std::min(wake_at, due) : due;
-    }
+    wake_at = next_wake(w, now);
   }
-  if (wake_at != 0 && wake_at <= now + 100'000) {
-    port::thread_yield();  // close deadlines: a futex timeout would overshoot them
+  if (wake_at != 0 && wake_at <= now + kCloseNs) {
+    port::thread_yield();
     return;
   }
   if (wake_at == 0 && now - w.last_work_ns < config_.idle_spin_ns) {
@@ -291,13 +306,17 @@ void EmulatedController::park(unsigned idx) {
     port::thread_yield();
     return;
   }
+  if (config_.park_window_hook) config_.park_window_hook(wake_at);
   const uint32_t seq = w.kick.seq.value.load(port::Order::kAcquire);
   w.kick.sleeping.value.store(1, port::Order::kSeqCst);  // then re-check: see has_work()
   bool work;
   {
     std::lock_guard<std::mutex> g(w.mu);
     work = has_work(idx);
+    now = port::now_ns();
+    wake_at = next_wake(w, now);
   }
+  if (wake_at != 0 && wake_at <= now + kCloseNs) work = true;  // back to pass() at once
   if (!work) port::futex_wait(w.kick.seq.value.address(), seq, wake_at ? wake_at - now : 0);
   w.kick.sleeping.value.store(0, port::Order::kRelaxed);
 }

@@ -104,6 +104,8 @@ class EmulatedController {
   bool run_inline(unsigned idx);
   static constexpr int kInlineRounds = 64;
   bool has_work(unsigned idx);
+  // When the worker must run next for completions it holds (0: none held). REQUIRES w.mu.
+  static uint64_t next_wake(const Worker& w, uint64_t now);
   void park(unsigned idx);
   bool handle_cc();
   void reset_locked();

@@ -457,5 +457,67 @@ TEST(Controller, InlineModeRunsCommandsInTheRingingThread) {
   EXPECT_EQ(r->emu->counters().parked_workers, 2u);
 }
 
+// Inline mode with timed completions (latency_ns): the ringing thread runs the command and
+// leaves its completion to the worker, kicking the worker only if it is parked. Here the
+// doorbell rings exactly while the worker has planned to sleep with nothing timed and has not
+// yet announced itself parked (the hook holds it there). The worker must still post the
+// completion when it falls due; before park() planned again after the announcement, it slept
+// until the next doorbell, which never came.
+TEST(Controller, InlineRingWhileTheWorkerPlansItsSleepIsNotLost) {
+  WARPFS_EMULATED_ONLY() << "the model's inline mode and park()";
+  std::atomic<int> stage{0};  // 1: armed, 2: the worker is in the window, 3: rung
+  EmulatedConfig cfg;
+  cfg.inline_io = true;
+  cfg.worker_threads = 1;
+  cfg.idle_spin_ns = 0;
+  cfg.latency_ns = 1'000'000;  // far enough for a timed futex wait, not a yield
+  cfg.park_window_hook = [&](uint64_t wake_at) {
+    int armed = 1;
+    if (wake_at != 0 || !stage.compare_exchange_strong(armed, 2)) return;
+    const uint64_t deadline = port::now_ns() + 10'000'000'000ull;
+    while (stage.load() != 3 && port::now_ns() < deadline) port::thread_yield();
+  };
+  auto r = Rig::make(cfg);
+  ASSERT_TRUE(r);
+  QueueView v;
+  ASSERT_TRUE(r->ctrl->create_queue_pair(1, 8, QueuePriority::kMedium, &v).is_ok());
+  ASSERT_EQ(wait_until_parked(*r, 1), 1u);
+  RawQueuePair qp(v);
+  DmaRegion buf = r->alloc(4096);
+  // Waits (at most 5 s, 5000 times the command's latency) for one completion.
+  auto complete = [&](uint16_t* status) {
+    const uint64_t deadline = port::now_ns() + 5'000'000'000ull;
+    CompletionEntry cqe{};
+    while (!qp.pop(&cqe)) {
+      if (port::now_ns() > deadline) return false;
+      port::thread_yield();
+    }
+    qp.ring_cq();
+    *status = sf(cqe);
+    return true;
+  };
+  SubmissionEntry a = make_read(r->nsid, 0, 1);
+  a.prp1 = buf.iova;
+  // The worker is parked, and only A's ring wakes it: its first sleep planned with nothing
+  // timed comes after it has posted A's completion. That one is the window.
+  stage.store(1);
+  ASSERT_TRUE(qp.push(a).is_ok());
+  qp.ring_sq();
+  uint16_t st = 0xffff;
+  ASSERT_TRUE(complete(&st));
+  EXPECT_EQ(st, 0);
+  const uint64_t deadline = port::now_ns() + 10'000'000'000ull;
+  while (stage.load() != 2 && port::now_ns() < deadline) port::thread_yield();
+  ASSERT_EQ(stage.load(), 2) << "the worker never planned a sleep with nothing timed";
+  SubmissionEntry b = make_read(r->nsid, 1, 1);
+  b.prp1 = buf.iova;
+  ASSERT_TRUE(qp.push(b).is_ok());
+  qp.ring_sq();  // runs B here (the worker holds no lock in the window): B is timed now
+  stage.store(3);
+  st = 0xffff;
+  EXPECT_TRUE(complete(&st)) << "B's completion was never posted";
+  EXPECT_EQ(st, 0);
+}
+
 }  // namespace
 }  // namespace warpfs::nvme::test

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +86,10 @@ struct EmulatedConfig {
   bool read_only = false;  // the image file: BackingStore::open_file's read_only
   uint64_t seed = 1;       // latency jitter, shuffling, power-cut persistence
   std::string serial = "WARPFS-EMU-0001";
+  // Tests only: called by a worker thread in park() after it has planned its sleep
+  // (`wake_at`: when it means to wake for a completion it holds, 0 for none) and before it
+  // announces itself parked, so a test can ring a doorbell inside that window.
+  std::function<void(uint64_t wake_at)> park_window_hook;
 };
 
 struct EmulatedCounters {
