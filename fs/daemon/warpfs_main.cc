@@ -64,6 +64,7 @@ struct Options {
   unsigned latency_us = 0;
   unsigned workers = 1;
   unsigned inline_io = 1;
+  unsigned vwc_model = 0;
   unsigned commit_s = kCommitUnset;
   unsigned meta_cache_mb = kMetaCacheUnset;
   unsigned io_timeout_s = 30;
@@ -96,6 +97,7 @@ const fuse_opt kOpts[] = {WARPFS_OPT("cache_mb=%u", cache_mb),
                           WARPFS_OPT("io_timeout=%u", io_timeout_s),
                           WARPFS_OPT("timeout=%lf", timeout_s),
                           WARPFS_OPT("inline_io=%u", inline_io),
+                          WARPFS_OPT("vwc_model=%u", vwc_model),
                           WARPFS_OPT("meta_cache_mb=%u", meta_cache_mb),
                           WARPFS_OPT("-h", help),
                           WARPFS_OPT("--help", help),
@@ -1224,6 +1226,10 @@ void usage(const char* prog) {
       "  workers=N       emulated device: controller worker threads (default 1)\n"
       "  inline_io=0|1   emulated device: run commands in the thread that rings the doorbell\n"
       "                  (1, default) or only on the worker threads (0)\n"
+      "  vwc_model=0|1   emulated device: unflushed writes wait in the image's page cache (0,\n"
+      "                  default: a killed daemon leaves them in the image) or in a model of\n"
+      "                  the drive's volatile write cache that dies with the daemon (1: a\n"
+      "                  kill -9 is then a power cut; one more copy per write)\n"
       "  commit=N        commit the journal at least every N seconds (default: the\n"
       "                  filesystem's, set by tune.warpfs --commit, else 5)\n"
       "  meta_cache_mb=N cap of the metadata cache in MiB (default: the filesystem's, else 32;\n"
@@ -1399,6 +1405,7 @@ int main(int argc, char** argv) {
   so.emulated.latency_ns = o.latency_us * 1000;
   so.emulated.worker_threads = o.workers;
   so.emulated.inline_io = o.inline_io != 0;
+  so.emulated.cache_in_store = o.vwc_model == 0;
   // SIGTERM/SIGINT/SIGHUP end the FUSE loop and unmount cleanly (libfuse installs its handlers
   // only where the disposition is still the default, so the transport must leave them).
   so.vfio.teardown_on_signal = false;

@@ -34,7 +34,7 @@ void fill_string(char* dst, size_t n, const std::string& s) {
 EmulatedController::EmulatedController(const EmulatedConfig& config,
                                        std::shared_ptr<BackingStore> store)
     : config_(config),
-      media_(store, config.volatile_write_cache, config.write_cache_bytes),
+      media_(store, config.volatile_write_cache, config.write_cache_bytes, config.cache_in_store),
       dstrd_(config.doorbell_stride),
       store_bytes_(store->bytes()) {
   uint64_t base = 0;

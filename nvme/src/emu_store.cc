@@ -218,8 +218,10 @@ std::shared_ptr<BackingStore> BackingStore::ram(uint64_t bytes) {
 
 namespace emu {
 
-Media::Media(std::shared_ptr<BackingStore> store, bool cache_enabled, uint64_t cache_bytes)
+Media::Media(std::shared_ptr<BackingStore> store, bool cache_enabled, uint64_t cache_bytes,
+             bool in_store)
     : store_(std::move(store)),
+      in_store_(in_store),
       cache_enabled_(cache_enabled),
       cache_limit_units_(std::max<uint64_t>(cache_bytes / kUnit, 1)) {}
 
@@ -295,16 +297,30 @@ static Status for_each_piece(uint64_t offset, const std::vector<Segment>& segs, 
   return Status::ok();
 }
 
-Status Media::write(uint64_t offset, const std::vector<Segment>& segs, bool fua) {
-  std::lock_guard<std::mutex> g(mu_);
-  if (!cache_enabled_) {
-    for (const Segment& sg : segs) {
-      Status s = store_->write(offset, sg.ptr, sg.len);
-      if (!s.is_ok()) return s;
-      offset += sg.len;
-    }
-    return Status::ok();
+Status Media::write_store(uint64_t offset, const std::vector<Segment>& segs) {
+  for (const Segment& sg : segs) {
+    Status s = store_->write(offset, sg.ptr, sg.len);
+    if (!s.is_ok()) return s;
+    offset += sg.len;
   }
+  return Status::ok();
+}
+
+Status Media::read_store(uint64_t offset, const std::vector<Segment>& segs) {
+  for (const Segment& sg : segs) {
+    Status s = store_->read(offset, sg.ptr, sg.len);
+    if (!s.is_ok()) return s;
+    offset += sg.len;
+  }
+  return Status::ok();
+}
+
+// With in_store_ every access goes straight to the store, unlocked: commands that overlap
+// are the host's race, as on a real drive (the filesystem above never issues them).
+Status Media::write(uint64_t offset, const std::vector<Segment>& segs, bool fua) {
+  if (in_store_) return write_store(offset, segs);
+  std::lock_guard<std::mutex> g(mu_);
+  if (!cache_enabled_) return write_store(offset, segs);
   return for_each_piece(offset, segs, [&](uint64_t unit, uint64_t at, uint8_t* p, size_t n) {
     uint8_t* data = nullptr;
     Status s = unit_for_write_locked(unit, n == kUnit, &data);
@@ -321,15 +337,9 @@ Status Media::write(uint64_t offset, const std::vector<Segment>& segs, bool fua)
 }
 
 Status Media::read(uint64_t offset, const std::vector<Segment>& segs) {
+  if (in_store_) return read_store(offset, segs);
   std::lock_guard<std::mutex> g(mu_);
-  if (cache_.empty()) {
-    for (const Segment& sg : segs) {
-      Status s = store_->read(offset, sg.ptr, sg.len);
-      if (!s.is_ok()) return s;
-      offset += sg.len;
-    }
-    return Status::ok();
-  }
+  if (cache_.empty()) return read_store(offset, segs);
   return for_each_piece(offset, segs, [&](uint64_t unit, uint64_t at, uint8_t* p, size_t n) {
     auto it = cache_.find(unit);
     if (it != cache_.end()) {
@@ -354,6 +364,7 @@ Status Media::write_zeroes(uint64_t offset, uint64_t len, bool fua) {
 }
 
 Status Media::deallocate(uint64_t offset, uint64_t len) {
+  if (in_store_) return store_->punch(offset, len);
   std::lock_guard<std::mutex> g(mu_);
   // Cached units inside the range are dropped; partial units at the edges are zeroed in
   // place so that a later destage cannot resurrect deallocated bytes.
@@ -373,6 +384,7 @@ Status Media::deallocate(uint64_t offset, uint64_t len) {
 }
 
 Status Media::flush() {
+  if (in_store_) return store_->sync();
   std::lock_guard<std::mutex> g(mu_);
   Status s = destage_locked();
   return s.is_ok() ? store_->sync() : s;

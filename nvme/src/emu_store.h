@@ -26,7 +26,10 @@ class Media {
  public:
   static constexpr uint64_t kUnit = 4096;
 
-  Media(std::shared_ptr<BackingStore> store, bool cache_enabled, uint64_t cache_bytes);
+  // `in_store`: EmulatedConfig::cache_in_store (the store's cache plays the volatile cache;
+  // the model's stays empty and mu_ is not taken for media access).
+  Media(std::shared_ptr<BackingStore> store, bool cache_enabled, uint64_t cache_bytes,
+        bool in_store);
   // Gather-scatter between the media at `offset` and the segments.
   Status write(uint64_t offset, const std::vector<Segment>& segs, bool fua);
   Status read(uint64_t offset, const std::vector<Segment>& segs);
@@ -41,7 +44,10 @@ class Media {
  private:
   Status destage_locked();
   Status unit_for_write_locked(uint64_t unit, bool whole, uint8_t** out);
-  std::shared_ptr<BackingStore> store_;
+  Status write_store(uint64_t offset, const std::vector<Segment>& segs);
+  Status read_store(uint64_t offset, const std::vector<Segment>& segs);
+  const std::shared_ptr<BackingStore> store_;  // thread-safe: concurrent pread/pwrite or memcpy
+  const bool in_store_;
   mutable std::mutex mu_;  // guards cache_ and cache_enabled_
   bool cache_enabled_;
   uint64_t cache_limit_units_;

@@ -281,6 +281,43 @@ TEST(PhaseTag, HundredsOfWrapsOfASmallQueue) {
   }
 }
 
+// Where unflushed writes wait (EmulatedConfig::cache_in_store): in the model's cache a power
+// cut loses them; in the store's they are there already. Reads see them either way.
+TEST(WriteCache, UnflushedWritesAreInTheStoreOnlyWithCacheInStore) {
+  WARPFS_EMULATED_ONLY() << "the model's write cache and power cut";
+  for (const bool in_store : {false, true}) {
+    EmulatedConfig cfg;
+    cfg.cache_in_store = in_store;
+    auto r = Rig::make(cfg);
+    ASSERT_TRUE(r);
+    QueueView v;
+    ASSERT_TRUE(r->ctrl->create_queue_pair(1, 8, QueuePriority::kMedium, &v).is_ok());
+    RawQueuePair qp(v);
+    DmaRegion buf = r->alloc(kPage);
+    for (uint64_t lba = 0; lba < 16; ++lba) {
+      fill_pattern(buf.vaddr, r->lba, lba, 3);
+      SubmissionEntry w = make_write(r->nsid, lba, 1);
+      w.prp1 = buf.iova;
+      ASSERT_EQ(sf(run_raw(qp, w)), 0);
+    }
+    for (uint64_t lba = 0; lba < 16; ++lba) {
+      std::memset(buf.vaddr, 0, r->lba);
+      SubmissionEntry rd = make_read(r->nsid, lba, 1);
+      rd.prp1 = buf.iova;
+      ASSERT_EQ(sf(run_raw(qp, rd)), 0);
+      EXPECT_TRUE(check_pattern(buf.vaddr, r->lba, lba, 3)) << lba;
+    }
+    r->emu->power_cut(0.0);  // nothing volatile persists
+    std::vector<uint8_t> media(r->lba);
+    int kept = 0;
+    for (uint64_t lba = 0; lba < 16; ++lba) {
+      ASSERT_TRUE(r->store->read(lba * r->lba, media.data(), r->lba).is_ok());
+      kept += check_pattern(media.data(), r->lba, lba, 3) ? 1 : 0;
+    }
+    EXPECT_EQ(kept, in_store ? 16 : 0) << (in_store ? "cache in store" : "model's cache");
+  }
+}
+
 // 32 commands in flight at once: each completion names its own command, carries the SQ head,
 // and none is lost or doubled. With latency jitter and shuffling the emulated controller
 // completes them out of submission order, and the driver must cope.

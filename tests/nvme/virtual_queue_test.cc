@@ -140,6 +140,19 @@ TEST(VirtualQueue, ConcurrentInlineDevice) {
   concurrent_mapper_run(cfg, 6, 150, 8);
 }
 
+// The store as the write cache: media access without the model's lock, from the worker and
+// from inline ringers at once, every block verified.
+TEST(VirtualQueue, ConcurrentThreadsWithTheCacheInTheStore) {
+  EmulatedConfig cfg;
+  cfg.cache_in_store = true;
+  cfg.inline_io = true;
+  cfg.worker_threads = 2;
+  concurrent_mapper_run(cfg, 8, 300, 16);
+  cfg.inline_io = false;
+  cfg.latency_jitter_ns = 20'000;
+  concurrent_mapper_run(cfg, 6, 150, 8);
+}
+
 TEST(VirtualQueue, ConcurrentTinyQueueMoreThreadsThanSlots) {
   concurrent_mapper_run({}, 12, 100, 4);  // 4-entry queues: 3 commands in flight per queue
 }

@@ -22,8 +22,9 @@
 //      0; fsck -f -n must exit 0; a last mount must show exactly the model's last state.
 //
 // What the kill loses is the daemon's memory: cached metadata, the running transaction, and
-// the emulated controller's volatile write cache. What the controller had written to the
-// image file is in the host's page cache and survives, as a drive's media would.
+// (with vwc_model=1, three cuts in four) the emulated controller's volatile write cache.
+// What the controller had written to the image file is in the host's page cache and
+// survives, as a drive's media would.
 //
 // The oracle is warpfs-crash's (crash_harness.h check()): the recovered tree is one state S_k
 // the workload passed through, k no earlier than the last acknowledged fsync, and each 4 KiB
@@ -391,6 +392,12 @@ Report Cut::run() {
   // One cut in four paces the workload (up to 2 ms between operations), so that timed
   // commits land among the operations.
   const uint64_t pace_us = draw() % 4 == 0 ? 2000 : 0;
+  // Three cuts in four keep the emulated drive's volatile write cache in the daemon
+  // (vwc_model=1), so the kill is a power cut that loses it; the rest leave unflushed writes
+  // in the image's page cache (the daemon's default), as a drive keeps what it received when
+  // its driver dies. Drawn apart from the rest, so seeds keep their other choices.
+  std::mt19937_64 vwc = seeded(seed_, 3);
+  r.mount_options += vwc() % 4 != 0 ? ",vwc_model=1" : ",vwc_model=0";
 
   std::string out;
   if (int rc = run_program(

@@ -10,6 +10,8 @@
 // atomic-write-unit (4 KiB) chunks. Flush, FUA and a normal shutdown (CC.SHN) make data
 // durable; power_cut() discards whatever is still volatile, persisting a random subset of
 // cached chunks first so that writes can be torn at 4 KiB boundaries but never inside one.
+// With EmulatedConfig::cache_in_store the store's own cache (an image file's page cache)
+// plays the volatile write cache instead, and the model's is not used.
 //
 // Thread-safety: every Transport method may be called from any thread. The test hooks
 // (pause, power_cut, counters) are also thread-safe unless noted.
@@ -76,6 +78,14 @@ struct EmulatedConfig {
   bool shuffle_completions = false;   // post each batch of completions in random order
   bool volatile_write_cache = true;   // Identify VWC; Flush and FUA honour it
   uint64_t write_cache_bytes = 64ull << 20;
+  // Where written data waits until a Flush. false: the model's own cache of 4 KiB units
+  // (write_cache_bytes), which power_cut() loses at random: for tests that cut power. true:
+  // the store's (for an image file, the kernel's page cache): each write reaches the store
+  // at once, in one copy instead of two (into the model's cache, then out of it), with no
+  // device-wide lock around media access, and a Flush syncs the store. power_cut() then
+  // loses nothing, and a process killed before its Flush leaves what it wrote in the image,
+  // as a real drive keeps what it has received when its driver dies. The daemon uses this.
+  bool cache_in_store = false;
   unsigned worker_threads = 1;
   uint64_t idle_spin_ns = 50'000;  // poll this long after the last command, then park
   // Run commands in the thread that rings the SQ (or CQ) doorbell when no worker is at it,
