@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# A/B of two warpfs daemons on O_DIRECT 4 KiB random I/O to one file, side by side in one
-# run (rounds alternate A and B), zero and 80 µs emulated device latency. Used where bench/run
-# fs cannot run (a machine without libfuse's examples or fuse2fs), e.g. the 16-core device
-# machine with the binaries, their libraries and fio carried in.
+# A/B of two warpfs daemons on O_DIRECT 4 KiB random I/O to one file (JOBS=random, the
+# default), on 1 MiB sequential I/O, O_DIRECT and buffered (JOBS=sequential), or both
+# (JOBS=all), side by side in one run (rounds alternate A and B), zero and 80 µs emulated
+# device latency. Used where bench/run fs cannot run (a machine without libfuse's examples or
+# fuse2fs), e.g. the 16-core device machine with the binaries, their libraries and fio
+# carried in.
 #   usage: ab_direct.sh WARPFS_A WARPFS_B [ROUNDS]     (MKFS=mkfs.warpfs, fio and fusermount3
-#          on PATH; the images go to TMPDIR, default /dev/shm)
-# Prints one JSON object per job: {"variant","lat_us","job","iops"} ("error": fio failed,
-# its stderr is kept in $LOGS, default TMPDIR).
+#          on PATH; the images go to TMPDIR, default /dev/shm). Two warpfs-null daemons (a
+#          name containing "null") are compared the same way, without a device (latency 0).
+# Prints one JSON object per job: {"variant","lat_us","job","iops","mb_s"} ("error": fio
+# failed, its stderr is kept in $LOGS, default TMPDIR).
 set -u
 (($# >= 2)) || { sed -n 2,9p "$0" >&2; exit 2; }
 declare -A bin=([A]=$1 [B]=$2)
 rounds=${3:-3}
+jobs=${JOBS:-random}
 tmp=${TMPDIR:-/dev/shm}
 logs=${LOGS:-$tmp}
 mkfs=${MKFS:-mkfs.warpfs}
@@ -35,7 +39,9 @@ job() {  # VARIANT LAT NAME FIO_ARGS...
   python3 -c 'import json,sys
 v,lat,name=sys.argv[1],int(sys.argv[2]),sys.argv[3]
 jb=json.load(sys.stdin)["jobs"][0]
-print(json.dumps({"variant":v,"lat_us":lat,"job":name,"iops":round(jb["read"]["iops"]+jb["write"]["iops"])}))' \
+r,w=jb["read"],jb["write"]
+print(json.dumps({"variant":v,"lat_us":lat,"job":name,"iops":round(r["iops"]+w["iops"]),
+                  "mb_s":round((r["bw_bytes"]+w["bw_bytes"])/1e6)}))' \
     "$v" "$lat" "$name" <<<"$j"
 }
 for ((round = 1; round <= rounds; ++round)); do
@@ -43,18 +49,30 @@ for ((round = 1; round <= rounds; ++round)); do
     for lat in 0 80; do
       img=$tmp/ab-$v.img
       rm -f "$img"
-      "$mkfs" -q --size 1024M "emu:$img" || exit 1
-      "${bin[$v]}" -f -o "latency_us=$lat" "emu:$img" "$mnt" 2>"$logs/ab-$v-daemon.log" &
+      if [[ ${bin[$v]} == *null* ]]; then  # warpfs-null: no device, no latency
+        ((lat == 0)) || continue
+        "${bin[$v]}" -f "$mnt" 2>"$logs/ab-$v-daemon.log" &
+      else
+        "$mkfs" -q --size 1024M "emu:$img" || exit 1
+        "${bin[$v]}" -f -o "latency_us=$lat" "emu:$img" "$mnt" 2>"$logs/ab-$v-daemon.log" &
+      fi
       pid=$!
       for _ in $(seq 100); do mountpoint -q "$mnt" && break; sleep 0.1; done
       mountpoint -q "$mnt" || { cat "$logs/ab-$v-daemon.log" >&2; exit 1; }
       # Written once in full, so that the random writes overwrite allocated, written blocks.
       fio --name=lay --filename="$mnt/f" --size=256m --bs=1m --rw=write --direct=1 \
         --fallocate=none --output=/dev/null || exit 1
-      job $v $lat randwrite_qd32 --rw=randwrite --iodepth=32
-      job $v $lat randwrite_qd32_4jobs --rw=randwrite --iodepth=8 --numjobs=4
-      job $v $lat randread_qd32 --rw=randread --iodepth=32
-      job $v $lat randwrite_qd1 --rw=randwrite --iodepth=1
+      if [[ $jobs != sequential ]]; then
+        job $v $lat randwrite_qd32 --rw=randwrite --iodepth=32
+        job $v $lat randwrite_qd32_4jobs --rw=randwrite --iodepth=8 --numjobs=4
+        job $v $lat randread_qd32 --rw=randread --iodepth=32
+        job $v $lat randwrite_qd1 --rw=randwrite --iodepth=1
+      fi
+      if [[ $jobs != random ]]; then
+        job $v $lat seqwrite_1m --rw=write --bs=1m --iodepth=1
+        job $v $lat seqread_1m --rw=read --bs=1m --iodepth=1
+        job $v $lat seqwrite_1m_buffered --rw=write --bs=1m --direct=0 --ioengine=psync
+      fi
       fusermount3 -u "$mnt"
       wait "$pid"
       pid=""

@@ -5,7 +5,15 @@
 #pragma once
 
 #include <fuse_lowlevel.h>
+#include <pthread.h>
+#include <semaphore.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <mutex>
+#include <vector>
 
 namespace warpfs::daemon {
 
@@ -57,15 +65,154 @@ inline bool max_threads_given(fuse_args* args) {
   return given;
 }
 
-// Runs the session loop of `se` until it ends: single-threaded for -s, else libfuse's
-// multithreaded loop with clone_fd and max_idle_threads from the command line, and
-// max_threads from it where given (`threads_given`: max_threads_given before
-// fuse_parse_cmdline), else default_max_threads(). Returns the loop's result.
-inline int run_session_loop(fuse_session* se, const fuse_cmdline_opts& cl, bool threads_given) {
+// Where the worker threads' receive buffers come from (run_session_loop). warpfs gives memory
+// its device moves data from without a copy (DMA memory under NVMe): a large FUSE_WRITE's data
+// then goes from the buffer the kernel filled straight to the device, with no bounce copy.
+// `alloc` may return null: that worker's buffer comes from the heap.
+struct ReceiveMemory {
+  void* (*alloc)(void* ctx, size_t bytes) = nullptr;
+  void (*free)(void* ctx, void* p, size_t bytes) = nullptr;
+  void* ctx = nullptr;
+};
+
+// The bytes libfuse reads from /dev/fuse at once (libfuse 3.14's session bufsize: 256 pages
+// and a page for the header), and one page more. A request is never longer than max_write
+// (kMaxWrite) and its header, whatever the read asks for.
+inline size_t receive_bytes() {
+  const long page = sysconf(_SC_PAGESIZE);
+  return (256 + 2) * static_cast<size_t>(page > 0 ? page : 4096);
+}
+
+// The multithreaded session loop with the receive buffers from `mem` (libfuse's own loop
+// allocates its own). As in libfuse's loop: one worker to begin with, and another (up to
+// `threads`) whenever a worker takes a request while no other is waiting for one, so a
+// light load keeps few threads and their buffers warm; workers stay until the loop ends. A
+// worker reads and processes requests until the session has exited (unmount, or a signal
+// handler's fuse_session_exit); the calling thread waits for the first worker to finish,
+// then cancels the rest, which take cancellation only while they wait for a request.
+// Returns 0, or the negative error of a failed read (or -ENOMEM: no first worker).
+class SessionLoop {
+ public:
+  SessionLoop(fuse_session* se, unsigned threads, const ReceiveMemory& mem)
+      : se_(se), threads_(threads > 0 ? threads : 1), mem_(mem), workers_(threads_) {}
+
+  int run() {
+    if (sem_init(&finish_, 0, 0) != 0) return -errno;
+    const bool started = start_worker();
+    while (started && !fuse_session_exited(se_)) sem_wait(&finish_);  // EINTR: look again
+    unsigned n;
+    {
+      std::lock_guard<std::mutex> g(spawn_mu_);
+      ending_ = true;  // no worker starts another now
+      n = started_;
+    }
+    for (unsigned i = 0; i < n; ++i) pthread_cancel(workers_[i].thread);
+    for (unsigned i = 0; i < n; ++i) {
+      pthread_join(workers_[i].thread, nullptr);
+      release(workers_[i]);
+    }
+    sem_destroy(&finish_);
+    fuse_session_reset(se_);
+    return started ? error_.load() : -ENOMEM;
+  }
+
+ private:
+  struct Worker {
+    SessionLoop* loop = nullptr;
+    pthread_t thread{};
+    void* mem = nullptr;  // the receive buffer, `bytes` long
+    size_t bytes = 0;
+    bool dma = false;  // from mem_.alloc, else malloc
+  };
+
+  // Starts workers_[started_] with its buffer, if the loop is not ending and below its limit.
+  bool start_worker() {
+    std::lock_guard<std::mutex> g(spawn_mu_);
+    if (ending_ || started_ == threads_) return false;
+    Worker& w = workers_[started_];
+    w.loop = this;
+    w.bytes = receive_bytes();
+    if (mem_.alloc != nullptr) w.mem = mem_.alloc(mem_.ctx, w.bytes);
+    w.dma = w.mem != nullptr;
+    if (w.mem == nullptr) w.mem = std::malloc(w.bytes);
+    if (w.mem == nullptr) return false;
+    waiting_.fetch_add(1);
+    if (pthread_create(&w.thread, nullptr, &SessionLoop::work, &w) != 0) {
+      waiting_.fetch_sub(1);
+      release(w);
+      return false;
+    }
+    ++started_;
+    return true;
+  }
+
+  static void* work(void* arg) {
+    auto* w = static_cast<Worker*>(arg);
+    SessionLoop& l = *w->loop;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, nullptr);
+    while (!fuse_session_exited(l.se_)) {
+      fuse_buf buf{};
+      buf.mem = w->mem;
+      buf.size = w->bytes;
+      pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, nullptr);
+      const int res = fuse_session_receive_buf(l.se_, &buf);
+      pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, nullptr);
+      if (res == -EINTR) continue;
+      if (res <= 0) {  // 0: unmounted (the session has exited)
+        if (res < 0) {
+          int none = 0;
+          l.error_.compare_exchange_strong(none, res);
+          fuse_session_exit(l.se_);
+        }
+        break;
+      }
+      // The last waiting worker took this request: start another to wait for the next.
+      if (l.waiting_.fetch_sub(1) == 1) l.start_worker();
+      fuse_session_process_buf(l.se_, &buf);
+      l.waiting_.fetch_add(1);
+    }
+    sem_post(&l.finish_);
+    return nullptr;
+  }
+
+  void release(Worker& w) {
+    if (w.mem == nullptr) return;
+    if (w.dma) {
+      mem_.free(mem_.ctx, w.mem, w.bytes);
+    } else {
+      std::free(w.mem);
+    }
+    w.mem = nullptr;
+  }
+
+  fuse_session* const se_;
+  const unsigned threads_;
+  const ReceiveMemory mem_;
+  // Sized once; workers_[i] is written by start_worker() before thread i starts, then read
+  // by that thread and, after it has been joined, by run().
+  std::vector<Worker> workers_;
+  std::mutex spawn_mu_;               // guards started_ and ending_
+  unsigned started_ = 0;              // spawn_mu_
+  bool ending_ = false;               // spawn_mu_
+  std::atomic<unsigned> waiting_{0};  // workers not processing a request
+  sem_t finish_;                      // posted by each worker as it ends
+  std::atomic<int> error_{0};         // the first failed read's error
+};
+
+// Runs the session loop of `se` until it ends: single-threaded for -s, libfuse's
+// multithreaded loop where -o clone_fd is given, else SessionLoop with receive buffers from
+// `mem`. The worker threads, at most: max_threads from the command line where given
+// (`threads_given`: max_threads_given before fuse_parse_cmdline), else default_max_threads();
+// SessionLoop keeps every one it started (max_idle_threads applies to libfuse's loop only).
+// Returns the loop's result.
+inline int run_session_loop(fuse_session* se, const fuse_cmdline_opts& cl, bool threads_given,
+                            const ReceiveMemory& mem = {}) {
   if (cl.singlethread) return fuse_session_loop(se);
+  const unsigned threads = threads_given ? cl.max_threads : default_max_threads();
+  if (!cl.clone_fd) return SessionLoop(se, threads, mem).run();
   fuse_loop_config* lc = fuse_loop_cfg_create();
   fuse_loop_cfg_set_clone_fd(lc, cl.clone_fd);
-  fuse_loop_cfg_set_max_threads(lc, threads_given ? cl.max_threads : default_max_threads());
+  fuse_loop_cfg_set_max_threads(lc, threads);
   // fuse_parse_cmdline leaves max_idle_threads at UINT_MAX (keep every idle thread) unless
   // given; passed on as it is, libfuse logs "Ignoring invalid max threads value".
   if (cl.max_idle_threads <= 100000) fuse_loop_cfg_set_idle_threads(lc, cl.max_idle_threads);

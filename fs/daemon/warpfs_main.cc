@@ -916,6 +916,7 @@ std::string stats_json(const Daemon& d) {
     const warpfs::nvme::LatencyHistogram::Snapshot& h = st.commands[k].latency;
     commands[Ns::kClassNames[k]] = {{"count", h.count},
                                     {"bytes", st.commands[k].bytes},
+                                    {"bounced_bytes", st.commands[k].bounced},
                                     {"p50_ns", h.quantile_ns(0.50)},
                                     {"p99_ns", h.quantile_ns(0.99)},
                                     {"p999_ns", h.quantile_ns(0.999)},
@@ -1488,7 +1489,19 @@ int main(int argc, char** argv) {
         });
         pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
         looped = true;
-        rc = warpfs::daemon::run_session_loop(se, cl, threads_given);
+        // Receive buffers in the device's DMA memory: a large write's data moves from there
+        // to the device with no bounce copy (NamespaceIo takes PRP1 at its offset).
+        warpfs::daemon::ReceiveMemory mem;
+        mem.ctx = dev;
+        mem.alloc = [](void* ctx, size_t bytes) -> void* {
+          void* p = nullptr;
+          auto* bd = static_cast<warpfs::blockdev::BlockDevice*>(ctx);
+          return bd->alloc_io_buffer(bytes, &p).is_ok() ? p : nullptr;
+        };
+        mem.free = [](void* ctx, void* p, size_t bytes) {
+          static_cast<warpfs::blockdev::BlockDevice*>(ctx)->free_io_buffer(p, bytes);
+        };
+        rc = warpfs::daemon::run_session_loop(se, cl, threads_given, mem);
         // A second Ctrl-C or SIGTERM must not cut the unmount below short.
         pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
         const uint64_t stop_one = 1;  // the eventfd stays readable: it stops both threads

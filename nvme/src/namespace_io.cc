@@ -174,7 +174,8 @@ void NamespaceIo::note(Class c, uint64_t t0, uint64_t bytes) {
 }
 
 NamespaceIo::ClassStats NamespaceIo::stats(Class c) const {
-  return ClassStats{latency_[c].snapshot(), bytes_[c].load(std::memory_order_relaxed)};
+  return ClassStats{latency_[c].snapshot(), bytes_[c].load(std::memory_order_relaxed),
+                    bounced_[c].load(std::memory_order_relaxed)};
 }
 
 void NamespaceIo::io(BlockIo* ios, int n) {
@@ -190,7 +191,10 @@ void NamespaceIo::io(BlockIo* ios, int n) {
       ios[i].status = Status::error(Code::kInvalidArgument, "block range beyond the namespace");
       continue;
     }
-    const bool direct = iova_of(ios[i].data, total) != 0;
+    // DMA memory at any dword-aligned address moves directly: PRP1 carries the offset into
+    // its page (Base §4.3; a FUSE request's data starts 80 bytes into its buffer).
+    const uint64_t iova = iova_of(ios[i].data, total);
+    const bool direct = iova != 0 && (iova & 3) == 0;
     for (uint64_t off = 0; off < total; off += max_transfer_) {
       const auto bytes = static_cast<uint32_t>(std::min<uint64_t>(max_transfer_, total - off));
       Cmd c{i,     ((ios[i].block * block_bytes_) + off) >> lba_shift_,
@@ -256,6 +260,8 @@ void NamespaceIo::run_round(BlockIo* ios, Cmd* cmds, size_t n, const Scratch& sc
       std::memcpy(c.data, c.bounce, c.bytes);
     }
     note(io.write ? kWrite : kRead, t0, c.bytes);
+    if (c.bounce != nullptr)
+      bounced_[io.write ? kWrite : kRead].fetch_add(c.bytes, std::memory_order_relaxed);
   }
 }
 

@@ -64,6 +64,7 @@ class NamespaceIo {
   struct ClassStats {
     LatencyHistogram::Snapshot latency;  // count, max and quantiles of command latency
     uint64_t bytes = 0;                  // data moved (reads and writes)
+    uint64_t bounced = 0;                // of which copied through the bounce buffer
   };
 
   // REQUIRES: block_bytes is a power of two, a multiple of the namespace's LBA size and at
@@ -136,6 +137,7 @@ class NamespaceIo {
   // Relaxed atomics: every caller adds at once; readers see a recent value.
   LatencyHistogram latency_[kClasses];
   std::atomic<uint64_t> bytes_[kClasses] = {};
+  std::atomic<uint64_t> bounced_[kClasses] = {};
 };
 
 }  // namespace warpfs::nvme
