@@ -41,8 +41,8 @@ struct TcpTargetOptions {
   uint32_t c2h_chunk = 32768;  // C2HData PDUs per read of this size
   uint32_t r2t_max = 65536;    // the most one R2T asks for
   uint8_t cpda = 0;
-  uint8_t mdts = 5;            // 128 KiB
-  bool success_flag = true;    // end reads with C2HData SUCCESS, not a CapsuleResp
+  uint8_t mdts = 5;          // 128 KiB
+  bool success_flag = true;  // end reads with C2HData SUCCESS, not a CapsuleResp
 };
 
 class TcpTarget {
@@ -52,8 +52,17 @@ class TcpTarget {
   explicit TcpTarget(Options o = {}) : o_(o), ram_(o.lbas << o.lba_shift) { listen_on(0); }
   ~TcpTarget() {
     vanish();
-    std::lock_guard<std::mutex> g(mu_);
-    for (std::thread& t : threads_) t.join();
+    // Joined without mu_ (a connection's thread takes it as it ends); the accept thread adds
+    // none once the listener is gone.
+    for (;;) {
+      std::vector<std::thread> ts;
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        ts.swap(threads_);
+      }
+      if (ts.empty()) break;
+      for (std::thread& t : ts) t.join();
+    }
   }
 
   uint16_t port() const { return port_; }
@@ -191,8 +200,7 @@ class TcpTarget {
   }
 
   // Gets the host's data for a command: from its capsule, or by R2T/H2CData.
-  bool from_host(Conn& c, tcp::PduReader& r, const Cmd& cmd, uint8_t* dst, uint32_t n,
-                 bool* ok) {
+  bool from_host(Conn& c, tcp::PduReader& r, const Cmd& cmd, uint8_t* dst, uint32_t n, bool* ok) {
     *ok = false;
     std::string err;
     const SubmissionEntry& e = cmd.p.cmd;

@@ -3,6 +3,8 @@
 // identify, reads and writes of every shape (in-capsule, R2T/H2CData in several PDUs, C2HData
 // in several PDUs, transfers split at MDTS), digests, several threads at once, and a target
 // that vanishes in the middle of a write and comes back.
+#include "warpfs/nvme/tcp.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -12,9 +14,9 @@
 
 #include "nvme/tcp_target.h"
 #include "warpfs/nvme/controller.h"
+#include "warpfs/nvme/device.h"
 #include "warpfs/nvme/io_engine.h"
 #include "warpfs/nvme/namespace_io.h"
-#include "warpfs/nvme/tcp.h"
 
 namespace warpfs::nvme::test {
 namespace {
@@ -125,8 +127,8 @@ void sizes(bool digests, bool success_flag) {
   auto r = TcpRig::make(512, digests, to);
   ASSERT_TRUE(r);
   uint64_t block = 0;
-  for (size_t bytes : {size_t{512}, size_t{4096}, size_t{8192}, size_t{20480}, size_t{131072},
-                       size_t{1} << 20}) {
+  for (size_t bytes :
+       {size_t{512}, size_t{4096}, size_t{8192}, size_t{20480}, size_t{131072}, size_t{1} << 20}) {
     SCOPED_TRACE(bytes);
     auto data = pattern(bytes, bytes);
     ASSERT_TRUE(rw(*r->ns, block, data, true).is_ok()) << r->transport->last_error();
@@ -201,8 +203,7 @@ TEST(Tcp, TargetVanishingMidWriteGivesAnErrorThenReconnects) {
   std::vector<uint8_t> back(8192);
   r->target->vanish_after_write_bytes = 0;
   r->target->come_back();
-  ASSERT_TRUE(r->engine->recover("test: the target is back").is_ok())
-      << r->transport->last_error();
+  ASSERT_TRUE(r->engine->recover("test: the target is back").is_ok()) << r->transport->last_error();
   ASSERT_TRUE(rw(*r->ns, 0, back, false).is_ok()) << r->transport->last_error();
   EXPECT_EQ(back, before);
   ASSERT_TRUE(rw(*r->ns, 64, big, true).is_ok());
@@ -218,6 +219,46 @@ TEST(Tcp, KeepAliveWhileIdle) {
   const uint64_t deadline = port::now_ns() + 10'000'000'000ull;
   while (r->target->keep_alives.load() < 2 && port::now_ns() < deadline) port::sleep_ns(50'000'000);
   EXPECT_GE(r->target->keep_alives.load(), 2u);
+}
+
+TEST(Tcp, DeviceStrings) {
+  DeviceSpec s;
+  std::string err;
+  ASSERT_TRUE(parse_device("tcp:10.0.0.2:4420/nqn.2014-08.org.example:disk1", &s, &err)) << err;
+  EXPECT_EQ(s.kind, DeviceSpec::Kind::kTcp);
+  EXPECT_EQ(s.tcp.host, "10.0.0.2");
+  EXPECT_EQ(s.tcp.port, "4420");
+  EXPECT_EQ(s.tcp.subnqn, "nqn.2014-08.org.example:disk1");
+  EXPECT_EQ(s.tcp.hostnqn, "");
+  EXPECT_EQ(s.nsid, 0u);
+  ASSERT_TRUE(parse_device("tcp:[::1]:4421/nqn.x:y,ns=3,hostnqn=nqn.h:1", &s, &err)) << err;
+  EXPECT_EQ(s.tcp.host, "::1");
+  EXPECT_EQ(s.tcp.port, "4421");
+  EXPECT_EQ(s.tcp.subnqn, "nqn.x:y");
+  EXPECT_EQ(s.tcp.hostnqn, "nqn.h:1");
+  EXPECT_EQ(s.nsid, 3u);
+  ASSERT_TRUE(parse_device("tcp:store.example:4420/nqn.x:y,hostnqn=nqn.h:2,ns=5", &s, &err));
+  EXPECT_EQ(s.tcp.hostnqn, "nqn.h:2");
+  EXPECT_EQ(s.nsid, 5u);
+  for (const char* bad :
+       {"tcp:", "tcp:host/nqn", "tcp:host:4420", "tcp:host:4420/", "tcp::4420/n", "tcp:host:0/n",
+        "tcp:host:70000/n", "tcp:host:44x/n", "tcp:host:4420/n,hostnqn=", "tcp:host:4420/n,ns=0"}) {
+    EXPECT_FALSE(parse_device(bad, &s, &err)) << bad;
+    EXPECT_NE(err.find(bad), std::string::npos) << err;
+  }
+  // The one place DEVICE names are opened takes it to a target.
+  TcpTarget target;
+  ASSERT_TRUE(parse_device(
+      "tcp:127.0.0.1:" + std::to_string(target.port()) + "/" + target.options().subnqn + ",ns=1",
+      &s, &err))
+      << err;
+  auto t = open_transport(s, EmulatedConfig{}, VfioOptions{}, 0, &err);
+  ASSERT_TRUE(t) << err;
+  EXPECT_EQ(t->name(),
+            "tcp:127.0.0.1:" + std::to_string(target.port()) + "/" + target.options().subnqn);
+  auto c = Controller::open(*t, ControllerOptions{}, &err);
+  ASSERT_TRUE(c) << err;
+  EXPECT_NE(c->find_namespace(1), nullptr);
 }
 
 }  // namespace
