@@ -17,6 +17,44 @@ static bool valid_bdf(const std::string& s) {
   return true;
 }
 
+// tcp:HOST:PORT/SUBNQN[,hostnqn=NQN] with any `,ns=N` already removed.
+static bool parse_tcp(const std::string& arg, std::string name, TcpOptions* o, std::string* error) {
+  const std::string usage = "'" + arg + "': expected tcp:HOST:PORT/SUBNQN[,ns=N][,hostnqn=NQN]";
+  if (const size_t h = name.find(",hostnqn="); h != std::string::npos) {
+    o->hostnqn = name.substr(h + 9);
+    name.resize(h);
+    if (o->hostnqn.empty() || o->hostnqn.find(',') != std::string::npos) {
+      *error = usage;
+      return false;
+    }
+  }
+  name = name.substr(4);
+  const size_t slash = name.find('/');
+  if (slash == std::string::npos) {
+    *error = usage;
+    return false;
+  }
+  o->subnqn = name.substr(slash + 1);
+  const std::string hostport = name.substr(0, slash);
+  const size_t colon = hostport.rfind(':');
+  if (colon == std::string::npos || o->subnqn.empty() || o->subnqn.find(',') != std::string::npos) {
+    *error = usage;
+    return false;
+  }
+  o->host = hostport.substr(0, colon);
+  o->port = hostport.substr(colon + 1);
+  if (o->host.size() > 2 && o->host.front() == '[' && o->host.back() == ']')
+    o->host = o->host.substr(1, o->host.size() - 2);
+  char* end = nullptr;
+  const unsigned long port = std::strtoul(o->port.c_str(), &end, 10);
+  if (o->host.empty() || o->host.find_first_of("[]") != std::string::npos || o->port.empty() ||
+      *end != 0 || port == 0 || port > 65535) {
+    *error = usage;
+    return false;
+  }
+  return true;
+}
+
 bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error) {
   if (arg.empty()) {
     *error = "no device given";
@@ -24,6 +62,15 @@ bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error) {
   }
   std::string name = arg;
   out->nsid = 0;
+  // `,hostnqn=` may follow `,ns=N` in a tcp: name: set it aside while ns= is read.
+  std::string tail;
+  if (name.rfind("tcp:", 0) == 0) {
+    if (const size_t h = name.find(",hostnqn="); h != std::string::npos) {
+      const size_t next = name.find(',', h + 1);
+      tail = name.substr(h, next == std::string::npos ? std::string::npos : next - h);
+      name.erase(h, tail.size());
+    }
+  }
   if (const size_t comma = name.rfind(",ns="); comma != std::string::npos) {
     const std::string n = name.substr(comma + 4);
     char* end = nullptr;
@@ -34,6 +81,10 @@ bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error) {
     }
     out->nsid = static_cast<uint32_t>(v);
     name.resize(comma);
+  }
+  if (name.rfind("tcp:", 0) == 0) {
+    out->kind = DeviceSpec::Kind::kTcp;
+    return parse_tcp(arg, name + tail, &out->tcp, error);
   }
   if (name.rfind("vfio:", 0) == 0) {
     out->kind = DeviceSpec::Kind::kVfio;
@@ -56,6 +107,7 @@ bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error) {
 std::unique_ptr<Transport> open_transport(const DeviceSpec& spec, const EmulatedConfig& config,
                                           const VfioOptions& vfio, uint64_t create_bytes,
                                           std::string* error) {
+  if (spec.kind == DeviceSpec::Kind::kTcp) return TcpTransport::open(spec.tcp, error);
   if (spec.kind == DeviceSpec::Kind::kVfio) {
     return VfioTransport::open(spec.bdf, vfio, error);
   }

@@ -1,23 +1,27 @@
 // Opening a DEVICE as users name it (DESIGN.md "Names users see"): `emu:PATH` or a bare PATH
 // is the emulated controller over the image file PATH; `vfio:DDDD:BB:DD.F` is a PCI NVMe
-// controller bound to vfio-pci. Either may end in `,ns=N` to pick namespace N instead of the
-// controller's first active namespace.
+// controller bound to vfio-pci; `tcp:HOST:PORT/SUBNQN` is subsystem SUBNQN of an NVMe/TCP
+// target (HOST a name, an IPv4 address or a bracketed IPv6 one), optionally followed by
+// `,hostnqn=NQN`. Any may end in `,ns=N` to pick namespace N instead of the controller's
+// first active namespace.
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "warpfs/nvme/emulated.h"
+#include "warpfs/nvme/tcp.h"
 #include "warpfs/nvme/transport.h"
 #include "warpfs/nvme/vfio.h"
 
 namespace warpfs::nvme {
 
 struct DeviceSpec {
-  enum class Kind { kEmulated, kVfio };
+  enum class Kind { kEmulated, kVfio, kTcp };
   Kind kind = Kind::kEmulated;
   std::string path;   // image file (emulated)
   std::string bdf;    // PCI address (vfio)
+  TcpOptions tcp;     // host, port, subnqn, hostnqn (tcp); the rest as TcpOptions' defaults
   uint32_t nsid = 0;  // 0: the first active namespace
 };
 
