@@ -86,6 +86,29 @@ void write_leaf(MetaBuf* b, Ino owner, const std::vector<Entry>& v) {
   std::memcpy(b->data, &h, sizeof h);
 }
 
+// Where a leaf's entries end, if its header agrees with them (every entry well formed, as
+// many as `count`, filling exactly `used` bytes); 0 for a damaged leaf, which the callers
+// rebuild from what for_each_entry can read instead of editing it in place.
+size_t entries_end(const MetaBuf* b) {
+  const DirLeafHeader h = leaf_header(b);
+  size_t end = sizeof(DirLeafHeader);
+  uint16_t n = 0;
+  for_each_entry(b, [&](size_t off, const DirEntryHeader& e, std::string_view) {
+    if (off != end || e.rec_len != rec_len(e.name_len)) return false;
+    end += e.rec_len;
+    ++n;
+    return true;
+  });
+  return n == h.count && end - sizeof(DirLeafHeader) == h.used ? end : 0;
+}
+
+void set_leaf_counts(MetaBuf* b, uint16_t count, uint16_t used) {
+  DirLeafHeader h = leaf_header(b);
+  h.count = count;
+  h.used = used;
+  std::memcpy(b->data, &h, sizeof h);
+}
+
 // The entry of an index node covering `hash`: the last whose hash_low <= hash.
 uint16_t index_pick(MetaBuf* b, uint64_t hash) {
   const DirIndexHeader h = index_header(b);
@@ -244,11 +267,29 @@ int FsImpl::dir_add(Node& dir, std::string_view name, Ino ino, uint8_t type) {
     if (int rc = DirOps::find_path(*this, dir, h, &p, &root, &index, &leaf); rc) return rc;
     DirLeafHeader lh = leaf_header(leaf);
     if (lh.used + need <= kLeafSpace) {
-      std::vector<Entry> v = read_leaf(leaf);
-      auto it = std::upper_bound(v.begin(), v.end(), h,
-                                 [](uint64_t x, const Entry& e) { return x < e.hash; });
-      v.insert(it, Entry{h, ino, type, std::string(name)});
-      write_leaf(leaf, dir.ino, v);
+      if (const size_t end = entries_end(leaf); end != 0) {
+        // In place: the entries from the first of a higher hash move up by `need` (no
+        // rebuild of the block, no allocation; the bytes are write_leaf's).
+        size_t at = end;
+        for_each_entry(leaf, [&](size_t off, const DirEntryHeader& e, std::string_view) {
+          if (e.hash <= h) return true;
+          at = off;
+          return false;
+        });
+        std::memmove(leaf->data + at + need, leaf->data + at, end - at);
+        std::memset(leaf->data + at, 0, need);
+        const DirEntryHeader e{h, ino, need, static_cast<uint8_t>(name.size()), type};
+        std::memcpy(leaf->data + at, &e, sizeof e);
+        std::memcpy(leaf->data + at + sizeof e, name.data(), name.size());
+        set_leaf_counts(leaf, static_cast<uint16_t>(lh.count + 1),
+                        static_cast<uint16_t>(lh.used + need));
+      } else {
+        std::vector<Entry> v = read_leaf(leaf);
+        auto it = std::upper_bound(v.begin(), v.end(), h,
+                                   [](uint64_t x, const Entry& e) { return x < e.hash; });
+        v.insert(it, Entry{h, ino, type, std::string(name)});
+        write_leaf(leaf, dir.ino, v);
+      }
       journal_->dirty(leaf);
       return map_store(dir);
     }
@@ -326,12 +367,32 @@ int FsImpl::dir_remove(Node& dir, std::string_view name) {
   Path p;
   MetaBuf *root, *index, *leaf;
   if (int rc = DirOps::find_path(*this, dir, h, &p, &root, &index, &leaf); rc) return rc;
-  std::vector<Entry> v = read_leaf(leaf);
-  auto it = std::find_if(v.begin(), v.end(),
-                         [&](const Entry& e) { return e.hash == h && e.name == name; });
-  if (it == v.end()) return ENOENT;
-  v.erase(it);
-  write_leaf(leaf, dir.ino, v);
+  if (const size_t end = entries_end(leaf); end != 0) {
+    // In place: the entries after it move down over it, and the bytes it leaves are zeroed.
+    size_t at = 0, len = 0;
+    for_each_entry(leaf, [&](size_t off, const DirEntryHeader& e, std::string_view n) {
+      if (e.hash > h) return false;
+      if (e.hash == h && n == name) {
+        at = off;
+        len = e.rec_len;
+        return false;
+      }
+      return true;
+    });
+    if (len == 0) return ENOENT;
+    std::memmove(leaf->data + at, leaf->data + at + len, end - at - len);
+    std::memset(leaf->data + end - len, 0, len);
+    const DirLeafHeader lh = leaf_header(leaf);
+    set_leaf_counts(leaf, static_cast<uint16_t>(lh.count - 1),
+                    static_cast<uint16_t>(lh.used - len));
+  } else {
+    std::vector<Entry> v = read_leaf(leaf);
+    auto it = std::find_if(v.begin(), v.end(),
+                           [&](const Entry& e) { return e.hash == h && e.name == name; });
+    if (it == v.end()) return ENOENT;
+    v.erase(it);
+    write_leaf(leaf, dir.ino, v);
+  }
   journal_->dirty(leaf);
   return map_store(dir);
 }

@@ -470,6 +470,7 @@ class FsImpl final : public Filesystem {
   size_t meta_cap_ = 0;                        // buffers (MountOptions::meta_cache_mb)
   std::mutex evict_mu_;                        // one evict_metadata() at a time (outermost)
   bool evict_wanted_ = false;                  // committer_mu_
+  bool commit_wanted_ = false;                 // committer_mu_ (Journal::wants_commit)
   // Blocks freed by transactions not yet committed are not allocatable (FORMAT.md: reusing
   // them earlier could let a crash resurrect their old owner over new data), so a full disk
   // may only look full. After ENOSPC: commits if such blocks exist (they become free at
@@ -564,7 +565,7 @@ class FsImpl final : public Filesystem {
   std::vector<std::pair<uint64_t, uint64_t>> committing_freed_;
 
   std::thread committer_;    // started at mount, joined by unmount()/abandon()
-  std::mutex committer_mu_;  // leaf: stopping_, evict_wanted_
+  std::mutex committer_mu_;  // leaf: stopping_, evict_wanted_, commit_wanted_
   std::condition_variable committer_cv_;
   bool stopping_ = false;
   bool unmounted_ = false;  // unmount()'s caller (the one thread that unmounts)

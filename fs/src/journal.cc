@@ -187,7 +187,12 @@ void Journal::enter() {
   // other half is headroom for the operations already inside (each dirties a few blocks).
   // Its result is not this operation's: a failed commit fails every later one (failed_),
   // and the operation's own commit, fsync or sync reports it.
-  if (dirty_count_.load(std::memory_order_relaxed) >= capacity_ / 2) (void)commit();
+  const uint32_t dirty = dirty_count_.load(std::memory_order_relaxed);
+  if (dirty >= capacity_ / 2) {
+    (void)commit();
+  } else if (dirty >= capacity_ / 16 * kAskAtSixteenths && wants_commit) {
+    wants_commit();  // sooner, and off this operation's path
+  }
   std::unique_lock<std::mutex> g(gate_mu_);
   gate_cv_.wait(g, [&] { return !closed_; });
   ++active_;

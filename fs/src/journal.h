@@ -156,6 +156,12 @@ class Journal {
   // added one (it may hold any lock of an operation: the hook only asks for eviction).
   std::function<void()> pressure;
   size_t cap = 0;
+  // wants_commit(): the running transaction holds kAskAtSixteenths / 16 of the capacity, from
+  // enter() in the thread of an operation (which may hold any lock of an operation: the hook only
+  // asks). The filesystem commits it from a thread of its own, so that no operation commits in
+  // enter() at half the capacity, on its request's path, unless that thread falls behind.
+  std::function<void()> wants_commit;
+  static constexpr uint32_t kAskAtSixteenths = 7;
   // reopened(): in the committing thread, as soon as the gate has reopened and before the
   // commit's I/O (tests: an operation that runs there meets the commit at its most
   // delicate point).

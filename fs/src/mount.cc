@@ -166,6 +166,14 @@ int FsImpl::start(uint64_t jpos, uint64_t jseq, uint64_t replayed, std::string* 
     }
     committer_cv_.notify_all();
   };
+  journal_->wants_commit = [this] {
+    {
+      std::lock_guard<std::mutex> lk(committer_mu_);
+      if (commit_wanted_) return;
+      commit_wanted_ = true;
+    }
+    committer_cv_.notify_all();
+  };
   sb_buf_ = journal_->create(0, MetaKind::kSuper);
   std::memcpy(sb_buf_->data, &sb_, sizeof sb_);
   if (int rc = load_groups(); rc) {
@@ -230,23 +238,30 @@ void FsImpl::commit_loop() {
   std::unique_lock<std::mutex> lk(committer_mu_);
   while (!stopping_) {
     committer_cv_.wait_for(lk, std::chrono::milliseconds(opts_.commit_interval_ms),
-                           [&] { return stopping_ || evict_wanted_; });
+                           [&] { return stopping_ || evict_wanted_ || commit_wanted_; });
     if (stopping_) break;
-    const bool pressed = evict_wanted_;
-    evict_wanted_ = false;
+    const bool pressed = evict_wanted_, asked = commit_wanted_;
+    evict_wanted_ = commit_wanted_ = false;
     lk.unlock();
     // Woken by the cache's pressure: clean blocks first; a commit (which makes dirty ones
     // clean, and evictable once written home) only if that was not enough. On the timer: a
-    // commit, then the blocks of forgotten inodes.
+    // commit, then the blocks of forgotten inodes. Asked by the journal (its running
+    // transaction fills up): a commit.
     if (pressed) evict_metadata();
-    if (!pressed || journal_->cached_buffers() > meta_cap_) {
-      // The timer's commit: a failure is sticky (Journal::failed), so the next fsync, sync or
-      // unmount reports it to someone who can act on it.
+    if (asked || !pressed || journal_->cached_buffers() > meta_cap_) {
+      // The timer's or the journal's commit: a failure is sticky (Journal::failed), so the next
+      // fsync, sync or unmount reports it to someone who can act on it.
       if (!ro_) {
         (void)store_times(false);  // a failure is the journal's, sticky as the commit's
         (void)journal_->commit();
+        // Asks made before this commit took the transaction are answered; one that still
+        // holds comes again from the next operation that enters.
+        std::lock_guard<std::mutex> g(committer_mu_);
+        commit_wanted_ = false;
       }
-      evict_metadata();
+      // Eviction is the timer's and the pressure's: after every asked commit, it would drop
+      // blocks that the operations filling the journal are about to use again.
+      if (!asked || pressed) evict_metadata();
     }
     lk.lock();
   }

@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "fs/core_rig.h"
 #include "journal.h"
@@ -101,6 +104,50 @@ TEST(Journal, ABufferFreedDuringACommitOutlivesTheNextCommitsDirtyList) {
   std::vector<uint8_t> home(kBlockSize);
   ASSERT_TRUE(dev->read(b, 1, home.data()).is_ok());
   EXPECT_NE(home[100], 0x5a) << "a freed buffer was checkpointed";
+}
+
+// A transaction that fills up asks for its commit (Journal::wants_commit, which the mounted
+// filesystem's committer thread answers) at 7/16 of the capacity, from whichever operation
+// enters then, and keeps asking until a commit comes; below that mark it never asks, and
+// until half the capacity no operation commits in enter(). Several threads enter at once.
+TEST(Journal, AFillingTransactionAsksForItsCommitBeforeAnOperationMust) {
+  auto f = Formatted::make(16 << 20);
+  ASSERT_TRUE(f);
+  std::string log;
+  Journal j(*f->dev, f->sb, f->rr.next_pos, f->rr.next_seq,
+            [&](const std::string& s) { log += s + "\n"; });
+  std::atomic<int> asked{0};
+  j.wants_commit = [&] { asked.fetch_add(1); };
+  const uint32_t ask_at = j.capacity() / 16 * Journal::kAskAtSixteenths;
+  ASSERT_GT(j.capacity() / 2, ask_at + 8);
+  // Distinct data-area blocks as metadata, one per transaction: after k of them, k are dirty.
+  uint64_t next = f->sb.block_count - 1000;
+  auto one = [&](uint64_t block) {
+    Journal::Txn t(j);
+    j.dirty(j.create(block, MetaKind::kHeader));
+  };
+  for (uint32_t i = 0; i < ask_at; ++i) one(next++);
+  EXPECT_EQ(asked.load(), 0) << "asked below " << ask_at << " dirty blocks";
+  // Past the mark, from four threads at once, short of half the capacity.
+  const uint32_t per_thread = (j.capacity() / 2 - ask_at) / 4;
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < 4; ++t) {
+    const uint64_t first = next + t * per_thread;
+    threads.emplace_back([&, first] {
+      for (uint32_t i = 0; i < per_thread; ++i) one(first + i);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  next += 4 * per_thread;
+  EXPECT_GE(asked.load(), static_cast<int>(4 * per_thread) - 1);
+  EXPECT_EQ(j.commits.load(), 0u) << "an operation committed below half the capacity";
+  // Answered: the next transaction starts empty and asks no more.
+  EXPECT_EQ(j.commit(), 0) << log;
+  EXPECT_EQ(j.commits.load(), 1u);
+  const int before = asked.load();
+  one(next++);
+  EXPECT_EQ(asked.load(), before);
+  EXPECT_EQ(log, "");
 }
 
 }  // namespace
