@@ -291,6 +291,49 @@ bool check_raid_set(const std::vector<RaidMemberSeen>& seen, RaidLabel* newest,
   return true;
 }
 
+Status write_member_labels(const std::vector<BlockDevice*>& members, RaidLabel l,
+                           std::string* error) {
+  for (uint32_t k = 0; k < members.size(); ++k) {
+    BlockDevice& d = *members[k];
+    std::vector<uint8_t> area(l.data_offset * kLabelBytes, 0);
+    l.position = k;
+    l.encode(area.data());
+    // The zeroes first, the label last, then durable.
+    Status s = d.write(1, static_cast<uint32_t>(l.data_offset - 1), area.data() + kLabelBytes);
+    if (s.is_ok()) s = d.write(0, 1, area.data());
+    if (s.is_ok()) s = d.flush();
+    if (!s.is_ok()) {
+      *error = "member " + std::to_string(k) + " (" + l.members[k].name +
+               "): writing the RAID label failed: " + s.to_string();
+      return s;
+    }
+  }
+  return Status::ok();
+}
+
+std::unique_ptr<RaidBlockDevice> RaidBlockDevice::assemble(
+    const std::vector<BlockDevice*>& members, std::vector<RaidMemberSeen> seen,
+    std::function<void(const std::string&)> log, std::string* error) {
+  for (size_t i = 0; i < members.size() && i < seen.size(); ++i) {
+    std::vector<uint8_t> b(members[i]->block_bytes());
+    if (Status s = members[i]->read(0, 1, b.data()); !s.is_ok()) {
+      seen[i].label_problem = "reading block 0 failed: " + s.to_string();
+      continue;
+    }
+    seen[i].has_label = RaidLabel::decode(b.data(), &seen[i].label, &seen[i].label_problem);
+  }
+  RaidLabel newest;
+  if (!check_raid_set(seen, &newest, error)) return nullptr;
+  auto d = create(members, newest, log, error);
+  if (!d) return nullptr;
+  for (uint32_t k = 0; k < newest.member_count && log; ++k) {
+    if ((newest.failed >> k) & 1)
+      log("RAID set " + newest.uuid_text() + " is degraded: member " + std::to_string(k) + " (" +
+          seen[k].name + ") failed and is not used");
+  }
+  return d;
+}
+
 // --- part pool ----------------------------------------------------------------------------
 
 PartPool::PartPool(int threads) {

@@ -104,15 +104,13 @@ struct Set {
     auto s = std::make_unique<Set>();
     RaidLabel l = make_label(level, members, stripe, member_blocks);
     std::vector<BlockDevice*> m;
-    std::vector<uint8_t> buf(kBB);
     for (uint32_t k = 0; k < members; ++k) {
       s->mem.push_back(std::make_unique<MemDevice>(l.data_offset + member_blocks));
-      l.position = k;
-      l.encode(buf.data());
-      EXPECT_TRUE(s->mem[k]->write(0, 1, buf.data()).is_ok());
       m.push_back(s->mem[k].get());
     }
     std::string err;
+    EXPECT_TRUE(write_member_labels(m, l, &err).is_ok()) << err;
+    for (auto& d : s->mem) d->writes = 0, d->flushes = 0;  // the tests count from here
     Set* raw = s.get();
     s->dev = RaidBlockDevice::create(
         m, l,

@@ -110,6 +110,12 @@ struct RaidMemberSeen {
 // message naming the device and the problem.
 bool check_raid_set(const std::vector<RaidMemberSeen>& seen, RaidLabel* newest, std::string* error);
 
+// Writes `l` (position set per member) to block 0 of each of `members`, in position order,
+// after zeroing blocks 1..data_offset-1, and flushes each: a new set's labels. The message
+// names the position that failed.
+Status write_member_labels(const std::vector<BlockDevice*>& members, RaidLabel l,
+                           std::string* error);
+
 // A few threads that run the parts of requests spanning several members. run() takes the
 // caller's parts back from the queue when no thread has started them, so it never waits on
 // a busy pool. Thread-safety: run() from any number of threads; q_ under mu_.
@@ -151,10 +157,16 @@ class RaidBlockDevice final : public BlockDevice {
   // Over `members` in position order (not owned; they outlive the device), each with the
   // label at block 0 and data from data_offset; `label` is the set's newest label (any
   // position). `log` (may be empty) hears of failed members.
+  // assemble() first reads every member's label into `seen` (whose names and identities the
+  // caller filled in) and checks the set (check_raid_set); it says when the set is degraded.
   static std::unique_ptr<RaidBlockDevice> create(std::vector<BlockDevice*> members,
                                                  const RaidLabel& label,
                                                  std::function<void(const std::string&)> log,
                                                  std::string* error);
+  static std::unique_ptr<RaidBlockDevice> assemble(const std::vector<BlockDevice*>& members,
+                                                   std::vector<RaidMemberSeen> seen,
+                                                   std::function<void(const std::string&)> log,
+                                                   std::string* error);
   ~RaidBlockDevice() override;
   uint32_t block_bytes() const override { return bb_; }
   uint64_t block_count() const override { return map_.block_count(); }
