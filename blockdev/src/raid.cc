@@ -138,6 +138,16 @@ bool RaidLabel::decode(const void* block, RaidLabel* out, std::string* why) {
   return true;
 }
 
+std::string raid_member_hint(const void* block0) {
+  RaidLabel l;
+  std::string why;
+  if (!RaidLabel::has_magic(block0)) return "";
+  if (!RaidLabel::decode(block0, &l, &why)) return "block 0 is a RAID member label (" + why + ")";
+  return "it is member " + std::to_string(l.position) + " of the RAID " + std::to_string(l.level) +
+         " set " + l.uuid_text() + " of " + std::to_string(l.member_count) +
+         " devices: give all of them, in order, joined by commas";
+}
+
 std::string raid_level_problem(uint32_t level, uint32_t members) {
   if (level != 0 && level != 1 && level != 10)
     return "RAID level " + std::to_string(level) + " (knows 0, 1 and 10)";

@@ -1126,18 +1126,7 @@ void walk_everything(Filesystem& fs, Ino dir, int depth = 0);
 // The machine dies (as Rig::crash_and_remount, without the remount): the device keeps a
 // random part of its volatile write cache.
 void crash(Rig& r, double persist) {
-  r.cut->cut();
-  r.stack->transport->power_cut(persist);
-  r.fs.reset();
-  r.cut.reset();
-  r.dev.reset();
-  auto store = r.stack->store;
-  r.stack.reset();
-  r.stack = cache::test::Stack::make(0, store);
-  ASSERT_TRUE(r.stack);
-  std::string err;
-  r.dev = blockdev::NvmeBlockDevice::create(*r.stack->engine, 1, kBlockSize, &err);
-  ASSERT_TRUE(r.dev) << err;
+  ASSERT_TRUE(r.power_cycle(persist));
 }
 
 // What a crash leaves (a dirty superblock, a committed transaction in the journal, inodes

@@ -71,7 +71,9 @@ TEST(RaidProgram, MkfsMakesSetsThatOpenOnlyWhole) {
   EXPECT_NE(out.find("(" + e + ", generated id"), std::string::npos) << out;
   EXPECT_NE(out.find("is missing: 2 of 3 devices given"), std::string::npos) << out;
   // A member is no filesystem of its own, and mkfs will not overwrite it unasked.
-  EXPECT_NE(run(kFsck + " -f " + a, &out), 0) << out;
+  EXPECT_EQ(run(kFsck + " -f -y " + a, &out), 8) << out;
+  EXPECT_NE(out.find("it is member 0 of the RAID 1 set"), std::string::npos) << out;
+  EXPECT_EQ(run(kFsck + " -f " + a + "," + b, &out), 0) << out;  // and -y wrote nothing
   EXPECT_EQ(run(kMkfs + " " + a, &out), 1) << out;
   EXPECT_NE(out.find("contains member 0 of RAID set"), std::string::npos) << out;
   EXPECT_EQ(run(kMkfs + " --raid 1 " + a + " " + c, &out), 1) << out;
@@ -154,6 +156,88 @@ TEST(RaidStack, FilesystemOverASetRemountsAndChecksClean) {
 #ifdef WARPFS_FSCK_BIN
   EXPECT_EQ(run(kFsck + " -f " + list, &out), 0) << out;
 #endif
+}
+
+// Runs a rig on a RAID set (TestDevices reads WARPFS_TEST_RAID when it is made).
+struct RaidEnv {
+  std::string old;
+  bool had;
+  explicit RaidEnv(const char* level) {
+    const char* e = std::getenv("WARPFS_TEST_RAID");
+    had = e != nullptr;
+    if (had) old = e;
+    setenv("WARPFS_TEST_RAID", level, 1);
+  }
+  ~RaidEnv() {
+    if (had) {
+      setenv("WARPFS_TEST_RAID", old.c_str(), 1);
+    } else {
+      unsetenv("WARPFS_TEST_RAID");
+    }
+  }
+};
+
+int read_rc(Rig& r, Ino ino, uint64_t off, size_t len, std::string* out) {
+  out->assign(len, '\0');
+  size_t got = 0;
+  const int rc = r.fs->read(ino, off, len, out->data(), &got);
+  out->resize(got);
+  return rc;
+}
+
+// Injects `kind` on all of member k's data area (its label stays readable).
+void fail_member_media(Rig& r, size_t k, nvme::FaultKind kind) {
+  nvme::Fault f;
+  f.kind = kind;
+  f.slba = blockdev::RaidLabel::kDataOffset * kBlockSize / 512;  // the rig's 512 B LBAs
+  f.nlb = UINT32_MAX;
+  r.devices->stacks[k]->transport->inject(f);
+}
+
+// The faults that fail the single-device tests in fault_test.cc, on one member of a RAID 1:
+// reads are served by the mirror (counted), writes go on on the survivor, which records the
+// member as failed, and a set powered up again keeps it failed (its stale data never read):
+// the filesystem sees no error and checks clean.
+TEST(RaidFaults, AMirrorServesReadsAndTakesWritesWhenOneMemberFails) {
+  RaidEnv env("1");
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  ASSERT_TRUE(r->devices->raid);
+  blockdev::RaidBlockDevice& raid = *r->devices->raid;
+  const std::string data = pattern(1, 0, 1 << 20);  // 8 stripes of 128 KiB
+  const Ino a = r->create(kRootInode, "a");
+  ASSERT_EQ(r->write(a, 0, data), 0);
+  ASSERT_TRUE(r->remount());
+  fail_member_media(*r, 0, nvme::FaultKind::kReadError);
+  std::string got;
+  for (uint64_t off = 0; off < data.size(); off += 128 << 10) {  // one block of each stripe
+    ASSERT_EQ(read_rc(*r, a, off, kBlockSize, &got), 0) << off;
+    EXPECT_EQ(got, data.substr(off, kBlockSize)) << off;
+  }
+  EXPECT_GT(raid.stats().read_failovers, 0u);
+  EXPECT_EQ(raid.stats().failed, 0u);
+  EXPECT_GT(r->stack->transport->faults_hit(), 0u);
+
+  // Member 0 stops taking writes: the write and its fsync succeed on member 1.
+  r->stack->transport->clear_faults();
+  fail_member_media(*r, 0, nvme::FaultKind::kWriteFault);
+  const std::string fresh = pattern(2, 0, 1 << 20);
+  ASSERT_EQ(r->write(a, 0, fresh), 0);
+  ASSERT_EQ(r->fs->fsync(a, false), 0);
+  EXPECT_TRUE(raid.member_failed(0));
+  EXPECT_EQ(raid.stats().generation, 2u);
+
+  // Powered up again (the faults are gone with the old controller), the labels keep member 0
+  // failed: its stale data (the first pattern) is never read back.
+  ASSERT_TRUE(r->crash_and_remount(1.0));
+  ASSERT_TRUE(r->devices->raid);
+  EXPECT_TRUE(r->devices->raid->member_failed(0));
+  ASSERT_EQ(r->lookup(kRootInode, "a", nullptr), 0);
+  for (uint64_t off = 0; off < fresh.size(); off += 128 << 10) {
+    ASSERT_EQ(read_rc(*r, a, off, kBlockSize, &got), 0) << off;
+    EXPECT_EQ(got, fresh.substr(off, kBlockSize)) << off;
+  }
+  EXPECT_EQ(r->check_and_remount(), "");
 }
 
 }  // namespace

@@ -65,6 +65,10 @@ struct RaidLabel {
   std::string uuid_text() const;
 };
 
+// For a device opened alone whose block 0 is `block0`: "" when that is no member label, else
+// a sentence naming the set and how to open it whole (for "not a filesystem" messages).
+std::string raid_member_hint(const void* block0);
+
 // Copies per group: 1 for RAID 0, every member for RAID 1, 2 for RAID 10.
 uint32_t raid_copies(uint32_t level, uint32_t members);
 // "" if `level` over `members` devices is a set we build, else why not.
