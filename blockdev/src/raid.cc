@@ -89,6 +89,11 @@ void RaidLabel::encode(void* block) const {
     std::memcpy(e + 16, members[k].id, 16);
     std::memcpy(e + 32, members[k].name.data(), std::min(members[k].name.size(), kNameBytes - 1));
   }
+  seal(b);
+}
+
+void RaidLabel::seal(void* block) {
+  auto* b = static_cast<uint8_t*>(block);
   put(b, kCrcAt, crc32c(b, kCrcAt));
 }
 

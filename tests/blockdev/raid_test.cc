@@ -15,55 +15,12 @@
 #include <set>
 #include <thread>
 
+#include "blockdev/mem_device.h"
+
 namespace warpfs::blockdev::test {
 namespace {
 
 constexpr uint32_t kBB = 4096;
-
-// A member in RAM that counts its calls and fails what a test asks it to. Blocks of distinct
-// callers are distinct (callers order conflicting accesses), so data needs no lock.
-class MemDevice final : public BlockDevice {
- public:
-  explicit MemDevice(uint64_t blocks) : data_(blocks * kBB), blocks_(blocks) {}
-  uint32_t block_bytes() const override { return kBB; }
-  uint64_t block_count() const override { return blocks_; }
-  Status read(uint64_t b, uint32_t n, void* buf) override {
-    if (Status s = check(b, n); !s.is_ok()) return s;
-    reads.fetch_add(1);
-    if (dead.load() || (b < bad_read_end.load() && b + n > bad_read_begin.load()))
-      return Status::error(Code::kIoError, "injected read error");
-    std::memcpy(buf, data_.data() + b * kBB, size_t{n} * kBB);
-    return Status::ok();
-  }
-  Status write(uint64_t b, uint32_t n, const void* buf) override {
-    if (Status s = check(b, n); !s.is_ok()) return s;
-    if (gate) gate();
-    writes.fetch_add(1);
-    if (dead.load() || fail_writes.load())
-      return Status::error(Code::kIoError, "injected write error");
-    std::memcpy(data_.data() + b * kBB, buf, size_t{n} * kBB);
-    return Status::ok();
-  }
-  Status flush() override {
-    flushes.fetch_add(1);
-    return dead.load() ? Status::error(Code::kIoError, "injected flush error") : Status::ok();
-  }
-  Status trim(uint64_t b, uint64_t n) override {
-    if (Status s = check(b, n); !s.is_ok()) return s;
-    trims.fetch_add(1);
-    std::memset(data_.data() + b * kBB, 0, n * kBB);
-    return Status::ok();
-  }
-  const uint8_t* at(uint64_t b) const { return data_.data() + b * kBB; }
-  std::atomic<uint64_t> reads{0}, writes{0}, flushes{0}, trims{0};
-  std::atomic<bool> dead{false}, fail_writes{false};
-  std::atomic<uint64_t> bad_read_begin{0}, bad_read_end{0};
-  std::function<void()> gate;  // set before the device is used; runs in write()
-
- private:
-  std::vector<uint8_t> data_;
-  uint64_t blocks_;
-};
 
 void fill(uint8_t* p, uint64_t block, uint64_t gen) {
   auto* w = reinterpret_cast<uint64_t*>(p);

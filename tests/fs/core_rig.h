@@ -3,8 +3,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -20,6 +22,18 @@
 #include "warpfs/fs/replay.h"
 
 namespace warpfs::fs::test {
+
+// Runs a shell command line (a program under test); its exit status (-1 if it did not exit)
+// and, through `out`, its standard output and error together.
+inline int run_command(const std::string& cmd, std::string* out) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[512];
+  out->clear();
+  while (std::fgets(buf, sizeof buf, p) != nullptr) *out += buf;
+  const int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
 
 // Forwards to a device until cut(): from then on every call fails, as if the machine died.
 // cut_at() arms the cut for a later call instead, so that it can land inside a journal

@@ -1606,13 +1606,7 @@ TEST(FsckScale, ManyFilesCheckQuickly) {
 
 #ifdef WARPFS_FSCK_BIN
 int run_tool(const std::string& cmd, std::string* out) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[512];
-  out->clear();
-  while (std::fgets(buf, sizeof buf, p) != nullptr) *out += buf;
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return run_command(cmd, out);
 }
 
 std::string slurp(const std::string& path) {

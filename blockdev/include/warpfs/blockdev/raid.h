@@ -58,6 +58,8 @@ struct RaidLabel {
   void encode(void* block) const;
   // From one 4096-byte block: false, with why, if it is no label or a damaged one.
   static bool decode(const void* block, RaidLabel* out, std::string* why);
+  // Sets the CRC of an encoded label in place (tools and fuzzers that patch a label).
+  static void seal(void* block);
   // Whether the block starts with the label's magic (damaged or not).
   static bool has_magic(const void* block);
   // Level, member count, stripe and geometry are consistent: "" or what is wrong.
