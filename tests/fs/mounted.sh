@@ -10,6 +10,7 @@ scenario=${1:?scenario}
 work=$(mktemp -d "${TMPDIR:-/tmp}/warpfs-$scenario.XXXXXX")
 chmod 755 "$work"  # the permission tests run as another user: it must reach the mount
 img=$work/img
+device="emu:$img"  # what mount_fs and fsck_clean open (a RAID set's list in the raid scenario)
 mnt=$work/mnt
 mkdir -p "$mnt"
 daemon_pid=
@@ -31,7 +32,7 @@ format() {  # format SIZE [mkfs options...]
 # once the mount is visible (the daemon exits if it fails, which ends the wait too).
 mount_fs() {
   # (A background job of a script inherits SIGINT ignored; the daemon must see it.)
-  env --default-signal=INT "$WARPFS" -f "emu:$img" "$mnt" -o allow_other "$@" 2>"$work/daemon.log" &
+  env --default-signal=INT "$WARPFS" -f "$device" "$mnt" -o allow_other "$@" 2>"$work/daemon.log" &
   daemon_pid=$!
   for _ in $(seq 1 600); do
     mountpoint -q "$mnt" && return 0
@@ -117,11 +118,36 @@ PY
 }
 fsck_clean() {
   local out
-  out=$("$FSCK" -f -n "emu:$img" 2>&1) || { echo "$out" >&2; fail "fsck.warpfs -f -n found problems"; }
+  out=$("$FSCK" -f -n "$device" 2>&1) || { echo "$out" >&2; fail "fsck.warpfs -f -n found problems"; }
   echo "$out"
 }
 
 case $scenario in
+  raid)  # RAID 1, then RAID 0, of two images: fsx beside four writer processes, remount, sums, fsck
+    for level in 1 0; do
+      a=$work/r$level-a.img b=$work/r$level-b.img
+      device="emu:$a,emu:$b"
+      "$MKFS" -q --raid "$level" --size 256M "$a" "$b" || fail "mkfs.warpfs --raid $level"
+      mount_fs
+      "$FSX" -q -N 20000 -S "$((level + 1))" "$mnt/fsx" &
+      fsx_pid=$!
+      writers=()
+      for p in 1 2 3 4; do
+        (dd if=/dev/urandom of="$mnt/w$p" bs=64K count=48 status=none && sync "$mnt/w$p") &
+        writers+=($!)
+      done
+      for w in "${writers[@]}"; do wait "$w" || fail "a writer over RAID $level"; done
+      wait "$fsx_pid" || fail "fsx over RAID $level"
+      md5sum "$mnt"/w* >"$work/sums" || fail "md5sum"
+      unmount_fs
+      fsck_clean >/dev/null
+      "$FSCK" -f -n "emu:$b,emu:$a" >/dev/null 2>&1 && fail "fsck accepted the members in the wrong order"
+      mount_fs
+      md5sum -c --quiet "$work/sums" || fail "data changed across the remount of RAID $level"
+      unmount_fs
+      fsck_clean >/dev/null
+    done
+    ;;
   posix)  # the POSIX suite, one file per syscall family, with warpfs' own expectations
     format 2G --inodes 300000
     mount_fs
