@@ -255,8 +255,35 @@ bool DeviceStack::build(uint32_t nsid_asked, const StackOptions& o, std::string*
   return cached_ != nullptr;
 }
 
+namespace {
+
+// A device named twice in a list (the same image by two paths, or the same controller and
+// namespace): a message naming both, else "".
+std::string named_twice(const std::vector<std::string>& names) {
+  std::vector<nvme::DeviceSpec> specs(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    std::string ignored;
+    if (!nvme::parse_device(names[i], &specs[i], &ignored)) return "";  // open says why
+    for (size_t j = 0; j < i; ++j) {
+      const nvme::DeviceSpec &a = specs[j], &b = specs[i];
+      const bool same =
+          a.kind == b.kind && a.nsid == b.nsid &&
+          (a.kind == nvme::DeviceSpec::Kind::kVfio ? a.bdf == b.bdf
+                                                   : a.path == b.path || same_file(a.path, b.path));
+      if (same) return names[j] + " and " + names[i] + " are the same device";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 std::unique_ptr<DeviceStack> DeviceStack::open_set(const std::vector<std::string>& names,
                                                    const StackOptions& o, std::string* error) {
+  if (std::string twice = named_twice(names); !twice.empty()) {
+    *error = twice;
+    return nullptr;
+  }
   std::unique_ptr<DeviceStack> s(new DeviceStack());
   for (const std::string& n : names) s->name_ += (s->name_.empty() ? "" : ",") + n;
   StackOptions mo = o;  // each member a shard of the cache
@@ -280,6 +307,10 @@ bool create_raid_set(const std::vector<std::string>& devices, const RaidCreate& 
   const uint32_t n = static_cast<uint32_t>(devices.size());
   if (std::string p = raid_level_problem(rc.level, n); !p.empty()) {
     *error = p;
+    return false;
+  }
+  if (std::string twice = named_twice(devices); !twice.empty()) {
+    *error = twice;
     return false;
   }
   StackOptions mo = o;

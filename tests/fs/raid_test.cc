@@ -86,6 +86,15 @@ TEST(RaidProgram, MkfsMakesSetsThatOpenOnlyWhole) {
   EXPECT_EQ(run(kMkfs + " " + a + " " + b, &out), 2) << out;
   EXPECT_EQ(run(kMkfs + " " + a + "," + b, &out), 2) << out;
   EXPECT_NE(out.find("give --raid"), std::string::npos) << out;
+  // One image twice (by two names) is refused before anything waits for its lock.
+  EXPECT_EQ(run(kFsck + " -f " + a + ",emu:" + t.path + "/../" +
+                    t.path.substr(t.path.rfind('/') + 1) + "/a.img",
+                &out),
+            8)
+      << out;
+  EXPECT_NE(out.find("are the same device"), std::string::npos) << out;
+  EXPECT_EQ(run(kMkfs + " -q --force --raid 1 " + a + " " + a, &out), 1) << out;
+  EXPECT_NE(out.find(a + " and " + a + " are the same device"), std::string::npos) << out;
   // --force makes a new set of old members.
   EXPECT_EQ(run(kMkfs + " -q --force --raid 0 " + b + " " + a, &out), 0) << out;
   EXPECT_EQ(run(kFsck + " -f " + b + "," + a, &out), 0) << out;
