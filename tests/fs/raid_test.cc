@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "fs/core_rig.h"
 #include "warpfs/blockdev/stack.h"
@@ -98,6 +99,50 @@ TEST(RaidProgram, MkfsMakesSetsThatOpenOnlyWhole) {
   // --force makes a new set of old members.
   EXPECT_EQ(run(kMkfs + " -q --force --raid 0 " + b + " " + a, &out), 0) << out;
   EXPECT_EQ(run(kFsck + " -f " + b + "," + a, &out), 0) << out;
+#endif
+}
+
+// A set whose newest label marks a member failed: fsck and the stack say so, and the
+// failed member's blocks are not read (here: its data area is zeroed, and the set checks
+// clean all the same).
+TEST(RaidProgram, ADegradedSetIsReportedAndItsFailedMemberUnused) {
+#ifndef WARPFS_FSCK_BIN
+  GTEST_SKIP() << "no fsck.warpfs";
+#else
+  TempDir t;
+  ASSERT_FALSE(t.path.empty());
+  const std::string a = t.img("a.img"), b = t.img("b.img");
+  std::string out;
+  ASSERT_EQ(run(kMkfs + " -q --raid 1 --size 64M " + a + " " + b, &out), 0) << out;
+  // Member 1 (b) records member 0 (a) failed, one generation later; a's data is gone.
+  {
+    FILE* f = std::fopen(b.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::vector<uint8_t> block(kBlockSize);
+    ASSERT_EQ(std::fread(block.data(), 1, block.size(), f), block.size());
+    blockdev::RaidLabel l;
+    std::string why;
+    ASSERT_TRUE(blockdev::RaidLabel::decode(block.data(), &l, &why)) << why;
+    l.failed = 1;
+    l.flags |= blockdev::RaidLabel::kDegraded;
+    l.generation = 2;
+    l.encode(block.data());
+    ASSERT_EQ(std::fseek(f, 0, SEEK_SET), 0);
+    ASSERT_EQ(std::fwrite(block.data(), 1, block.size(), f), block.size());
+    std::fclose(f);
+    ASSERT_EQ(truncate(a.c_str(), blockdev::RaidLabel::kDataOffset * kBlockSize), 0);
+    ASSERT_EQ(truncate(a.c_str(), 64 << 20), 0);
+  }
+  EXPECT_EQ(run(kFsck + " -f -n " + a + "," + b, &out), 0) << out;
+  EXPECT_NE(out.find("is degraded: member 0 (" + a + ") failed and is not used"), std::string::npos)
+      << out;
+  blockdev::StackOptions so;
+  so.wait_for_release_s = 0;
+  std::string err;
+  auto st = blockdev::DeviceStack::open(a + "," + b, so, &err);
+  ASSERT_TRUE(st) << err;
+  EXPECT_EQ(st->stats().raid.failed, 1u);
+  EXPECT_EQ(st->stats().raid.generation, 2u);
 #endif
 }
 
