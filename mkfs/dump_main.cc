@@ -277,6 +277,18 @@ int main(int argc, char** argv) {
   }
   json out;
   if (want_ino == 0 && want_path.empty()) {
+    if (blockdev::RaidBlockDevice* r = stack->raid()) {  // a set: its state first
+      const blockdev::RaidBlockDevice::Stats rs = r->stats();
+      json failed = json::array();
+      for (uint32_t k = 0; k < rs.members; ++k)
+        if ((rs.failed >> k) & 1) failed.push_back(stack->members()[k]->name());
+      out["raid"] = {{"level", rs.level},
+                     {"members", rs.members},
+                     {"stripe_blocks", rs.stripe_blocks},
+                     {"degraded", rs.failed != 0},
+                     {"failed", failed},
+                     {"label_generation", rs.generation}};
+    }
     out["superblock"] = superblock_json(sb);
     out["journal"] = journal_json(dev, sb);
     out["groups"] = groups_json(dev, sb);

@@ -97,15 +97,17 @@ int main(int argc, char** argv) {
     return fs::kFsckUsage;
   }
   const std::string device = argv[optind];
-  nvme::DeviceSpec spec;
   std::string err;
-  if (!nvme::parse_device(device, &spec, &err)) {
-    std::fprintf(stderr, "fsck.warpfs: %s\n", err.c_str());
-    return fs::kFsckUsage;
-  }
-  if (spec.kind == nvme::DeviceSpec::Kind::kEmulated && access(spec.path.c_str(), F_OK) != 0) {
-    std::fprintf(stderr, "fsck.warpfs: %s: no such device or image file\n", spec.path.c_str());
-    return fs::kFsckOperational;
+  for (const std::string& member : blockdev::split_device_list(device)) {  // a RAID set's too
+    nvme::DeviceSpec spec;
+    if (!nvme::parse_device(member, &spec, &err)) {
+      std::fprintf(stderr, "fsck.warpfs: %s\n", err.c_str());
+      return fs::kFsckUsage;
+    }
+    if (spec.kind == nvme::DeviceSpec::Kind::kEmulated && access(spec.path.c_str(), F_OK) != 0) {
+      std::fprintf(stderr, "fsck.warpfs: %s: no such device or image file\n", spec.path.c_str());
+      return fs::kFsckOperational;
+    }
   }
   blockdev::StackOptions so;
   so.log = [](const std::string& s) { std::fprintf(stderr, "fsck.warpfs: %s\n", s.c_str()); };

@@ -1,6 +1,6 @@
 // mkfs.warpfs: formats a DEVICE (an emulated NVMe image, created if missing, or a VFIO
-// controller) with an empty warpfs (fs/FORMAT.md). Refuses to overwrite a filesystem or
-// data without --force.
+// controller), or with --raid a set of them, with an empty warpfs (fs/FORMAT.md). Refuses to
+// overwrite a filesystem or data without --force.
 #include <getopt.h>
 #include <unistd.h>
 
@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "args.h"
 #include "warpfs/blockdev/stack.h"
@@ -25,7 +26,12 @@ void usage(FILE* f) {
   std::fprintf(
       f,
       "usage: mkfs.warpfs [options] DEVICE\n"
+      "       mkfs.warpfs --raid 0|1|10 [--stripe SIZE] [options] DEVICE...\n"
       "  DEVICE              emu:PATH or PATH (an image file), or vfio:DDDD:BB:DD.F\n"
+      "      --raid LEVEL    make a RAID 0, 1 or 10 set of the DEVICEs, in that order\n"
+      "                      (mount it as DEVICE,DEVICE,...)\n"
+      "      --stripe SIZE   RAID stripe unit, a power of two from 4 KiB (default 128 KiB,\n"
+      "                      lowered to the smallest member's largest transfer)\n"
       "  -s, --size SIZE     create a missing image of SIZE bytes (K, M, G, T suffixes)\n"
       "  -f, --force         overwrite an existing filesystem or data\n"
       "  -N, --inodes N      number of inodes (default: one per 16 KiB)\n"
@@ -64,11 +70,15 @@ int main(int argc, char** argv) {
                                  {"quiet", no_argument, nullptr, 'q'},
                                  {"help", no_argument, nullptr, 'h'},
                                  {"version", no_argument, nullptr, 'V'},
+                                 {"raid", required_argument, nullptr, 'R'},
+                                 {"stripe", required_argument, nullptr, 'S'},
                                  {nullptr, 0, nullptr, 0}};
   uint64_t size = 0, journal = 0;
   bool force = false, quiet = false;
   fs::MkfsOptions mo;
   mo.reserved_percent = 5;  // as mke2fs
+  bool raid = false;
+  blockdev::RaidCreate rc;
   int c;
   while ((c = getopt_long(argc, argv, "s:fN:L:J:m:E:qhV", longs, nullptr)) != -1) {
     switch (c) {
@@ -132,46 +142,111 @@ int main(int argc, char** argv) {
       case 'q':
         quiet = true;
         break;
+      case 'R': {
+        uint64_t v = 0;
+        if (!tools::parse_u64(optarg, 10, &v) || (v != 0 && v != 1 && v != 10)) {
+          std::fprintf(stderr, "mkfs.warpfs: --raid takes 0, 1 or 10 ('%s')\n", optarg);
+          return 2;
+        }
+        raid = true;
+        rc.level = static_cast<uint32_t>(v);
+        break;
+      }
+      case 'S': {
+        uint64_t bytes = 0;
+        if (!tools::parse_size(optarg, &bytes) || bytes < fs::kBlockSize || bytes > (16u << 20) ||
+            (bytes & (bytes - 1)) != 0) {
+          std::fprintf(stderr,
+                       "mkfs.warpfs: bad stripe '%s' (a power of two from 4 KiB to 16 MiB)\n",
+                       optarg);
+          return 2;
+        }
+        rc.stripe_blocks = static_cast<uint32_t>(bytes / fs::kBlockSize);
+        break;
+      }
       default:  // -h, -V, or not an option
         return tools::help_version_or_usage(c, "mkfs.warpfs", usage, 0, 2);
     }
   }
-  if (optind + 1 != argc) {
+  // The DEVICEs: one, or with --raid several (as arguments or one comma-separated list).
+  std::vector<std::string> members;
+  for (int i = optind; i < argc; ++i)
+    for (const std::string& m : blockdev::split_device_list(argv[i])) members.push_back(m);
+  if (members.empty() || (!raid && argc - optind != 1)) {
     usage(stderr);
     return 2;
   }
-  const std::string device = argv[optind];
+  if (!raid && members.size() > 1) {
+    std::fprintf(stderr, "mkfs.warpfs: several devices make a RAID set: give --raid 0, 1 or 10\n");
+    return 2;
+  }
+  if (raid) {
+    if (std::string p = blockdev::raid_level_problem(rc.level, members.size()); !p.empty()) {
+      std::fprintf(stderr, "mkfs.warpfs: %s\n", p.c_str());
+      return 2;
+    }
+  }
+  if (rc.stripe_blocks != 0 && !raid) {
+    std::fprintf(stderr, "mkfs.warpfs: --stripe needs --raid\n");
+    return 2;
+  }
+  std::string device;
+  for (const std::string& m : members) device += (device.empty() ? "" : ",") + m;
   mo.root_uid = static_cast<uint32_t>(getuid());
   mo.root_gid = static_cast<uint32_t>(getgid());
 
-  nvme::DeviceSpec spec;
   std::string err;
-  if (!nvme::parse_device(device, &spec, &err)) {
-    std::fprintf(stderr, "mkfs.warpfs: %s\n", err.c_str());
-    return 2;
-  }
-  const bool creating =
-      spec.kind == nvme::DeviceSpec::Kind::kEmulated && access(spec.path.c_str(), F_OK) != 0;
-  if (creating && size == 0) {
-    std::fprintf(stderr, "mkfs.warpfs: %s does not exist; give --size to create it\n",
-                 spec.path.c_str());
-    return 1;
+  bool creating = false;
+  for (const std::string& m : members) {
+    nvme::DeviceSpec spec;
+    if (!nvme::parse_device(m, &spec, &err)) {
+      std::fprintf(stderr, "mkfs.warpfs: %s\n", err.c_str());
+      return 2;
+    }
+    const bool missing =
+        spec.kind == nvme::DeviceSpec::Kind::kEmulated && access(spec.path.c_str(), F_OK) != 0;
+    if (missing && size == 0) {
+      std::fprintf(stderr, "mkfs.warpfs: %s does not exist; give --size to create it\n",
+                   spec.path.c_str());
+      return 1;
+    }
+    creating |= missing;
+    if (!missing && size != 0 && spec.kind == nvme::DeviceSpec::Kind::kEmulated && !quiet) {
+      std::fprintf(stderr, "mkfs.warpfs: %s exists; --size ignored (it keeps its size)\n",
+                   spec.path.c_str());
+    }
   }
   blockdev::StackOptions so;
-  so.create_bytes = creating ? size : 0;
+  so.create_bytes = size;  // for missing images only
   so.log = [](const std::string& s) { std::fprintf(stderr, "mkfs.warpfs: %s\n", s.c_str()); };
   so.block_bytes = fs::kBlockSize;
+  if (raid) {
+    // Each member is checked for a filesystem or data first: the labels overwrite block 0.
+    for (const std::string& m : members) {
+      auto one = blockdev::DeviceStack::open(m, so, &err);
+      if (!one) {
+        std::fprintf(stderr, "mkfs.warpfs: %s\n", err.c_str());
+        return 1;
+      }
+      std::string what;
+      if (!force && fs::probe_existing(one->device(), &what) != fs::Existing::kNothing) {
+        std::fprintf(stderr, "mkfs.warpfs: %s contains %s; use --force to overwrite it\n",
+                     m.c_str(), what.c_str());
+        return 1;
+      }
+    }
+    if (!blockdev::create_raid_set(members, rc, so, force, &err)) {
+      std::fprintf(stderr, "mkfs.warpfs: %s\n", err.c_str());
+      return 1;
+    }
+  }
   auto stack = blockdev::DeviceStack::open(device, so, &err);
   if (!stack) {
     std::fprintf(stderr, "mkfs.warpfs: %s\n", err.c_str());
     return 1;
   }
-  if (!creating && size != 0 && !quiet) {
-    std::fprintf(stderr, "mkfs.warpfs: %s exists; --size ignored (it keeps its size)\n",
-                 spec.path.c_str());
-  }
   blockdev::BlockDevice& dev = stack->device();
-  if (!creating && !force) {
+  if (!creating && !force && !raid) {
     std::string what;
     if (fs::probe_existing(dev, &what) != fs::Existing::kNothing) {
       std::fprintf(stderr, "mkfs.warpfs: %s contains %s; use --force to overwrite it\n",
@@ -187,6 +262,10 @@ int main(int argc, char** argv) {
   if (!quiet) {
     std::printf("formatting %s: %s, %" PRIu64 " blocks of %u B\n", device.c_str(),
                 human(g.block_count * fs::kBlockSize).c_str(), g.block_count, fs::kBlockSize);
+    if (blockdev::RaidBlockDevice* r = stack->raid()) {
+      std::printf("  RAID %u over %u members, stripe %u KiB\n", rc.level, r->map().members,
+                  r->map().stripe * fs::kBlockSize / 1024);
+    }
     std::printf("  %u block groups of up to %u blocks, %u inodes each (%" PRIu64 " inodes)\n",
                 g.group_count, fs::kBlocksPerGroup, g.inodes_per_group, g.inode_count);
     std::printf("  journal %u blocks (%s), metadata %" PRIu64 " blocks, label '%s'\n",

@@ -4,14 +4,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 
 #include "warpfs/nvme/emulated.h"
+#include "warpfs/nvme/spec.h"
 #include "warpfs/nvme/vfio.h"
 
 namespace warpfs::blockdev {
@@ -75,12 +80,58 @@ std::string warpfs_mount_of_image(const std::string& path) {
     tail >> fstype >> source;
     if (fstype != "fuse.warpfs") continue;
     source = unescape_mountinfo(source);
-    if (source.rfind("vfio:", 0) == 0) continue;
-    if (source.rfind("emu:", 0) == 0) source = source.substr(4);
-    if (const size_t c = source.rfind(",ns="); c != std::string::npos) source.resize(c);
-    if (same_file(source, path)) return unescape_mountinfo(mountpoint);
+    for (std::string member : split_device_list(source)) {  // each member of a set
+      if (member.rfind("vfio:", 0) == 0) continue;
+      if (member.rfind("emu:", 0) == 0) member = member.substr(4);
+      if (const size_t c = member.rfind(",ns="); c != std::string::npos) member.resize(c);
+      if (same_file(member, path)) return unescape_mountinfo(mountpoint);
+    }
   }
   return "";
+}
+
+// A piece such as "ns=2": lower-case letters (or _) and '='.
+static bool is_option_piece(const std::string& p) {
+  const size_t eq = p.find('=');
+  if (eq == std::string::npos || eq == 0) return false;
+  for (size_t i = 0; i < eq; ++i)
+    if (!((p[i] >= 'a' && p[i] <= 'z') || p[i] == '_')) return false;
+  return true;
+}
+
+std::vector<std::string> split_device_list(const std::string& list) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  for (;;) {
+    const size_t comma = list.find(',', at);
+    const std::string piece = list.substr(at, comma == std::string::npos ? comma : comma - at);
+    if (!out.empty() && is_option_piece(piece)) {
+      out.back() += "," + piece;
+    } else {
+      out.push_back(piece);
+    }
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
+
+std::string absolute_device_name(const std::string& list) {
+  std::string out;
+  for (const std::string& named : split_device_list(list)) {
+    std::string one = named;
+    if (named.rfind("vfio:", 0) != 0) {
+      std::string path = named.rfind("emu:", 0) == 0 ? named.substr(4) : named;
+      std::string ns;
+      if (const size_t c = path.rfind(",ns="); c != std::string::npos)
+        ns = path.substr(c), path.resize(c);
+      if (char* abs = realpath(path.c_str(), nullptr)) {
+        one = "emu:" + std::string(abs) + ns;
+        std::free(abs);
+      }
+    }
+    out += (out.empty() ? "" : ",") + one;
+  }
+  return out;
 }
 
 namespace {
@@ -115,6 +166,32 @@ uint32_t pick_namespace(const nvme::Controller& c, uint32_t asked, std::string* 
 
 }  // namespace
 
+// The namespace's NGUID (Identify Namespace bytes 119:104), else its EUI64 (127:120), NVMe
+// Base 2.0 §5.17.2.1; kind kNone when it reports neither (all zero) or Identify fails.
+static RaidIdentity identity_of(nvme::Controller& c, uint32_t nsid) {
+  RaidIdentity id;
+  nvme::IdentifyNamespace ns{};
+  nvme::SubmissionEntry cmd{};
+  cmd.opcode = nvme::admin::kIdentify;
+  cmd.nsid = nsid;
+  cmd.cdw10 = nvme::cns::kNamespace;
+  if (!c.admin(cmd, &ns, sizeof ns, false, nullptr).is_ok()) return id;
+  const auto* b = reinterpret_cast<const uint8_t*>(&ns);
+  auto zero = [](const uint8_t* p, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      if (p[i]) return false;
+    return true;
+  };
+  if (!zero(b + 104, 16)) {
+    id.kind = RaidIdentity::kNguid;
+    std::memcpy(id.id, b + 104, 16);
+  } else if (!zero(b + 120, 8)) {
+    id.kind = RaidIdentity::kEui64;
+    std::memcpy(id.id, b + 120, 8);
+  }
+  return id;
+}
+
 // A cache of `mb` MiB: 8 ways, the largest power-of-two number of sets that fits.
 cache::CacheOptions cache_of_size(uint64_t mb, uint32_t block_bytes) {
   cache::CacheOptions co;
@@ -130,6 +207,8 @@ std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const 
                                                std::string* error) {
   std::unique_ptr<DeviceStack> s(new DeviceStack());
   s->name_ = device;
+  if (const std::vector<std::string> names = split_device_list(device); names.size() > 1)
+    return open_set(names, o, error);
   nvme::DeviceSpec spec;
   if (!nvme::parse_device(device, &spec, error)) return nullptr;
   if (spec.kind == nvme::DeviceSpec::Kind::kEmulated) {
@@ -164,6 +243,7 @@ bool DeviceStack::build(uint32_t nsid_asked, const StackOptions& o, std::string*
   if (!(engine_ = nvme::IoEngine::create(*ctrl_, eo, error))) return false;
   const uint32_t nsid = pick_namespace(*ctrl_, nsid_asked, error);
   if (nsid == 0) return false;
+  identity_ = identity_of(*ctrl_, nsid);
   nvme::NamespaceIo::Options no;
   no.priorities = o.priorities;
   if (!(ns_ = nvme::NamespaceIo::create(*engine_, nsid, o.block_bytes, no, error))) return false;
@@ -175,7 +255,135 @@ bool DeviceStack::build(uint32_t nsid_asked, const StackOptions& o, std::string*
   return cached_ != nullptr;
 }
 
+namespace {
+
+// A device named twice in a list (the same image by two paths, or the same controller and
+// namespace): a message naming both, else "".
+std::string named_twice(const std::vector<std::string>& names) {
+  std::vector<nvme::DeviceSpec> specs(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    std::string ignored;
+    if (!nvme::parse_device(names[i], &specs[i], &ignored)) return "";  // open says why
+    for (size_t j = 0; j < i; ++j) {
+      const nvme::DeviceSpec &a = specs[j], &b = specs[i];
+      const bool same =
+          a.kind == b.kind && a.nsid == b.nsid &&
+          (a.kind == nvme::DeviceSpec::Kind::kVfio ? a.bdf == b.bdf
+                                                   : a.path == b.path || same_file(a.path, b.path));
+      if (same) return names[j] + " and " + names[i] + " are the same device";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceStack> DeviceStack::open_set(const std::vector<std::string>& names,
+                                                   const StackOptions& o, std::string* error) {
+  if (std::string twice = named_twice(names); !twice.empty()) {
+    *error = twice;
+    return nullptr;
+  }
+  std::unique_ptr<DeviceStack> s(new DeviceStack());
+  for (const std::string& n : names) s->name_ += (s->name_.empty() ? "" : ",") + n;
+  StackOptions mo = o;  // each member a shard of the cache
+  if (o.cache_mb > 0) mo.cache_mb = std::max<uint64_t>(1, o.cache_mb / names.size());
+  std::vector<RaidMemberSeen> seen(names.size());
+  std::vector<BlockDevice*> devs;
+  for (size_t i = 0; i < names.size(); ++i) {
+    std::unique_ptr<DeviceStack> m = DeviceStack::open(names[i], mo, error);
+    if (!m) return nullptr;  // the message names the member
+    seen[i].name = names[i];
+    seen[i].identity = m->identity();
+    devs.push_back(&m->device());
+    s->members_.push_back(std::move(m));
+  }
+  s->raid_ = RaidBlockDevice::assemble(devs, std::move(seen), o.log, error);
+  return s->raid_ ? std::move(s) : nullptr;
+}
+
+bool create_raid_set(const std::vector<std::string>& devices, const RaidCreate& rc,
+                     const StackOptions& o, bool force, std::string* error) {
+  const uint32_t n = static_cast<uint32_t>(devices.size());
+  if (std::string p = raid_level_problem(rc.level, n); !p.empty()) {
+    *error = p;
+    return false;
+  }
+  if (std::string twice = named_twice(devices); !twice.empty()) {
+    *error = twice;
+    return false;
+  }
+  StackOptions mo = o;
+  mo.cache_mb = 0;
+  std::vector<std::unique_ptr<DeviceStack>> m;
+  RaidLabel l;
+  l.level = rc.level;
+  l.member_count = n;
+  uint32_t max_stripe = UINT32_MAX;
+  uint64_t smallest = UINT64_MAX;
+  std::random_device rd;
+  for (uint32_t k = 0; k < n; ++k) {
+    m.push_back(DeviceStack::open(devices[k], mo, error));
+    if (!m.back()) return false;
+    BlockDevice& d = m.back()->device();
+    if (d.block_bytes() != l.block_size) {
+      *error = devices[k] + ": blocks of " + std::to_string(d.block_bytes()) + " bytes";
+      return false;
+    }
+    std::vector<uint8_t> b(d.block_bytes());
+    RaidLabel old;
+    std::string why;
+    if (!force && d.read(0, 1, b.data()).is_ok() && RaidLabel::decode(b.data(), &old, &why)) {
+      *error = devices[k] + " is member " + std::to_string(old.position) + " of RAID set " +
+               old.uuid_text() + "; use --force to make a new set of it";
+      return false;
+    }
+    max_stripe = std::min(max_stripe, m.back()->max_transfer_bytes() / d.block_bytes());
+    smallest = std::min(smallest, d.block_count());
+    RaidIdentity& id = l.members[k];
+    id = m.back()->identity();
+    if (id.kind == RaidIdentity::kNone) {
+      id.kind = RaidIdentity::kGenerated;
+      for (uint8_t& x : id.id) x = static_cast<uint8_t>(rd());
+    }
+    id.blocks = d.block_count();
+    id.name = devices[k];
+  }
+  l.stripe_blocks = rc.stripe_blocks;
+  if (l.stripe_blocks == 0) {  // the default, lowered to a power of two within every MDTS
+    l.stripe_blocks = RaidLabel::kDefaultStripeBlocks;
+    while (l.stripe_blocks > 1 && l.stripe_blocks > max_stripe) l.stripe_blocks /= 2;
+  }
+  if (smallest < l.data_offset + l.stripe_blocks) {
+    *error = "a member is smaller than its label area and one stripe (" +
+             std::to_string((l.data_offset + l.stripe_blocks) * l.block_size) + " bytes)";
+    return false;
+  }
+  l.member_blocks = (smallest - l.data_offset) / l.stripe_blocks * l.stripe_blocks;
+  for (uint8_t& x : l.set_uuid) x = static_cast<uint8_t>(rd());
+  if (std::string bad = l.invalid(); !bad.empty()) {
+    *error = bad;
+    return false;
+  }
+  std::vector<BlockDevice*> devs;
+  for (const auto& st : m) devs.push_back(&st->device());
+  return write_member_labels(devs, l, error).is_ok();
+}
+
+uint32_t DeviceStack::max_transfer_bytes() const {
+  if (members_.empty()) return ctrl_->max_transfer_bytes();
+  uint32_t v = UINT32_MAX;
+  for (const auto& m : members_) v = std::min(v, m->max_transfer_bytes());
+  return v;
+}
+
 StackStats DeviceStack::stats() const {
+  if (!members_.empty()) {
+    StackStats st = members_[0]->stats();
+    st.is_raid = true;
+    st.raid = raid_->stats();
+    return st;
+  }
   StackStats st;
   st.transport = transport_->name();
   st.nsid = ns_->nsid();
@@ -205,6 +413,8 @@ StackStats DeviceStack::stats() const {
 }
 
 DeviceStack::~DeviceStack() {
+  raid_.reset();
+  members_.clear();
   cached_.reset();
   backend_.reset();
   raw_.reset();

@@ -902,6 +902,16 @@ std::string stats_json(const Daemon& d) {
     dev["hugepage_bytes"] = st.vfio_counters.hugepage_bytes;
   }
   j["device"] = std::move(dev);
+  if (st.is_raid) {  // "device" above is member 0's
+    j["raid"] = {{"level", st.raid.level},
+                 {"members", st.raid.members},
+                 {"stripe_blocks", st.raid.stripe_blocks},
+                 {"failed_members", st.raid.failed},
+                 {"degraded", st.raid.failed != 0},
+                 {"label_generation", st.raid.generation},
+                 {"read_failovers", st.raid.read_failovers},
+                 {"split_requests", st.raid.split_requests}};
+  }
   json pairs = json::array();
   for (const warpfs::nvme::IoEngine::QueueLoad& q : st.pairs) {
     pairs.push_back({{"qid", q.qid}, {"outstanding", q.outstanding}, {"completed", q.completed}});
@@ -1336,17 +1346,7 @@ int main(int argc, char** argv) {
   // Permissions are checked by the kernel; the daemon names itself in /proc/mounts, an
   // emulated image by its absolute path (so that mkfs and fsck recognise it as mounted
   // whatever directory they run in: blockdev::warpfs_mount_of_image).
-  std::string named = o.device;
-  if (named.rfind("vfio:", 0) != 0) {
-    std::string path = named.rfind("emu:", 0) == 0 ? named.substr(4) : named;
-    std::string ns;
-    if (const size_t c = path.rfind(",ns="); c != std::string::npos)
-      ns = path.substr(c), path.resize(c);
-    if (char* abs = realpath(path.c_str(), nullptr)) {
-      named = "emu:" + std::string(abs) + ns;
-      free(abs);
-    }
-  }
+  const std::string named = warpfs::blockdev::absolute_device_name(o.device);
   // libfuse splits -o values at commas: a DEVICE such as vfio:...,ns=2 keeps its comma escaped.
   std::string escaped;
   for (const char* c = named.c_str(); *c; ++c) {

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "internal.h"
+#include "warpfs/blockdev/raid.h"
 #include "warpfs/fs/layout.h"
 #include "warpfs/fs/replay.h"
 
@@ -105,7 +106,9 @@ std::unique_ptr<Filesystem> Filesystem::mount(blockdev::BlockDevice& dev, const 
       end -= n;
     }
     if (!found) {
-      *error = why == "no warpfs magic"
+      const std::string member = blockdev::raid_member_hint(sb.get());
+      *error = !member.empty() ? "not a warpfs filesystem: " + member
+               : why == "no warpfs magic"
                    ? "not a warpfs filesystem (no warpfs superblock)"
                    : "the superblock is damaged (" + why + ") and no valid backup was found";
       return nullptr;

@@ -3,20 +3,37 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 
 #include "cache/cache_rig.h"
 #include "warpfs/blockdev/devices.h"
+#include "warpfs/blockdev/raid.h"
+#include "warpfs/blockdev/stack.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/fsck.h"
 #include "warpfs/fs/mkfs.h"
 #include "warpfs/fs/replay.h"
 
 namespace warpfs::fs::test {
+
+// Runs a shell command line (a program under test); its exit status (-1 if it did not exit)
+// and, through `out`, its standard output and error together.
+inline int run_command(const std::string& cmd, std::string* out) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[512];
+  out->clear();
+  while (std::fgets(buf, sizeof buf, p) != nullptr) *out += buf;
+  const int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
 
 // Forwards to a device until cut(): from then on every call fails, as if the machine died.
 // cut_at() arms the cut for a later call instead, so that it can land inside a journal
@@ -122,6 +139,99 @@ class CutDevice final : public blockdev::BlockDevice {
   std::atomic<uint64_t> tear_seed_{0};
 };
 
+// The emulated namespaces under a filesystem test: one, or, with WARPFS_TEST_RAID=0, 1 or 10
+// in the environment, a RAID set of two (four for 10) namespaces, each its own controller
+// (and, when asked, its own cache) over its own media, so that a power cut loses each
+// member's volatile write cache on its own draws. Tests of one device's faults and counters
+// poke stacks[0]. Thread-safety: none; one test thread powers it on and off.
+struct TestDevices {
+  std::vector<std::shared_ptr<nvme::BackingStore>> stores;  // kept across power cycles
+  std::vector<std::unique_ptr<cache::test::Stack>> stacks;
+  std::vector<std::unique_ptr<blockdev::NvmeBlockDevice>> nvme;
+  std::vector<std::unique_ptr<blockdev::CachedBlockDevice>> cached;
+  std::unique_ptr<blockdev::RaidBlockDevice> raid;
+
+  // -1 without WARPFS_TEST_RAID, else the level it names.
+  static int raid_level() {
+    const char* e = std::getenv("WARPFS_TEST_RAID");
+    return e && *e ? std::atoi(e) : -1;
+  }
+  // Fresh media of `bytes` (split among the members of a set); powered on; a set labelled.
+  static std::unique_ptr<TestDevices> make(
+      uint64_t bytes, std::string* err, nvme::EmulatedConfig cfg = {}, uint64_t cache_mb = 0,
+      uint64_t io_timeout_ns = nvme::EngineOptions{}.io_timeout_ns) {
+    auto t = std::make_unique<TestDevices>();
+    const int level = raid_level();
+    const uint32_t n = level < 0 ? 1 : level == 10 ? 4 : 2;
+    // A set has the capacity asked for: each member holds its group's share (all of it for
+    // RAID 1), plus the label area, in whole stripes.
+    const uint64_t groups = n / (level < 0 ? 1 : blockdev::raid_copies(level, n));
+    const uint64_t each =
+        n == 1 ? bytes
+               : (bytes / groups + (1u << 20) + (128u << 10) - 1) & ~uint64_t{(128u << 10) - 1};
+    for (uint32_t k = 0; k < n; ++k) t->stores.push_back(nvme::BackingStore::ram(each));
+    if (!t->power_on(cfg, cache_mb, io_timeout_ns, err, true)) return nullptr;
+    return t;
+  }
+  // A new controller per member over its media; `label`: write a new set's labels first.
+  bool power_on(nvme::EmulatedConfig cfg, uint64_t cache_mb, uint64_t io_timeout_ns,
+                std::string* err, bool label = false) {
+    const uint64_t seed = cfg.seed;
+    std::vector<blockdev::BlockDevice*> devs;
+    for (size_t k = 0; k < stores.size(); ++k) {
+      cfg.seed = seed + k * 0x9e3779b97f4a7c15ull;  // each member's own power-cut draws
+      stacks.push_back(cache::test::Stack::make(0, stores[k], cfg, io_timeout_ns));
+      if (!stacks.back()) return (*err = "cannot start the emulated controller"), false;
+      nvme.push_back(blockdev::NvmeBlockDevice::create(*stacks.back()->engine, 1, 4096, err));
+      if (!nvme.back()) return false;
+      blockdev::BlockDevice* d = nvme.back().get();
+      if (cache_mb > 0) {
+        cached.push_back(blockdev::CachedBlockDevice::create(
+            *stacks.back()->backend, blockdev::cache_of_size(cache_mb, 4096), err));
+        if (!cached.back()) return false;
+        d = cached.back().get();
+      }
+      devs.push_back(d);
+    }
+    if (stores.size() == 1) return true;
+    std::vector<blockdev::RaidMemberSeen> seen(devs.size());
+    for (size_t k = 0; k < devs.size(); ++k) seen[k].name = "member" + std::to_string(k);
+    if (label) {
+      blockdev::RaidLabel l;
+      l.level = static_cast<uint32_t>(raid_level());
+      l.member_count = static_cast<uint32_t>(devs.size());
+      l.member_blocks =
+          (devs[0]->block_count() - l.data_offset) / l.stripe_blocks * l.stripe_blocks;
+      for (size_t k = 0; k < devs.size(); ++k) {
+        l.set_uuid[k] = static_cast<uint8_t>(k + 1);
+        l.members[k].kind = blockdev::RaidIdentity::kGenerated;
+        l.members[k].id[0] = static_cast<uint8_t>(k + 1);
+        l.members[k].name = seen[k].name;
+      }
+      if (!blockdev::write_member_labels(devs, l, err).is_ok()) return false;
+    }
+    raid = blockdev::RaidBlockDevice::assemble(devs, seen, nullptr, err);
+    return raid != nullptr;
+  }
+  blockdev::BlockDevice& device() {
+    if (raid) return *raid;
+    return cached.empty() ? static_cast<blockdev::BlockDevice&>(*nvme[0]) : *cached[0];
+  }
+  // The power goes: every member's controller loses its volatile cache (`persist`: the share
+  // of its 4 KiB units that reach the media anyway, each member drawing on its own). Then
+  // power_off() once nothing above uses the devices.
+  void power_cut(double persist) {
+    for (auto& s : stacks) s->transport->power_cut(persist);
+  }
+  void power_off() {
+    raid.reset();
+    cached.clear();
+    nvme.clear();
+    stacks.clear();
+  }
+  ~TestDevices() { power_off(); }
+};
+
 // A formatted device that nothing mounts, for tests of the journal alone: its superblock,
 // and where replay says the next transaction goes. Null (with a failed expectation) if any
 // step fails.
@@ -152,8 +262,9 @@ struct Formatted {
 
 struct Rig {
   std::string log;  // first: destroyed last, after the filesystem's unmount has logged
-  std::unique_ptr<cache::test::Stack> stack;
-  std::unique_ptr<blockdev::NvmeBlockDevice> dev;
+  std::unique_ptr<TestDevices> devices;
+  cache::test::Stack* stack = nullptr;   // the (first member's) controller stack
+  blockdev::BlockDevice* dev = nullptr;  // what the filesystem is on (a RAID set's device)
   std::unique_ptr<CutDevice> cut;
   std::unique_ptr<Filesystem> fs;
 
@@ -161,11 +272,13 @@ struct Rig {
   static std::unique_ptr<Rig> make(uint64_t mib = 64, MkfsOptions mo = {},
                                    uint64_t io_timeout_ns = nvme::EngineOptions{}.io_timeout_ns) {
     auto r = std::make_unique<Rig>();
-    r->stack = cache::test::Stack::make(mib << 20, nullptr, {}, io_timeout_ns);
-    if (!r->stack) return nullptr;
+    r->io_timeout_ns = io_timeout_ns;
     std::string err;
-    r->dev = blockdev::NvmeBlockDevice::create(*r->stack->engine, 1, kBlockSize, &err);
-    EXPECT_TRUE(r->dev) << err;
+    r->devices = TestDevices::make(mib << 20, &err, {}, 0, io_timeout_ns);
+    EXPECT_TRUE(r->devices) << err;
+    if (!r->devices) return nullptr;
+    r->stack = r->devices->stacks[0].get();
+    r->dev = &r->devices->device();
     Geometry g;
     if (!mo.seed) mo.seed = 7;
     EXPECT_TRUE(plan_geometry(r->dev->block_count(), mo, &g, &err)) << err;
@@ -174,6 +287,7 @@ struct Rig {
     return r;
   }
 
+  uint64_t io_timeout_ns = nvme::EngineOptions{}.io_timeout_ns;
   uint32_t meta_cache_mb = MountOptions{}.meta_cache_mb;  // for the next mount()
   // Tests commit explicitly (fsync, unmount); 0: the superblock's default, for the next mount().
   uint32_t commit_interval_ms = 60000;
@@ -201,21 +315,21 @@ struct Rig {
   // The same without the mount: the device is back, nothing mounted (fsck may look first).
   bool power_cycle(double persist = 0.5) {
     cut->cut();
-    stack->transport->power_cut(persist);
+    devices->power_cut(persist);
     fs.reset();  // its unmount fails against the cut-off device
     cut.reset();
-    dev.reset();
+    devices->power_off();
+    stack = nullptr, dev = nullptr;
     // Power back on: a new controller over the same media.
-    auto store = stack->store;
-    stack.reset();
-    stack = cache::test::Stack::make(0, store);
-    if (!stack) return false;
     std::string err;
-    dev = blockdev::NvmeBlockDevice::create(*stack->engine, 1, kBlockSize, &err);
-    EXPECT_TRUE(dev) << err;
+    const bool ok = devices->power_on({}, 0, io_timeout_ns, &err);
+    EXPECT_TRUE(ok) << err;
+    if (!ok) return false;
+    stack = devices->stacks[0].get();
+    dev = &devices->device();
     log.clear();
     cut = std::make_unique<CutDevice>(*dev);
-    return dev != nullptr;
+    return true;
   }
   // The superblock stored at `block` (0: the primary; the backup is the filesystem's last).
   Superblock superblock_at(uint64_t block) {

@@ -857,13 +857,17 @@ std::unique_ptr<Session> Session::make(uint64_t seed, uint64_t mib, std::string*
   std::unique_ptr<Session> s(new Session());
   s->seed_ = seed;
   s->commit_each_ = commit_each;
-  s->store_ = nvme::BackingStore::ram(mib << 20);
-  if (!s->power_on(seed, error)) return nullptr;
+  nvme::EmulatedConfig cfg;
+  cfg.seed = mix(seed ^ ++s->power_ons_);  // the power-cut draws of the controllers
+  s->devices_ = test::TestDevices::make(mib << 20, error, cfg);
+  if (!s->devices_) return nullptr;
+  s->cut_ = std::make_unique<CutDevice>(s->devices_->device());
   MkfsOptions mo;
   mo.seed = 7;
   Geometry g;
-  if (!plan_geometry(s->dev_->block_count(), mo, &g, error)) return nullptr;
-  if (blockdev::Status st = format(*s->dev_, mo, g, nullptr); !st.is_ok()) {
+  blockdev::BlockDevice& dev = s->devices_->device();
+  if (!plan_geometry(dev.block_count(), mo, &g, error)) return nullptr;
+  if (blockdev::Status st = format(dev, mo, g, nullptr); !st.is_ok()) {
     *error = "format: " + st.to_string();
     return nullptr;
   }
@@ -877,21 +881,14 @@ std::unique_ptr<Session> Session::make(uint64_t seed, uint64_t mib, std::string*
 Session::~Session() {
   fs_.reset();
   cut_.reset();
-  dev_.reset();
-  stack_.reset();
+  devices_.reset();
 }
 
 bool Session::power_on(uint64_t seed, std::string* error) {
   nvme::EmulatedConfig cfg;
-  cfg.seed = mix(seed ^ ++power_ons_);  // the power-cut draws of this controller
-  stack_ = cache::test::Stack::make(0, store_, cfg);
-  if (!stack_) {
-    *error = "cannot start the emulated controller";
-    return false;
-  }
-  dev_ = blockdev::NvmeBlockDevice::create(*stack_->engine, 1, kBlockSize, error);
-  if (!dev_) return false;
-  cut_ = std::make_unique<CutDevice>(*dev_);
+  cfg.seed = mix(seed ^ ++power_ons_);  // the power-cut draws of the controllers
+  if (!devices_->power_on(cfg, 0, nvme::EngineOptions{}.io_timeout_ns, error)) return false;
+  cut_ = std::make_unique<CutDevice>(devices_->device());
   return true;
 }
 
@@ -916,11 +913,10 @@ std::string Session::fsck(const char* when) {
 
 void Session::power_cut(double persist) {
   cut_->cut();
-  stack_->transport->power_cut(persist);
-  fs_.reset();  // its unmount fails against the cut-off device
+  devices_->power_cut(persist);  // every member, each on its own draws
+  fs_.reset();                   // its unmount fails against the cut-off device
   cut_.reset();
-  dev_.reset();
-  stack_.reset();
+  devices_->power_off();
 }
 
 // --- the model side of operations ---------------------------------------------------------

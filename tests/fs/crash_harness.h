@@ -304,9 +304,7 @@ class Session {
   std::string mount();
   std::string fsck(const char* when);
 
-  std::shared_ptr<nvme::BackingStore> store_;
-  std::unique_ptr<cache::test::Stack> stack_;
-  std::unique_ptr<blockdev::NvmeBlockDevice> dev_;
+  std::unique_ptr<test::TestDevices> devices_;  // one namespace, or a RAID set's members
   std::unique_ptr<CutDevice> cut_;
   std::unique_ptr<Filesystem> fs_;
   Model model_;

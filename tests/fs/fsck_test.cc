@@ -1126,18 +1126,7 @@ void walk_everything(Filesystem& fs, Ino dir, int depth = 0);
 // The machine dies (as Rig::crash_and_remount, without the remount): the device keeps a
 // random part of its volatile write cache.
 void crash(Rig& r, double persist) {
-  r.cut->cut();
-  r.stack->transport->power_cut(persist);
-  r.fs.reset();
-  r.cut.reset();
-  r.dev.reset();
-  auto store = r.stack->store;
-  r.stack.reset();
-  r.stack = cache::test::Stack::make(0, store);
-  ASSERT_TRUE(r.stack);
-  std::string err;
-  r.dev = blockdev::NvmeBlockDevice::create(*r.stack->engine, 1, kBlockSize, &err);
-  ASSERT_TRUE(r.dev) << err;
+  ASSERT_TRUE(r.power_cycle(persist));
 }
 
 // What a crash leaves (a dirty superblock, a committed transaction in the journal, inodes
@@ -1617,13 +1606,7 @@ TEST(FsckScale, ManyFilesCheckQuickly) {
 
 #ifdef WARPFS_FSCK_BIN
 int run_tool(const std::string& cmd, std::string* out) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[512];
-  out->clear();
-  while (std::fgets(buf, sizeof buf, p) != nullptr) *out += buf;
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return run_command(cmd, out);
 }
 
 std::string slurp(const std::string& path) {

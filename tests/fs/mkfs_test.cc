@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cache/cache_rig.h"
+#include "fs/core_rig.h"
 #include "warpfs/blockdev/devices.h"
 #include "warpfs/fs/format.h"
 
@@ -219,14 +220,7 @@ TEST(Format, ProbeRecognisesWhatIsOnTheDevice) {
 
 // Runs mkfs.warpfs with `args`; returns its exit status and output.
 int run_mkfs(const std::string& args, std::string* out) {
-  const std::string cmd = std::string(WARPFS_MKFS_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[512];
-  out->clear();
-  while (std::fgets(buf, sizeof buf, p) != nullptr) *out += buf;
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return run_command(std::string(WARPFS_MKFS_BIN) + " " + args, out);
 }
 
 TEST(MkfsProgram, CreatesRefusesForcesAndExplains) {

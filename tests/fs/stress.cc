@@ -45,10 +45,7 @@ std::string errno_name(int rc) {
 // The device stack of one power-on: controller, driver, optional cache, and the CutDevice
 // the filesystem sees.
 struct Machine {
-  std::shared_ptr<nvme::BackingStore> store;
-  std::unique_ptr<cache::test::Stack> stack;
-  std::unique_ptr<blockdev::NvmeBlockDevice> nvme;
-  std::unique_ptr<blockdev::CachedBlockDevice> cached;
+  std::unique_ptr<test::TestDevices> devices;  // one namespace, or a RAID set's members
   std::unique_ptr<CutDevice> cut;
   std::unique_ptr<Filesystem> fs;
   std::mutex log_mu;
@@ -60,19 +57,15 @@ struct Machine {
     cfg.seed = crash::mix(o.seed ^ ++power_ons);
     cfg.inline_io = (o.seed & 1) != 0;  // as the daemon runs it, or on the worker threads
     cfg.worker_threads = 1 + static_cast<unsigned>((o.seed >> 1) & 1);
-    stack = cache::test::Stack::make(0, store, cfg);
-    if (!stack) return "cannot start the emulated controller";
     std::string err;
-    nvme = blockdev::NvmeBlockDevice::create(*stack->engine, 1, kBlockSize, &err);
-    if (!nvme) return err;
-    blockdev::BlockDevice* dev = nvme.get();
-    if (o.cache_mb > 0) {
-      cached = blockdev::CachedBlockDevice::create(
-          *stack->backend, blockdev::cache_of_size(o.cache_mb, kBlockSize), &err);
-      if (!cached) return "cache: " + err;
-      dev = cached.get();
+    const uint64_t timeout = nvme::EngineOptions{}.io_timeout_ns;
+    if (!devices) {  // the first power-on: fresh media
+      devices = test::TestDevices::make(o.mib << 20, &err, cfg, o.cache_mb, timeout);
+      if (!devices) return err;
+    } else if (!devices->power_on(cfg, o.cache_mb, timeout, &err)) {
+      return err;
     }
-    cut = std::make_unique<CutDevice>(*dev);
+    cut = std::make_unique<CutDevice>(devices->device());
     return "";
   }
   std::string mount(const Options& o) {
@@ -117,19 +110,15 @@ struct Machine {
   }
   void power_cut(double persist) {
     cut->cut();
-    stack->transport->power_cut(persist);
+    devices->power_cut(persist);  // every member, each on its own draws
     fs.reset();
     cut.reset();
-    cached.reset();
-    nvme.reset();
-    stack.reset();
+    devices->power_off();
   }
   ~Machine() {
     fs.reset();
     cut.reset();
-    cached.reset();
-    nvme.reset();
-    stack.reset();
+    devices.reset();
   }
 };
 
@@ -196,8 +185,6 @@ class Run {
 };
 
 std::string Run::setup() {
-  m_.store = nvme::BackingStore::ram(o_.mib << 20);
-  if (!m_.store) return "no RAM store";
   if (std::string e = m_.power_on(o_); !e.empty()) return e;
   MkfsOptions mo;
   mo.seed = 7;

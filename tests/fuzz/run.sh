@@ -12,7 +12,8 @@
 #     --seconds N   fuzz each target N seconds (default 50: CI)
 #     --soak        fuzz each target for an hour (or --seconds N), and keep going after a
 #                   crash (libFuzzer -fork=1 -ignore_crashes=1): every crash is saved
-#     --target NAME only this target (fuzz_mount, fuzz_fsck, fuzz_nvme, fuzz_tcp_pdu)
+#     --target NAME only this target (fuzz_mount, fuzz_fsck, fuzz_nvme, fuzz_tcp_pdu,
+#                   fuzz_raid)
 #     --no-build    use what build-fuzz/ holds
 #
 # The working corpus grows in build-fuzz/corpus/<target> (kept between runs: a soak
@@ -25,7 +26,7 @@ build="$repo/build-fuzz"
 seconds=50
 soak=0
 build_it=1
-targets=(fuzz_mount fuzz_fsck fuzz_nvme fuzz_tcp_pdu)
+targets=(fuzz_mount fuzz_fsck fuzz_nvme fuzz_tcp_pdu fuzz_raid)
 while (($#)); do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
@@ -64,6 +65,7 @@ opts_for() {
     fuzz_mount | fuzz_fsck) echo "-max_len=1024 -dict=$here/image.dict" ;;
     fuzz_nvme) echo "-max_len=2048" ;;
     fuzz_tcp_pdu) echo "-max_len=4096" ;;
+    fuzz_raid) echo "-max_len=512" ;;
   esac
 }
 # Per-target fuzzing time: the PDU parser is small and fast (its coverage saturates within

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "fsck/checker.h"
+#include "warpfs/blockdev/raid.h"
 
 namespace warpfs::fs::fsck_impl {
 
@@ -54,6 +55,8 @@ bool Checker::use_backup(const std::string& why) {
   auto backup = std::make_unique<Superblock>();
   if (!find_backup(backup.get(), &at)) {
     if (failed()) return false;
+    if (std::string member = blockdev::raid_member_hint(sb_.get()); !member.empty())
+      return fail("not a warpfs filesystem: " + member);
     return fail(
         why == "no warpfs magic"
             ? "not a warpfs filesystem (no superblock at block 0 and no backup near the end)"

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "warpfs/blockdev/raid.h"
 #include "warpfs/fs/layout.h"
 
 namespace warpfs::fs {
@@ -148,6 +149,13 @@ Existing probe_existing(blockdev::BlockDevice& dev, std::string* what) {
   if (ext_magic == 0xef53) {
     *what = "an ext2/3/4 filesystem";
     return Existing::kOtherFilesystem;
+  }
+  if (blockdev::RaidLabel l; blockdev::RaidLabel::has_magic(buf.data())) {
+    std::string why;
+    *what = blockdev::RaidLabel::decode(buf.data(), &l, &why)
+                ? "member " + std::to_string(l.position) + " of RAID set " + l.uuid_text()
+                : "a damaged RAID member label";
+    return Existing::kData;
   }
   if (std::memcmp(buf.data(), "XFSB", 4) == 0) {
     *what = "an XFS filesystem";

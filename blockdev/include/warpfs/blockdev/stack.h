@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "warpfs/blockdev/devices.h"
+#include "warpfs/blockdev/raid.h"
 #include "warpfs/cache/backend.h"
 #include "warpfs/cache/cache.h"
 #include "warpfs/nvme/controller.h"
@@ -66,7 +67,32 @@ struct StackStats {
   nvme::NamespaceIo::ClassStats commands[nvme::NamespaceIo::kClasses];
   bool cached = false;  // cache is set when it is
   cache::CacheStats cache;
+  // A RAID set (DEV,DEV,...): the fields above are member 0's, raid the set's.
+  bool is_raid = false;
+  RaidBlockDevice::Stats raid;
 };
+
+// The members of a DEVICE list: comma-separated DEVICEs, where a piece of the form
+// key=value (ns=2) belongs to the DEVICE before it. One element for a plain DEVICE.
+std::vector<std::string> split_device_list(const std::string& list);
+
+// The DEVICE (or list) with each emulated image named by its absolute path, as the daemon
+// names its mount: what warpfs_mount_of_image finds.
+std::string absolute_device_name(const std::string& list);
+
+// What mkfs.warpfs --raid asks for.
+struct RaidCreate {
+  uint32_t level = 0;
+  uint32_t stripe_blocks = 0;  // 0: RaidLabel::kDefaultStripeBlocks, lowered to the MDTS
+};
+
+// Makes a new set of the DEVICEs (in that order): opens each (creating a missing emulated
+// image of o.create_bytes), writes each member's label (fs/FORMAT.md) and zeroes the rest of
+// its label area, flushes. Refuses a device that holds a filesystem or a label of another
+// set unless `force`. Then DeviceStack::open of the list opens the set. False with a message
+// naming the device on failure.
+bool create_raid_set(const std::vector<std::string>& devices, const RaidCreate& rc,
+                     const StackOptions& o, bool force, std::string* error);
 
 // A field of /proc/self/mountinfo with its octal escapes (\040 for a space, \134 for a
 // backslash, ...) undone.
@@ -82,20 +108,34 @@ cache::CacheOptions cache_of_size(uint64_t mb, uint32_t block_bytes);
 
 class DeviceStack {
  public:
-  // Brings everything up; a message naming DEVICE and the cause on failure.
+  // Brings everything up; a message naming DEVICE and the cause on failure. A list
+  // (split_device_list) opens one stack per member and the RAID set over them, checking the
+  // members' labels (check_raid_set).
   static std::unique_ptr<DeviceStack> open(const std::string& device, const StackOptions& o,
                                            std::string* error);
   // Shuts the controller down (its write cache becomes durable). Does not write the software
   // cache back: the filesystem flushes it at unmount.
   ~DeviceStack();
-  BlockDevice& device() { return cached_ ? static_cast<BlockDevice&>(*cached_) : *raw_; }
-  uint32_t nsid() const { return ns_->nsid(); }  // the namespace the block device sits on
+  BlockDevice& device() {
+    if (raid_) return *raid_;
+    return cached_ ? static_cast<BlockDevice&>(*cached_) : *raw_;
+  }
+  // The namespace the block device sits on (a set's: member 0's).
+  uint32_t nsid() const { return members_.empty() ? ns_->nsid() : members_[0]->nsid(); }
   const std::string& name() const { return name_; }
   StackStats stats() const;
+  // The namespace's NVMe identity (NGUID, else EUI64; kind kNone when it reports neither).
+  const RaidIdentity& identity() const { return identity_; }
+  // A set's members, in position order (empty for one DEVICE), and the set's device.
+  const std::vector<std::unique_ptr<DeviceStack>>& members() const { return members_; }
+  RaidBlockDevice* raid() { return raid_.get(); }
+  uint32_t max_transfer_bytes() const;
 
  private:
   DeviceStack() = default;
   bool build(uint32_t nsid_asked, const StackOptions& o, std::string* error);
+  static std::unique_ptr<DeviceStack> open_set(const std::vector<std::string>& names,
+                                               const StackOptions& o, std::string* error);
   std::string name_;
   bool vfio_ = false;
   std::unique_ptr<nvme::Transport> transport_;
@@ -105,6 +145,9 @@ class DeviceStack {
   std::unique_ptr<NvmeBlockDevice> raw_;
   std::unique_ptr<cache::NamespaceBackend> backend_;  // with the cache only
   std::unique_ptr<CachedBlockDevice> cached_;         // likewise
+  RaidIdentity identity_;
+  std::vector<std::unique_ptr<DeviceStack>> members_;  // a set only: then nothing above is set
+  std::unique_ptr<RaidBlockDevice> raid_;              // likewise
 };
 
 }  // namespace warpfs::blockdev

@@ -1,0 +1,229 @@
+// RAID 0, 1 and 10 across member block devices (docs/ARCHITECTURE.md "Several namespaces",
+// fs/FORMAT.md "RAID member label"): the filesystem sees one BlockDevice, each member keeps
+// its own controller, queues and cache below it.
+//
+//   RaidLabel     the label in block 0 of every member: encode, decode (CRC-32C), checks
+//   RaidMap       logical block -> (group, row) -> member blocks; pure arithmetic
+//   check_raid_set  assembly: same set, order, identities, none missing; names the culprit
+//   RaidBlockDevice the device: parts in parallel, mirrors, failover, degraded labels
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "warpfs/blockdev/block_device.h"
+
+namespace warpfs::blockdev {
+
+// One member's identity as the label records it.
+struct RaidIdentity {
+  enum Kind : uint32_t { kNone = 0, kNguid = 1, kEui64 = 2, kGenerated = 3 };
+  uint32_t kind = kNone;
+  uint64_t blocks = 0;  // the member's size in blocks at mkfs
+  uint8_t id[16] = {};
+  std::string name;  // the DEVICE string at mkfs (messages only; up to 95 bytes kept)
+  bool same_id(const RaidIdentity& o) const;
+  std::string id_text() const;  // "NGUID 0011..." / "EUI64 ..." / "id ..."
+};
+
+struct RaidLabel {
+  static constexpr uint64_t kMagic = 0x4449415250524157ull;  // "WARPRAID"
+  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kMaxMembers = 16;
+  static constexpr uint64_t kDataOffset = 256;          // member blocks 0..255: label, then zero
+  static constexpr uint32_t kDefaultStripeBlocks = 32;  // 128 KiB (FORMAT.md argues it)
+  static constexpr uint32_t kDegraded = 1;              // flags bit 0
+  uint32_t level = 0;                                   // 0, 1 or 10
+  uint8_t set_uuid[16] = {};
+  uint32_t stripe_blocks = kDefaultStripeBlocks;
+  uint32_t member_count = 0;
+  uint32_t position = 0;
+  uint32_t flags = 0;
+  uint64_t data_offset = kDataOffset;
+  uint64_t member_blocks = 0;
+  uint64_t generation = 1;
+  uint32_t failed = 0;  // bit k: member k failed
+  uint32_t block_size = 4096;
+  RaidIdentity members[kMaxMembers];
+
+  // Into one 4096-byte block (zero-filled, CRC set).
+  void encode(void* block) const;
+  // From one 4096-byte block: false, with why, if it is no label or a damaged one.
+  static bool decode(const void* block, RaidLabel* out, std::string* why);
+  // Sets the CRC of an encoded label in place (tools and fuzzers that patch a label).
+  static void seal(void* block);
+  // Whether the block starts with the label's magic (damaged or not).
+  static bool has_magic(const void* block);
+  // Level, member count, stripe and geometry are consistent: "" or what is wrong.
+  std::string invalid() const;
+  std::string uuid_text() const;
+};
+
+// For a device opened alone whose block 0 is `block0`: "" when that is no member label, else
+// a sentence naming the set and how to open it whole (for "not a filesystem" messages).
+std::string raid_member_hint(const void* block0);
+
+// Copies per group: 1 for RAID 0, every member for RAID 1, 2 for RAID 10.
+uint32_t raid_copies(uint32_t level, uint32_t members);
+// "" if `level` over `members` devices is a set we build, else why not.
+std::string raid_level_problem(uint32_t level, uint32_t members);
+
+// The stripe map (fs/FORMAT.md): immutable, so any number of threads may use one.
+struct RaidMap {
+  uint32_t stripe = RaidLabel::kDefaultStripeBlocks;
+  uint32_t members = 2;
+  uint32_t copies = 1;
+  uint64_t data_offset = RaidLabel::kDataOffset;
+  uint64_t member_blocks = 0;  // a multiple of stripe
+
+  static RaidMap of(const RaidLabel& l);
+  uint32_t groups() const { return members / copies; }
+  uint64_t block_count() const { return groups() * member_blocks; }
+  // A maximal run of logical blocks from `block` (at most `count`) on one group's
+  // consecutive rows.
+  struct Piece {
+    uint32_t group = 0;
+    uint64_t row = 0;  // member block = data_offset + row
+    uint32_t count = 0;
+  };
+  Piece piece(uint64_t block, uint64_t count) const;
+  // Rows of `group` that logical blocks [0, x) cover: [rows_below(g, b), rows_below(g, e))
+  // are the group's rows of logical [b, e), one contiguous run.
+  uint64_t rows_below(uint32_t group, uint64_t x) const;
+  // The member of `group`'s copy `c`.
+  uint32_t member(uint32_t group, uint32_t c) const { return group * copies + c; }
+};
+
+// A device as assembly sees it: what was given, its label (if it has one) and its identity.
+struct RaidMemberSeen {
+  std::string name;
+  bool has_label = false;
+  RaidLabel label;
+  std::string label_problem;  // why no label was decoded (no magic, bad CRC, ...)
+  RaidIdentity identity;      // kind kNone when the device reports no NGUID/EUI64
+};
+
+// Checks that `seen` (in the order given) is one whole set in its order. Returns the newest
+// label (highest generation: its failed set is the set's) through `newest`; false with a
+// message naming the device and the problem.
+bool check_raid_set(const std::vector<RaidMemberSeen>& seen, RaidLabel* newest, std::string* error);
+
+// Writes `l` (position set per member) to block 0 of each of `members`, in position order,
+// after zeroing blocks 1..data_offset-1, and flushes each: a new set's labels. The message
+// names the position that failed.
+Status write_member_labels(const std::vector<BlockDevice*>& members, RaidLabel l,
+                           std::string* error);
+
+// A few threads that run the parts of requests spanning several members. run() takes the
+// caller's parts back from the queue when no thread has started them, so it never waits on
+// a busy pool. Thread-safety: run() from any number of threads; q_ under mu_.
+class PartPool {
+ public:
+  explicit PartPool(int threads);
+  ~PartPool();
+  // Runs fns[0..n): fns[0] on the caller; returns when all have run.
+  void run(const std::function<void()>* fns, int n);
+
+ private:
+  struct Join {
+    std::mutex m;
+    std::condition_variable cv;
+    int left = 0;  // under m
+  };
+  struct Task {
+    const std::function<void()>* fn;
+    Join* join;
+  };
+  void worker();
+  static void done(Join* j);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task*> q_;  // under mu_
+  bool stop_ = false;    // under mu_
+  std::vector<std::thread> threads_;
+};
+
+class RaidBlockDevice final : public BlockDevice {
+ public:
+  struct Stats {
+    uint32_t level = 0, members = 0, stripe_blocks = 0;
+    uint32_t failed = 0;  // bit k: member k failed
+    uint64_t generation = 0;
+    uint64_t read_failovers = 0;  // reads a mirror served after a member's error
+    uint64_t split_requests = 0;  // submit() calls whose parts went to several members
+  };
+  // Over `members` in position order (not owned; they outlive the device), each with the
+  // label at block 0 and data from data_offset; `label` is the set's newest label (any
+  // position). `log` (may be empty) hears of failed members.
+  // assemble() first reads every member's label into `seen` (whose names and identities the
+  // caller filled in) and checks the set (check_raid_set); it says when the set is degraded.
+  static std::unique_ptr<RaidBlockDevice> create(std::vector<BlockDevice*> members,
+                                                 const RaidLabel& label,
+                                                 std::function<void(const std::string&)> log,
+                                                 std::string* error);
+  static std::unique_ptr<RaidBlockDevice> assemble(const std::vector<BlockDevice*>& members,
+                                                   std::vector<RaidMemberSeen> seen,
+                                                   std::function<void(const std::string&)> log,
+                                                   std::string* error);
+  ~RaidBlockDevice() override;
+  uint32_t block_bytes() const override { return bb_; }
+  uint64_t block_count() const override { return map_.block_count(); }
+  Status read(uint64_t block, uint32_t count, void* buf) override;
+  Status write(uint64_t block, uint32_t count, const void* buf) override;
+  Status flush() override { return flush_members(false); }
+  Status write_back(const Range* ranges, size_t n) override;
+  Status flush_device() override { return flush_members(true); }
+  Status trim(uint64_t block, uint64_t count) override;
+  void submit(Io* ios, int n) override;
+  // Member 0's memory: it moves without a copy there, and is bounced by the others.
+  Status alloc_io_buffer(size_t bytes, void** out) override {
+    return m_[0]->alloc_io_buffer(bytes, out);
+  }
+  void free_io_buffer(void* p, size_t bytes) override { m_[0]->free_io_buffer(p, bytes); }
+  const RaidMap& map() const { return map_; }
+  bool member_failed(uint32_t k) const { return (failed_.load() >> k) & 1; }
+  Stats stats() const;
+
+ private:
+  // Per member: a count of the writes (write-backs, trims) that completed, and the count
+  // read at the start of the last successful flush() / flush() or flush_device(): a flush
+  // may skip the member when nothing completed since. Atomics, padded.
+  struct alignas(64) MemberState {
+    std::atomic<uint64_t> written{1};  // 1: the first flush always reaches the member
+    std::atomic<uint64_t> flushed{0}, flushed_device{0};
+  };
+  RaidBlockDevice(std::vector<BlockDevice*> m, const RaidLabel& l, const RaidMap& map,
+                  std::function<void(const std::string&)> log);
+  // Runs one function per member that has work (work[k] non-empty), in parallel.
+  void for_members(const std::vector<std::function<void()>>& work);
+  // Marks the members in `mask` failed: persists the survivors' labels first. Not ok when
+  // that fails everywhere or a group would be left with no live copy.
+  Status fail_members(uint32_t mask, const std::string& why);
+  // After a whole-device operation (flush, write-back, trim) failed on the `bad` members:
+  // ok when they could be failed (mirrors: every group keeps a live copy), else `first`.
+  Status settle(uint32_t bad, const Status& first, const char* what);
+  Status flush_members(bool device_only);
+  bool live(uint32_t k) const { return !((failed_.load(std::memory_order_acquire) >> k) & 1); }
+  std::string member_name(uint32_t k) const;
+
+  std::vector<BlockDevice*> m_;  // immutable after create
+  const RaidMap map_;
+  const uint32_t bb_;
+  std::unique_ptr<MemberState[]> st_;
+  std::atomic<uint32_t> failed_{0};  // published after the labels say so (release)
+  std::atomic<uint64_t> read_failovers_{0}, split_requests_{0};
+  std::mutex label_mu_;  // a leaf: label rewrites, one at a time
+  RaidLabel label_;      // under label_mu_ (generation read by stats() under it too)
+  std::function<void(const std::string&)> log_;
+  std::unique_ptr<PartPool> pool_;
+};
+
+}  // namespace warpfs::blockdev

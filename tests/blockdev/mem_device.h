@@ -1,0 +1,60 @@
+// A block device in RAM for RAID tests and the RAID fuzz target: counts its calls and fails
+// what a test asks it to.
+#pragma once
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "warpfs/blockdev/block_device.h"
+
+namespace warpfs::blockdev::test {
+
+// A member in RAM that counts its calls and fails what a test asks it to. Blocks of distinct
+// callers are distinct (callers order conflicting accesses), so data needs no lock.
+class MemDevice final : public BlockDevice {
+ public:
+  static constexpr uint32_t kBytes = 4096;
+  explicit MemDevice(uint64_t blocks) : data_(blocks * kBytes), blocks_(blocks) {}
+  uint32_t block_bytes() const override { return kBytes; }
+  uint64_t block_count() const override { return blocks_; }
+  Status read(uint64_t b, uint32_t n, void* buf) override {
+    if (Status s = check(b, n); !s.is_ok()) return s;
+    reads.fetch_add(1);
+    if (dead.load() || (b < bad_read_end.load() && b + n > bad_read_begin.load()))
+      return Status::error(Code::kIoError, "injected read error");
+    std::memcpy(buf, data_.data() + b * kBytes, size_t{n} * kBytes);
+    return Status::ok();
+  }
+  Status write(uint64_t b, uint32_t n, const void* buf) override {
+    if (Status s = check(b, n); !s.is_ok()) return s;
+    if (gate) gate();
+    writes.fetch_add(1);
+    if (dead.load() || fail_writes.load())
+      return Status::error(Code::kIoError, "injected write error");
+    std::memcpy(data_.data() + b * kBytes, buf, size_t{n} * kBytes);
+    return Status::ok();
+  }
+  Status flush() override {
+    flushes.fetch_add(1);
+    return dead.load() ? Status::error(Code::kIoError, "injected flush error") : Status::ok();
+  }
+  Status trim(uint64_t b, uint64_t n) override {
+    if (Status s = check(b, n); !s.is_ok()) return s;
+    trims.fetch_add(1);
+    std::memset(data_.data() + b * kBytes, 0, n * kBytes);
+    return Status::ok();
+  }
+  uint8_t* at(uint64_t b) { return data_.data() + b * kBytes; }
+  std::atomic<uint64_t> reads{0}, writes{0}, flushes{0}, trims{0};
+  std::atomic<bool> dead{false}, fail_writes{false};
+  std::atomic<uint64_t> bad_read_begin{0}, bad_read_end{0};
+  std::function<void()> gate;  // set before the device is used; runs in write()
+
+ private:
+  std::vector<uint8_t> data_;
+  uint64_t blocks_;
+};
+
+}  // namespace warpfs::blockdev::test
