@@ -727,6 +727,12 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
 }
 
 void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
+  if (off >= 0 && daemon_of(req)->writeback_cache.load(std::memory_order_relaxed)) {
+    // The kernel writes no dirty page back before FUSE_LSEEK: the pages from `off` on are
+    // written back (laundered, by other workers: hence no writeback cache with -s) and
+    // dropped first, so that the answer sees their data.
+    fuse_lowlevel_notify_inval_inode(daemon_of(req)->se, ino, off, 0);
+  }
   uint64_t out = 0;
   if (off < 0) {
     fuse_reply_err(req, ENXIO);
@@ -1358,6 +1364,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (o.remount) return remount_helper(cl.mountpoint, o.ro == 1);
+  if (o.writeback_cache && (cl.singlethread || (threads_given && cl.max_threads < 2))) {
+    // A request may wait for the kernel to write pages back (op_lseek), which takes another
+    // worker.
+    std::fprintf(stderr, "warpfs: writeback_cache needs two worker threads or more: not used\n");
+    o.writeback_cache = 0;
+  }
   if (o.queues == 0 || o.queues > 64 || o.workers == 0 || o.workers > 64 || o.commit_s == 0 ||
       (o.commit_s > 86400 && o.commit_s != kCommitUnset)) {
     std::fprintf(stderr, "warpfs: queues and workers must be 1..64, commit 1..86400 seconds\n");

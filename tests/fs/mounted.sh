@@ -142,8 +142,10 @@ case $scenario in
     unmount_fs
     fsck_clean
     # A full disk: write(2) into the page cache succeeds, the write-back fails, and fsync
-    # says so (the data that did not fit is lost, as fsync's error tells).
-    format 64M --force
+    # says so (the data that did not fit is lost, as fsync's error tells). (mkfs keeps the
+    # size of an image file larger than --size: a new one.)
+    rm -f "$img"
+    format 64M
     mount_fs -o writeback_cache
     dd if=/dev/zero of="$mnt/fill" bs=1M count=100 conv=fsync status=none 2>"$work/dd.err" \
       && fail "dd did not fail on a full disk"

@@ -229,6 +229,19 @@ TEST_F(PageCacheTest, DirectAndBufferedOnOneFile) {
   EXPECT_EQ(differs(read_file(f), want), "");
 }
 
+// SEEK_DATA and SEEK_HOLE see data that is not written back yet: never a hole where it lies.
+TEST_F(PageCacheTest, SeekDataFindsDataNotWrittenBack) {
+  Fd fd = xopen(path("f"), O_RDWR | O_CREAT | O_TRUNC);
+  ASSERT_OK(::ftruncate(fd.get(), 1 << 20));
+  pwrite_all(fd.get(), pattern(6, 4096), 512 << 10);
+  const off_t data = ::lseek(fd.get(), 0, SEEK_DATA);
+  ASSERT_GE(data, 0) << std::strerror(errno);
+  EXPECT_LE(data, 512 << 10);
+  const off_t hole = ::lseek(fd.get(), 512 << 10, SEEK_HOLE);
+  ASSERT_GE(hole, 0) << std::strerror(errno);
+  EXPECT_GE(hole, (512 << 10) + 4096);
+}
+
 // statfs counts blocks that buffered writes take at once, before any write-back (as ext4's
 // delayed allocation reserves them at write(2)), so df and a program that checks the space
 // before writing more see it.
