@@ -152,7 +152,7 @@ int remove_node(fuse_ino_t parent, const char* name, bool dir) {
 }
 
 void op_init(void*, fuse_conn_info* conn) {
-  warpfs::daemon::negotiate(conn);
+  warpfs::daemon::negotiate(conn, false);  // no writeback cache: warpfs's default
 }
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {

@@ -6,6 +6,8 @@
 #   warpfs_ssd      the same with -o latency_us=SSD_US (an SSD-like completion latency)
 #   warpfs_watched  warpfs at zero latency with warpfs-stat --watch=0.1 asking it all along
 #                   (what the live view costs; not in the default set: --fs to add it)
+#   warpfs_wb       warpfs at zero latency with -o writeback_cache (the kernel's writeback
+#                   cache; not in the default set: --fs to add it)
 #   null            warpfs-null: a FUSE daemon that stores nothing, with warpfs's FUSE
 #                   options and threads: the transport's ceiling (fio rows only)
 #   passthrough_ll  libfuse's example (Debian's source, built here) over a tmpfs
@@ -30,7 +32,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 all_fs=(warpfs warpfs_ssd null passthrough_ll fuse2fs ext4_loop tmpfs)
-known_fs=("${all_fs[@]}" warpfs_watched)
+known_fs=("${all_fs[@]}" warpfs_watched warpfs_wb)
 
 usage() {
   cat >&2 <<'EOF'
@@ -40,8 +42,9 @@ usage: bench/run fs [--quick] [--fs LIST] [--ssd-latency-us N] [--file-mb N] [--
                       idle CPU over 10 s, 2000 files per metadata phase, 1000 small files
                       (default: 1024 MiB, 8 s, 30 s, 10000, 5000: about 17 minutes)
   --fs LIST           comma-separated subset of: warpfs,warpfs_ssd,null,passthrough_ll,fuse2fs,
-                      ext4_loop,tmpfs,warpfs_watched (warpfs with a live-view watcher; not in
-                      the default set)
+                      ext4_loop,tmpfs,warpfs_watched (warpfs with a live-view watcher),
+                      warpfs_wb (warpfs -o writeback_cache); the last two not in the
+                      default set
   --ssd-latency-us N  warpfs_ssd's emulated completion latency (default 80)
   --file-mb N         fio file size in MiB
   --runtime-s N       measured seconds per fio job (plus a ramp of 1/4 of it, at most 2 s)
@@ -246,11 +249,13 @@ for f in "${fses[@]}"; do
   mkdir -p "$work/mnt/$f"
   dir[$f]=$work/mnt/$f
   case $f in
-    warpfs | warpfs_ssd | warpfs_watched)
+    warpfs | warpfs_ssd | warpfs_watched | warpfs_wb)
       lat=0
       [[ $f == warpfs_ssd ]] && lat=$ssd_us
+      wb=
+      [[ $f == warpfs_wb ]] && wb=,writeback_cache
       "$mkfs_bin" -q --size "${img_mb}M" "emu:$work/store/$f.img"
-      start_daemon "$f" "$work/logs/$f.log" "$warpfs_bin" -f -o "latency_us=$lat" \
+      start_daemon "$f" "$work/logs/$f.log" "$warpfs_bin" -f -o "latency_us=$lat$wb" \
         "emu:$work/store/$f.img" "$work/mnt/$f"
       if [[ $f == warpfs_watched ]]; then
         [[ -x $stat_bin ]] || { echo "bench/fs: $stat_bin is not built" >&2; exit 1; }
@@ -309,7 +314,8 @@ report info --fields "$(printf '{"host":"%s","kernel":"%s","nproc":%d,"quick":%s
   "$qd_engine" "$(cut -d' ' -f1-3 /proc/loadavg)" "$(date -u +%FT%TZ)")" | emit
 # Fields every line of a filesystem carries: the emulated device's latency for warpfs.
 declare -A fs_fields=([warpfs]='{"latency_us":0}' [warpfs_ssd]="{\"latency_us\":$ssd_us}"
-  [warpfs_watched]='{"latency_us":0,"watcher_interval_s":0.1}' [null]='{}' [passthrough_ll]='{}'
+  [warpfs_watched]='{"latency_us":0,"watcher_interval_s":0.1}'
+  [warpfs_wb]='{"latency_us":0,"writeback_cache":true}' [null]='{}' [passthrough_ll]='{}'
   [fuse2fs]='{}' [ext4_loop]='{}' [tmpfs]='{}')
 # The next rotation of a list of filesystems, in `order`: a different one goes first each
 # time, so that none always follows a write-heavy job.

@@ -44,13 +44,27 @@ inline unsigned default_max_threads() {
   return four_per_cpu < 10 ? 10 : four_per_cpu > 64 ? 64 : four_per_cpu;
 }
 
-// The connection options both daemons ask for in their init handler.
-inline void negotiate(fuse_conn_info* conn) {
+// The connection options both daemons ask for in their init handler; returns whether the
+// kernel's writeback cache is on. `writeback_cache` (-o writeback_cache): buffered writes stay
+// in the kernel's page cache until fsync, close, memory pressure or its flusher writes them
+// back, in any order; the kernel then owns mtime, ctime and the size of regular files and
+// sends its times with a setattr (FUSE_SET_ATTR_CTIME). It also drops set-user-ID,
+// set-group-ID and security.capability itself at write(2), with its own CAP_FSETID rule
+// (FUSE_CAP_HANDLE_KILLPRIV off), since the daemon sees the write only at write-back, maybe
+// after a chmod. Without it every write reaches the daemon before write(2) returns.
+inline bool negotiate(fuse_conn_info* conn, bool writeback_cache) {
   if (conn->capable & FUSE_CAP_SPLICE_READ) conn->want &= ~FUSE_CAP_SPLICE_READ;
-  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;  // the kernel must not reorder writes past fsync
+  const bool wb = writeback_cache && (conn->capable & FUSE_CAP_WRITEBACK_CACHE);
+  if (wb) {
+    conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+    conn->want &= ~FUSE_CAP_HANDLE_KILLPRIV;
+  } else {
+    conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+  }
   conn->max_write = kMaxWrite;
   conn->max_background = kMaxBackground;
   conn->congestion_threshold = kCongestionThreshold;
+  return wb;
 }
 
 // Whether -o max_threads=N is among the command line's options (fuse_parse_cmdline reports 10

@@ -70,9 +70,10 @@ struct Options {
   unsigned io_timeout_s = 30;
   double timeout_s = warpfs::daemon::kDefaultTimeoutS;  // entry and attribute timeouts
   char* stats = nullptr;
-  int ro = -1;       // -1: neither ro nor rw given (the superblock's default, else rw)
-  int remount = 0;   // -o remount: mount(8) runs the helper again for mount -o remount
-  int discard = -1;  // -1: neither discard nor nodiscard given (the superblock's, else on)
+  int ro = -1;              // -1: neither ro nor rw given (the superblock's default, else rw)
+  int remount = 0;          // -o remount: mount(8) runs the helper again for mount -o remount
+  int discard = -1;         // -1: neither discard nor nodiscard given (the superblock's, else on)
+  int writeback_cache = 0;  // -o writeback_cache (nowriteback_cache: off, the default)
   int help = 0;
   int list_devices = 0;
   int version = 0;
@@ -82,7 +83,14 @@ struct Options {
   { t, offsetof(Options, p), 1 }
 // "ro" and "rw" are seen here and kept for libfuse's mount (FUSE_OPT_KEY_KEEP would hide them
 // from opt_proc altogether).
-enum { kKeyRo = 1, kKeyRw = 2, kKeyDiscard = 3, kKeyNoDiscard = 4 };
+enum {
+  kKeyRo = 1,
+  kKeyRw = 2,
+  kKeyDiscard = 3,
+  kKeyNoDiscard = 4,
+  kKeyWritebackCache = 5,
+  kKeyNoWritebackCache = 6
+};
 const fuse_opt kOpts[] = {WARPFS_OPT("cache_mb=%u", cache_mb),
                           WARPFS_OPT("queues=%u", queues),
                           WARPFS_OPT("latency_us=%u", latency_us),
@@ -91,6 +99,8 @@ const fuse_opt kOpts[] = {WARPFS_OPT("cache_mb=%u", cache_mb),
                           WARPFS_OPT("stats=%s", stats),
                           FUSE_OPT_KEY("nodiscard", kKeyNoDiscard),
                           FUSE_OPT_KEY("discard", kKeyDiscard),
+                          FUSE_OPT_KEY("nowriteback_cache", kKeyNoWritebackCache),
+                          FUSE_OPT_KEY("writeback_cache", kKeyWritebackCache),
                           FUSE_OPT_KEY("ro", kKeyRo),
                           WARPFS_OPT("remount", remount),
                           FUSE_OPT_KEY("rw", kKeyRw),
@@ -117,6 +127,10 @@ int opt_proc(void* data, const char* arg, int key, fuse_args*) {
   if (key == kKeyDiscard || key == kKeyNoDiscard) {
     o->discard = key == kKeyDiscard;
     return 0;  // ours alone: not a mount option of the kernel's
+  }
+  if (key == kKeyWritebackCache || key == kKeyNoWritebackCache) {
+    o->writeback_cache = key == kKeyWritebackCache;
+    return 0;  // ours alone, as discard
   }
   return 1;
 }
@@ -295,6 +309,10 @@ struct Daemon {
   std::string stats_path;
   double timeout = warpfs::daemon::kDefaultTimeoutS;  // entry and attribute (-o timeout=)
   PageCacheTracker page_cache;
+  bool want_writeback_cache = false;  // -o writeback_cache
+  // The kernel's writeback cache is on (negotiate): set by op_init, which libfuse runs before
+  // it hands any other request to a worker; read by every worker after.
+  std::atomic<bool> writeback_cache{false};
   fuse_session* se = nullptr;
   // The live view's counters: each its own atomics, written by every worker (latency.h).
   warpfs::nvme::LatencyHistogram latency[kOpCount];
@@ -354,6 +372,8 @@ warpfs::fs::Caller caller(fuse_req_t req) {
   return warpfs::fs::Caller{c->uid, c->gid, static_cast<uint32_t>(c->umask)};
 }
 
+void log_line(const std::string& s);
+
 // ---- the operations -----------------------------------------------------------------------
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -390,6 +410,7 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int to_set, fus
   s.mtime = to_set & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW);
   s.atime_now = to_set & FUSE_SET_ATTR_ATIME_NOW;
   s.mtime_now = to_set & FUSE_SET_ATTR_MTIME_NOW;
+  s.ctime = to_set & FUSE_SET_ATTR_CTIME;  // the writeback cache's times (negotiate)
   s.new_mode = st->st_mode;
   s.new_uid = st->st_uid;
   s.new_gid = st->st_gid;
@@ -398,6 +419,7 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int to_set, fus
   // Any int64 seconds the kernel passes (utimensat): kept exactly (FORMAT.md "Inode").
   s.new_atime = {st->st_atim.tv_sec, st->st_atim.tv_nsec};
   s.new_mtime = {st->st_mtim.tv_sec, st->st_mtim.tv_nsec};
+  s.new_ctime = {st->st_ctim.tv_sec, st->st_ctim.tv_nsec};
   Attr a;
   reply_attr_or_err(req, fs_of(req).setattr(ino, s, &a), a);
 }
@@ -456,9 +478,12 @@ constexpr uint64_t kFhCached = 0;  // page cache (counted in PageCacheTracker)
 constexpr uint64_t kFhDirect = 1;  // FOPEN_DIRECT_IO: no page cache
 
 // O_DIRECT: FOPEN_DIRECT_IO. Otherwise the page cache, kept between opens unless a direct
-// write went around it (PageCacheTracker).
+// write went around it (PageCacheTracker). Under the writeback cache O_DIRECT takes the
+// kernel's own direct path instead (generic_file_direct_write): it writes back and drops the
+// cached pages of the range first, as a local filesystem does, and sets the times, which the
+// kernel owns then (an FOPEN_DIRECT_IO write would leave its cached mtime as it was).
 void set_cache_mode(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  if (fi->flags & O_DIRECT) {
+  if ((fi->flags & O_DIRECT) && !daemon_of(req)->writeback_cache.load(std::memory_order_relaxed)) {
     fi->direct_io = 1;
     fi->fh = kFhDirect;
     return;
@@ -523,9 +548,14 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
   // The blocks kept for root are not every caller's. A write-back of a shared mapping's pages
   // (fi->writepage) comes from whoever flushes them, often the kernel's flusher as root.
   const warpfs::fs::CallerScope as(caller(req));
-  const int rc =
-      fs_of(req).write(ino, static_cast<uint64_t>(off), size, buf, &written, &dropped_privs);
   Daemon* d = daemon_of(req);
+  // Under the writeback cache every write is the kernel's write-back (O_DIRECT included: its
+  // direct path set the times and dropped the privileges at the call).
+  const warpfs::fs::WriteFrom from = d->writeback_cache.load(std::memory_order_relaxed)
+                                         ? warpfs::fs::WriteFrom::kPageCache
+                                         : warpfs::fs::WriteFrom::kWriter;
+  const int rc =
+      fs_of(req).write(ino, static_cast<uint64_t>(off), size, buf, &written, &dropped_privs, from);
   if (dropped_privs) {
     // The kernel clears set-user-ID itself before a buffered write, but not before an
     // O_DIRECT one (FUSE_HANDLE_KILLPRIV leaves it to us): its cached mode still has the
@@ -536,7 +566,13 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     fuse_reply_err(req, rc);
     return;
   }
-  if (fi->fh == kFhDirect && written > 0 && d->page_cache.wrote_direct(ino)) {
+  if (written > 0 && !fi->writepage && d->writeback_cache.load(std::memory_order_relaxed)) {
+    // Under the writeback cache a write that is not a page's write-back (FUSE_WRITE_CACHE)
+    // comes from the kernel's direct path, which dropped the range's pages before it and,
+    // for an asynchronous write, drops nothing after it: pages a buffered reader refilled
+    // meanwhile go here, as below.
+    fuse_lowlevel_notify_inval_inode(d->se, ino, off, static_cast<off_t>(written));
+  } else if (fi->fh == kFhDirect && written > 0 && d->page_cache.wrote_direct(ino)) {
     // Cached opens read this range from the page cache: drop it there, before the reply, so
     // that a read which starts once the write has returned cannot find a page filled before
     // the new bytes were in place (a buffered reader refills pages while the write is under
@@ -693,6 +729,12 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
 }
 
 void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
+  if (off >= 0 && daemon_of(req)->writeback_cache.load(std::memory_order_relaxed)) {
+    // The kernel writes no dirty page back before FUSE_LSEEK: the pages from `off` on are
+    // written back (laundered, by other workers: hence no writeback cache with -s) and
+    // dropped first, so that the answer sees their data.
+    fuse_lowlevel_notify_inval_inode(daemon_of(req)->se, ino, off, 0);
+  }
   uint64_t out = 0;
   if (off < 0) {
     fuse_reply_err(req, ENXIO);
@@ -769,10 +811,13 @@ void op_ioctl(fuse_req_t req, fuse_ino_t ino, unsigned int cmd, void*, fuse_file
   fuse_reply_err(req, ENOTTY);
 }
 
-void op_init(void*, fuse_conn_info* conn) {
-  // No splice reads, no writeback cache, 1 MiB writes, the asynchronous queue's depth: as
-  // warpfs-null (fuse_session.h).
-  warpfs::daemon::negotiate(conn);
+void op_init(void* userdata, fuse_conn_info* conn) {
+  // No splice reads, the writeback cache where asked for, 1 MiB writes, the asynchronous
+  // queue's depth: as warpfs-null (fuse_session.h).
+  auto* d = static_cast<Daemon*>(userdata);
+  const bool wb = warpfs::daemon::negotiate(conn, d->want_writeback_cache);
+  d->writeback_cache.store(wb, std::memory_order_relaxed);
+  if (d->want_writeback_cache && !wb) log_line("the kernel offers no writeback cache: not used");
   // File handles (name_to_handle_at, NFS export): the kernel decodes one it no longer caches
   // by looking up "." of its inode and ".." of a directory (Filesystem::lookup).
   if (conn->capable & FUSE_CAP_EXPORT_SUPPORT) conn->want |= FUSE_CAP_EXPORT_SUPPORT;
@@ -826,9 +871,10 @@ fuse_lowlevel_ops make_ops() {
   o.open = Timed<kOp_open, op_open>::call;
   o.read = Timed<kOp_read, op_read>::call;
   o.write = Timed<kOp_write, op_write>::call;
-  // No flush: close() has nothing to push (writes are not cached in the kernel, locks are
-  // the kernel's), and without the op the kernel learns that at the first close (ENOSYS)
-  // and stops sending FLUSH: one round trip less per close.
+  // No flush: close() has nothing to push (locks are the kernel's; under the writeback cache
+  // the kernel writes the file's dirty pages back and sends its times before it would send
+  // FLUSH), and without the op the kernel learns that at the first close (ENOSYS) and stops
+  // sending FLUSH: one round trip less per close.
   o.release = Timed<kOp_release, op_release>::call;
   o.fsync = Timed<kOp_fsync, op_fsync>::call;
   o.opendir = Timed<kOp_opendir, op_opendir>::call;
@@ -1020,8 +1066,6 @@ std::string check_stats_path(const std::string& path) {
   ::close(dirfd);
   return why;
 }
-
-void log_line(const std::string& s);
 
 void write_stats(const Daemon& d) {
   if (d.stats_path.empty()) return;
@@ -1253,6 +1297,9 @@ void usage(const char* prog) {
       "  stats=FILE      write cache and journal counters as JSON to FILE at unmount and on "
       "SIGUSR1\n"
       "  nodiscard       do not trim freed blocks (discard: do, the default)\n"
+      "  writeback_cache keep buffered writes in the kernel's page cache until fsync, close or\n"
+      "                  write-back (nowriteback_cache: send each write at once, the default;\n"
+      "                  see warpfs(8), CACHING, for what changes)\n"
       "  ro              read-only (rw: read-write, the default)\n"
       "  ro/rw, discard/nodiscard and meta_cache_mb= not given here come from the filesystem's\n"
       "  default mount options (tune.warpfs -o), if it has any\n"
@@ -1334,6 +1381,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (o.remount) return remount_helper(cl.mountpoint, o.ro == 1);
+  if (o.writeback_cache && (cl.singlethread || (threads_given && cl.max_threads < 2))) {
+    // A request may wait for the kernel to write pages back (op_lseek), which takes another
+    // worker.
+    std::fprintf(stderr, "warpfs: writeback_cache needs two worker threads or more: not used\n");
+    o.writeback_cache = 0;
+  }
   if (o.queues == 0 || o.queues > 64 || o.workers == 0 || o.workers > 64 || o.commit_s == 0 ||
       (o.commit_s > 86400 && o.commit_s != kCommitUnset)) {
     std::fprintf(stderr, "warpfs: queues and workers must be 1..64, commit 1..86400 seconds\n");
@@ -1393,6 +1446,7 @@ int main(int argc, char** argv) {
 
   Daemon d;
   d.timeout = o.timeout_s;
+  d.want_writeback_cache = o.writeback_cache != 0;
   d.stats_path = o.stats ? o.stats : "";
   if (!d.stats_path.empty()) {
     if (std::string why = check_stats_path(d.stats_path); !why.empty()) {

@@ -72,18 +72,25 @@ int FsImpl::read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) {
 }
 
 int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written,
-                  bool* dropped_privs) {
+                  bool* dropped_privs, WriteFrom from) {
   *written = 0;
   if (dropped_privs) *dropped_privs = false;
   if (int rc = check_writable(); rc) return rc;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
-  if (int rc; overwrite(*n, off, len, buf, written, &rc)) return rc;
+  if (int rc; overwrite(*n, off, len, buf, written, &rc, from)) return rc;
   std::unique_lock<SharedMutex> lk(n->rw);
   if (S_ISDIR(n->disk.mode)) return EISDIR;
-  // Immutable: no write. Append-only: only past the end (an O_APPEND open's writes).
-  if (immutable(n->disk) || (append_only(n->disk) && off < n->disk.size)) return EPERM;
   if (int rc = load_map(*n); rc) return rc;
+  // Immutable: no write. Append-only: only past the end (an O_APPEND open's writes); the
+  // write-back of the page that holds the old end rewrites the bytes below it unchanged.
+  if (immutable(n->disk)) return EPERM;
+  if (append_only(n->disk) && off < n->disk.size) {
+    if (from != WriteFrom::kPageCache) return EPERM;
+    bool same = false;
+    if (int rc = same_bytes(*n, off, len, buf, &same); rc) return rc;
+    if (!same) return EPERM;
+  }
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return EFBIG;
   const uint32_t privs = n->disk.mode & (S_ISUID | S_ISGID);  // write_locked clears them
   int rc = 0;
@@ -92,12 +99,13 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
     const size_t chunk = static_cast<size_t>(std::min<uint64_t>(
         len - *written, uint64_t{kBlocksPerTxn} * kBlockSize - pos % kBlockSize));
     size_t done = 0;
-    rc = write_locked(*n, pos, chunk, buf + *written, &done);
+    rc = write_locked(*n, pos, chunk, buf + *written, &done, from);
     *written += done;
     for (int i = 0; rc == ENOSPC && i < kEnospcRetries && free_held_blocks(); ++i) {
       // Blocks freed by the running transaction are free now: the rest of the piece again.
       done = 0;
-      rc = write_locked(*n, off + *written, chunk - (off + *written - pos), buf + *written, &done);
+      rc = write_locked(*n, off + *written, chunk - (off + *written - pos), buf + *written, &done,
+                        from);
       *written += done;
     }
   }
@@ -114,22 +122,25 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
 // read-modify-write would race another overwrite of the same block, so it takes the ordinary
 // path, whose exclusive lock excludes every fast one. Two fast overwrites of the same block
 // may land in either order, block by block, as two O_DIRECT writes on ext4 may.
-bool FsImpl::overwrite(Node& n, uint64_t off, size_t len, const char* buf, size_t* written,
-                       int* rc) {
+bool FsImpl::overwrite(Node& n, uint64_t off, size_t len, const char* buf, size_t* written, int* rc,
+                       WriteFrom from) {
   if (len == 0 || off % kBlockSize != 0 || len % kBlockSize != 0) return false;
   // An exclusive locker waiting: queue behind it (locks.h) rather than keep it out.
   if (n.rw.writer_waiting()) return false;
   std::shared_lock<SharedMutex> lk(n.rw);
   const Inode& d = n.disk;
-  if (!n.mapped || !S_ISREG(d.mode) || pinned(d) || (d.mode & (S_ISUID | S_ISGID)) != 0 ||
-      !(d.xattr_block == 0 || n.cap == Node::Cap::kAbsent) || off >= d.size || len > d.size - off) {
+  const bool own = from == WriteFrom::kWriter;  // times and privileges are this write's
+  if (!n.mapped || !S_ISREG(d.mode) || pinned(d) ||
+      (own && ((d.mode & (S_ISUID | S_ISGID)) != 0 ||
+               !(d.xattr_block == 0 || n.cap == Node::Cap::kAbsent))) ||
+      off >= d.size || len > d.size - off) {
     return false;
   }
   // The write's time replaces the stored ones by being later (fold_times): a file whose mtime
   // or ctime was set past now (utimensat, or a sentinel beyond 2262) takes the ordinary path,
   // which sets them to now.
   const uint64_t t = now_ns();
-  if (time_later(d.mtime_ns, t) != t || time_later(d.ctime_ns, t) != t) return false;
+  if (own && (time_later(d.mtime_ns, t) != t || time_later(d.ctime_ns, t) != t)) return false;
   struct Run {
     uint64_t logical, physical, count;
   };
@@ -156,7 +167,7 @@ bool FsImpl::overwrite(Node& n, uint64_t off, size_t len, const char* buf, size_
     note_written(n, r.physical, r.count);
     *written = (r.logical + r.count - first) * kBlockSize;
   }
-  if (*written > 0) {
+  if (*written > 0 && own) {
     uint64_t p = n.pending_times.load(std::memory_order_relaxed);
     while (p < t && !n.pending_times.compare_exchange_weak(p, t, std::memory_order_relaxed)) {
     }
@@ -172,8 +183,20 @@ bool FsImpl::overwrite(Node& n, uint64_t off, size_t len, const char* buf, size_
   return true;
 }
 
+int FsImpl::same_bytes(Node& n, uint64_t off, size_t len, const char* buf, bool* same) {
+  *same = true;
+  if (off >= n.disk.size) return 0;
+  const uint64_t end = std::min<uint64_t>(n.disk.size, off + len);
+  const uint64_t first = off / kBlockSize;
+  std::vector<uint8_t> blocks(((end - 1) / kBlockSize - first + 1) * kBlockSize);
+  if (int rc = read_blocks(n, first, blocks.size() / kBlockSize, blocks.data()); rc) return rc;
+  *same = std::memcmp(blocks.data() + off % kBlockSize, buf, end - off) == 0;
+  return 0;
+}
+
 // One transaction's worth of a write. REQUIRES: rw exclusive, mapping loaded.
-int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, size_t* written) {
+int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, size_t* written,
+                         WriteFrom from) {
   WARPFS_DCHECK(changeable_by_me(n), "write_locked: rw exclusive");
   WARPFS_DCHECK(n.mapped, "write_locked: mapping loaded");
   // Bytes past the end of file in its last block read as zeroes once the file grows over
@@ -255,8 +278,8 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
     *written = static_cast<size_t>(std::min<uint64_t>(we, off + len) - off);
     b += run;
   }
-  if (*written > 0) {
-    n.disk.size = std::max<uint64_t>(n.disk.size, off + *written);
+  if (*written > 0) n.disk.size = std::max<uint64_t>(n.disk.size, off + *written);
+  if (*written > 0 && from == WriteFrom::kWriter) {  // kPageCache: the kernel's times follow
     n.disk.mtime_ns = n.disk.ctime_ns = now_ns();
     // Writing clears set-user-ID (and set-group-ID when group-executable), as the kernel does.
     if (n.disk.mode & (S_ISUID | S_ISGID)) {

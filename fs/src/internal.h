@@ -234,7 +234,8 @@ class FsImpl final : public Filesystem {
   void release(Ino ino) override;
   [[nodiscard]] int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) override;
   [[nodiscard]] int write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written,
-                          bool* dropped_privs = nullptr) override;
+                          bool* dropped_privs = nullptr,
+                          WriteFrom from = WriteFrom::kWriter) override;
   [[nodiscard]] int fsync(Ino ino, bool datasync) override;
   [[nodiscard]] int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) override;
   [[nodiscard]] int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) override;
@@ -382,12 +383,17 @@ class FsImpl final : public Filesystem {
 
   // --- file data (file.cc)
   [[nodiscard]] int write_locked(Node& n, uint64_t off, size_t len, const char* buf,
-                                 size_t* written);
+                                 size_t* written, WriteFrom from = WriteFrom::kWriter);
   [[nodiscard]] int zero_range(Node& n, uint64_t off, uint64_t len);  // within mapped blocks
   // A write wholly over mapped, written blocks inside the size of a file with no privilege
-  // to drop, with n.rw shared and no transaction: true if it took it (*rc its result), false
-  // if the write must take the ordinary path. REQUIRES: no lock of n's.
-  bool overwrite(Node& n, uint64_t off, size_t len, const char* buf, size_t* written, int* rc);
+  // to drop (kPageCache: none to drop here), with n.rw shared and no transaction: true if it
+  // took it (*rc its result), false if the write must take the ordinary path. REQUIRES: no
+  // lock of n's.
+  bool overwrite(Node& n, uint64_t off, size_t len, const char* buf, size_t* written, int* rc,
+                 WriteFrom from);
+  // Whether [off, off + len) of `buf` equals the file's bytes there (the part below the
+  // size). REQUIRES: rw exclusive, mapping loaded.
+  [[nodiscard]] int same_bytes(Node& n, uint64_t off, size_t len, const char* buf, bool* same);
   // Data of `n` written to device blocks [first, first + count): fsync writes them back.
   // REQUIRES: rw held (shared: the overwrite fast path).
   void note_written(Node& n, uint64_t first, uint64_t count);

@@ -157,10 +157,12 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
   std::unique_lock<SharedMutex> lk(n->rw);
   Inode& d = n->disk;
   // As notify_change(): nothing on an immutable inode; on an append-only one no size, mode,
-  // owner or explicit time (setting the times to now is an append's own).
+  // owner or explicit time (setting the times to now is an append's own). An mtime that comes
+  // with a ctime is the kernel's writeback cache handing over the times of its appends (it
+  // sends utimensat's UTIME_NOW so too, and an explicit time alike: warpfs(8) says so).
   if (immutable(d)) return EPERM;
   if (append_only(d) && (s.size || s.mode || s.uid || s.gid || (s.atime && !s.atime_now) ||
-                         (s.mtime && !s.mtime_now))) {
+                         (s.mtime && !s.mtime_now && !s.ctime))) {
     return EPERM;
   }
   if (s.size) {
@@ -171,7 +173,8 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
     }
   }
   if ((s.atime && !s.atime_now && (s.new_atime.nsec < 0 || s.new_atime.nsec > 999999999)) ||
-      (s.mtime && !s.mtime_now && (s.new_mtime.nsec < 0 || s.new_mtime.nsec > 999999999))) {
+      (s.mtime && !s.mtime_now && (s.new_mtime.nsec < 0 || s.new_mtime.nsec > 999999999)) ||
+      (s.ctime && (s.new_ctime.nsec < 0 || s.new_ctime.nsec > 999999999))) {
     return EINVAL;
   }
   {
@@ -214,7 +217,7 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
     }
     d.atime_ns = atime;
     d.mtime_ns = mtime;
-    d.ctime_ns = now;
+    d.ctime_ns = s.ctime ? time_clamped(time_ns_from(s.new_ctime)) : now;
     if (int rc = store(*n); rc) return rc;
   }
   fill_attr(d, ino, out);

@@ -136,6 +136,14 @@ void Model::step() {
               o->target != n->target))
       meta_at_[id] = k;
   }
+  if (track_wb_) {
+    for (const auto& [id, n] : cur_.nodes) {
+      auto was = last_.nodes.find(id);
+      if (was != last_.nodes.end() && was->second == n) continue;
+      if (S_ISREG(n->mode))
+        add_versions(id, was == last_.nodes.end() ? nullptr : was->second.get(), *n);
+    }
+  }
   last_ = cur_;
   if (!keep_) {
     ++base_;  // current() moves on; state(current()) is cur_
@@ -144,10 +152,45 @@ void Model::step() {
   hist_.push_back(cur_);
 }
 
+void Model::track_writeback(bool on) {
+  track_wb_ = on;
+  versions_.clear();
+  if (!on) return;
+  for (const auto& [id, n] : cur_.nodes) {
+    if (S_ISREG(n->mode)) versions_from(id, *n);
+  }
+}
+
+void Model::versions_from(Id id, const MNode& n) {
+  Versions& v = versions_[id];
+  v.sizes = {n.size};
+  v.blocks.assign(n.blocks.size(), {});
+  for (size_t b = 0; b < n.blocks.size(); ++b) v.blocks[b].push_back(n.blocks[b]);
+}
+
+void Model::add_versions(Id id, const MNode* before, const MNode& n) {
+  auto it = versions_.find(id);
+  if (before == nullptr || it == versions_.end()) {
+    versions_from(id, n);
+    return;
+  }
+  Versions& v = it->second;
+  v.sizes.insert(n.size);
+  if (v.blocks.size() < n.blocks.size())
+    v.blocks.resize(n.blocks.size(), {Block()});  // was past the end
+  for (size_t b = 0; b < n.blocks.size(); ++b) {
+    std::vector<Block>& seen = v.blocks[b];
+    if (std::find(seen.begin(), seen.end(), n.blocks[b]) == seen.end()) seen.push_back(n.blocks[b]);
+  }
+}
+
 void Model::synced(Id id, bool data_only) {
   const auto& at = data_only ? size_at_ : meta_at_;
   if (auto it = at.find(id); it != at.end()) durable(it->second);
   data_floor_[id] = current();
+  if (track_wb_) {
+    if (const MNode* n = node(id); n != nullptr && S_ISREG(n->mode)) versions_from(id, *n);
+  }
 }
 
 void Model::durable(size_t k) {
@@ -182,6 +225,7 @@ void Model::restart(size_t k, const std::map<Id, std::string>& data) {
   meta_at_.clear();
   size_at_.clear();
   data_floor_.clear();
+  track_writeback(track_wb_);
 }
 
 void model_write(MNode& n, uint64_t off, const std::string& data) {
@@ -394,7 +438,8 @@ struct FileSeen {
 
 // "" if the metadata of `o` is state `s`; else the first difference. `files`: the regular
 // files reached.
-std::string compare_meta(const State& s, const Observed& o, std::vector<FileSeen>* files) {
+std::string compare_meta(const State& s, const Observed& o, std::vector<FileSeen>* files,
+                         bool sizes_elsewhere = false) {
   std::set<Id> seen;
   std::vector<std::tuple<Id, Ino, std::string>> todo{{0, s.nodes.at(0)->ino, "/"}};
   while (!todo.empty()) {
@@ -416,7 +461,7 @@ std::string compare_meta(const State& s, const Observed& o, std::vector<FileSeen
       return path + ": xattrs " + show_xattrs(on.xattrs) + ", expected " + show_xattrs(m.xattrs);
     if (!seen.insert(id).second) continue;
     if (S_ISREG(m.mode)) {
-      if (m.size != on.size)
+      if (m.size != on.size && !sizes_elsewhere)  // else check_written_back's
         return path + ": size " + std::to_string(on.size) + ", expected " + std::to_string(m.size);
       files->push_back({id, ino, path});
     } else if (S_ISLNK(m.mode)) {
@@ -481,6 +526,41 @@ std::string check_data(const Model& m, size_t k, size_t hi, const Observed& o,
   return "";
 }
 
+// "" if each file's size and blocks are among its versions (Model::track_writeback).
+std::string check_written_back(const Model& m, const Observed& o,
+                               const std::vector<FileSeen>& files) {
+  static const std::string zero(kB, '\0');
+  for (const auto& [id, ino, path] : files) {
+    const Model::Versions* v = m.versions(id);
+    if (v == nullptr) return path + ": no versions kept (model)";
+    const std::string& data = o.nodes.at(ino).data;
+    const uint64_t size = data.size(), least = *v->sizes.begin(), most = *v->sizes.rbegin();
+    if (!v->sizes.count(size) && !(size % kB == 0 && size >= least && size <= most)) {
+      return path + " (inode " + std::to_string(ino) + "): size " + std::to_string(size) +
+             ", none of " + std::to_string(v->sizes.size()) + " sizes since its last fsync (" +
+             std::to_string(least) + ".." + std::to_string(most) + ") nor a page boundary between";
+    }
+    for (uint64_t b = 0; b * kB < size; ++b) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kB, size - b * kB));
+      const char* got = data.data() + b * kB;
+      bool ok = b >= v->blocks.size() && std::memcmp(zero.data(), got, len) == 0;
+      if (b < v->blocks.size()) {
+        for (const Block& blk : v->blocks[b]) {
+          if (std::memcmp(blk ? blk->data() : zero.data(), got, len) == 0) ok = true;
+        }
+      }
+      if (!ok) {
+        return path + " (inode " + std::to_string(ino) + ", size " + std::to_string(size) +
+               "): block " + std::to_string(b) + " ('" +
+               show(std::string(got, std::min<size_t>(len, 16))) + "'...) is none of its " +
+               std::to_string(b < v->blocks.size() ? v->blocks[b].size() : 0) +
+               " versions since its last fsync";
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 std::map<Id, std::string> recovered_data(const State& s, const Observed& o) {
@@ -502,8 +582,9 @@ std::string check(const Model& m, size_t hi, const Observed& o, size_t* matched)
   std::string data_failure;
   for (size_t k = hi + 1; k-- > m.lo();) {
     std::vector<FileSeen> files;
-    if (!compare_meta(m.state(k), o, &files).empty()) continue;
-    std::string d = check_data(m, k, hi, o, files);
+    if (!compare_meta(m.state(k), o, &files, m.tracks_writeback()).empty()) continue;
+    std::string d =
+        m.tracks_writeback() ? check_written_back(m, o, files) : check_data(m, k, hi, o, files);
     if (d.empty()) {
       if (matched) *matched = k;
       return "";
@@ -514,10 +595,10 @@ std::string check(const Model& m, size_t hi, const Observed& o, size_t* matched)
   std::vector<FileSeen> files;
   std::string s = "the recovered tree is none of states " + std::to_string(m.lo()) + ".." +
                   std::to_string(hi) + ": against state " + std::to_string(hi) + ": " +
-                  compare_meta(m.state(hi), o, &files);
+                  compare_meta(m.state(hi), o, &files, m.tracks_writeback());
   if (hi != m.lo())
     s += "; against state " + std::to_string(m.lo()) + ": " +
-         compare_meta(m.state(m.lo()), o, &files);
+         compare_meta(m.state(m.lo()), o, &files, m.tracks_writeback());
   return s;
 }
 

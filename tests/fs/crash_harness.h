@@ -51,6 +51,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,24 @@ class Model {
   // replaced by what the disk holds (`data`: id -> contents). The history restarts there.
   void restart(size_t k, const std::map<Id, std::string>& data);
 
+  // Under the kernel's writeback cache (warpfs -o writeback_cache) a file's data and its
+  // size reach the filesystem when the kernel writes its pages back, page by page, in any
+  // order, whatever the names did meanwhile; an fsync or fdatasync writes them all back
+  // first. So what a crash may find of a file is, block by block, any version the block had
+  // since the file's last acknowledged fsync/fdatasync (none later than the last state), and
+  // a size it had since then, or a page boundary between the least and the largest of those.
+  // track_writeback(true) keeps those versions from now on (step() and synced()).
+  struct Versions {
+    std::set<uint64_t> sizes;
+    std::vector<std::vector<Block>> blocks;  // by block: each version once (null: zeroes)
+  };
+  void track_writeback(bool on);
+  bool tracks_writeback() const { return track_wb_; }
+  const Versions* versions(Id id) const {
+    auto it = versions_.find(id);
+    return it == versions_.end() ? nullptr : &it->second;
+  }
+
  private:
   Ino root_ino_;
   bool keep_ = true;
@@ -137,6 +156,10 @@ class Model {
   State last_;
   std::map<Id, size_t> meta_at_, size_at_, data_floor_;
   Id next_ = 1;
+  bool track_wb_ = false;
+  std::map<Id, Versions> versions_;           // regular files, with track_wb_
+  void versions_from(Id id, const MNode& n);  // only the versions of n
+  void add_versions(Id id, const MNode* before, const MNode& n);
 };
 
 // The model's file bytes [off, off + len) written into `n` (regular file); size grows.
@@ -171,7 +194,9 @@ std::string observe(Filesystem& fs, Observed* out);
 std::map<Id, std::string> recovered_data(const State& s, const Observed& o);
 
 // "" if `o` is a state the model allows: metadata S_k with k in [m.lo(), hi], data from
-// [k, hi] (the oracle above); then *matched = k. Else the violation, naming the path.
+// [k, hi] (the oracle above); then *matched = k. Else the violation, naming the path. A model
+// that tracks the writeback cache (Model::track_writeback) holds a regular file's size and
+// data instead to its Versions: any of them, block by block.
 std::string check(const Model& m, size_t hi, const Observed& o, size_t* matched = nullptr);
 
 // For the soak tools (warpfs-crash, warpfs-kill9): an unsigned number in any base strtoull

@@ -155,6 +155,32 @@ case $scenario in
     unmount_fs
     fsck_clean
     ;;
+  wbcache)  # -o writeback_cache: the POSIX suite and fsx, and a full disk's ENOSPC at fsync
+    # What the kernel's writeback cache cannot keep exact (warpfs(8), WRITEBACK CACHE):
+    # space taken (statfs, st_blocks) and EFBIG at write(2), not at write-back.
+    breaks=PageCacheTest.StatfsCountsWritesNotWrittenBack:StatTest.BlocksCoverWrittenDataAndEmptyFilesHaveNone
+    breaks+=:IoTest.PunchHoleZeroesTheRangeAndFreesItsBlocks:IoTest.WarpfsRefusesWritesPastSixteenTiB
+    format 2G --inodes 300000
+    mount_fs -o writeback_cache
+    WARPFS_TEST_DIR=$mnt WARPFS_TEST_FS=warpfs "$POSIX_TESTS" --gtest_filter="-$breaks" || fail "posix_tests"
+    "$FSX" -q -N 100000 -S 1 "$mnt/fsx.small" || fail "fsx (1 MiB files)"
+    "$FSX" -q -N 20000 -S 2 -l 64M -o 1M "$mnt/fsx.big" || fail "fsx (64 MiB files)"
+    unmount_fs
+    fsck_clean
+    # A full disk: write(2) into the page cache succeeds, the write-back fails, and fsync
+    # says so (the data that did not fit is lost, as fsync's error tells). (mkfs keeps the
+    # size of an image file larger than --size: a new one.)
+    rm -f "$img"
+    format 64M
+    mount_fs -o writeback_cache
+    dd if=/dev/zero of="$mnt/fill" bs=1M count=100 conv=fsync status=none 2>"$work/dd.err" \
+      && fail "dd did not fail on a full disk"
+    grep -q "No space left" "$work/dd.err" || fail "dd failed with something else: $(cat "$work/dd.err")"
+    rm -f "$mnt/fill"
+    echo ok >"$mnt/after" || fail "cannot write after freeing space"
+    unmount_fs
+    fsck_clean
+    ;;
   fsx)  # 100,000 random operations checked against a model, then 2 x 20,000 on big files
     format 1G
     mount_fs

@@ -191,6 +191,162 @@ TEST(Overwrite, PrivilegesFlagsAndExplicitTimes) {
   EXPECT_EQ(r->check_and_remount(), "");
 }
 
+// A page of the kernel's writeback cache written back (WriteFrom::kPageCache): the kernel
+// set the times and dropped the privileges at write(2), so the write-back changes neither
+// the times, the mode nor security.capability (a chmod may have set them since), only the
+// data and a growing size; the kernel's times come with a setattr that carries ctime, kept
+// exactly. An ordinary write afterwards does all of it again.
+int page_cache_write(Rig& r, Ino f, uint64_t off, const std::string& data) {
+  size_t w = 0;
+  const int rc = r.fs->write(f, off, data.size(), data.data(), &w, nullptr, WriteFrom::kPageCache);
+  return rc == 0 && w != data.size() ? ENOSPC : rc;
+}
+
+SetAttr kernel_times(const TimeSpec& m, const TimeSpec& c) {
+  SetAttr s;
+  s.mtime = s.ctime = true;
+  s.new_mtime = m;
+  s.new_ctime = c;
+  return s;
+}
+
+TEST(PageCache, WriteBackKeepsTimesPrivilegesAndCapability) {
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  const Ino f = make_file(*r, "f", 4);
+  const std::string cap(20, 'c');
+  ASSERT_EQ(r->fs->setxattr(f, "security.capability", cap.data(), cap.size(), 0), 0);
+  SetAttr s = kernel_times({1000, 7}, {2000, 9});
+  s.mode = true;
+  s.new_mode = 06775;
+  Attr a;
+  ASSERT_EQ(r->fs->setattr(f, s, &a), 0);
+  EXPECT_EQ(a.ctime, (TimeSpec{2000, 9}));
+  ASSERT_EQ(page_cache_write(*r, f, 0, stamped_run(0, 1, 2)), 0);       // fast path
+  ASSERT_EQ(page_cache_write(*r, f, kB + 10, "partial"), 0);            // ordinary path
+  ASSERT_EQ(page_cache_write(*r, f, 4 * kB, stamped_run(4, 2, 3)), 0);  // grows
+  auto same = [&](const char* when) {
+    Attr b;
+    ASSERT_EQ(r->fs->getattr(f, &b), 0);
+    EXPECT_EQ(b.mode & 07777, 06775u) << when;
+    EXPECT_EQ(b.mtime, (TimeSpec{1000, 7})) << when;
+    EXPECT_EQ(b.ctime, (TimeSpec{2000, 9})) << when;
+    EXPECT_EQ(b.size, 6 * kB) << when;
+    std::string v;
+    EXPECT_EQ(r->fs->getxattr(f, "security.capability", &v), 0) << when;
+    std::string want = stamped_run(0, 6, 1);
+    want.replace(0, kB, stamped_run(0, 1, 2));
+    want.replace(kB + 10, 7, "partial");
+    want.replace(4 * kB, 2 * kB, stamped_run(4, 2, 3));
+    EXPECT_TRUE(r->read(f, 0, 6 * kB) == want) << when;
+  };
+  same("at once");
+  ASSERT_TRUE(r->remount());
+  same("after a remount");
+  ASSERT_EQ(r->write(f, 0, stamped_run(0, 1, 4)), 0);  // the writer's own write
+  ASSERT_EQ(r->fs->getattr(f, &a), 0);
+  EXPECT_EQ(a.mode & 07777, 0775u);
+  EXPECT_GT(a.mtime.sec, 2000);
+  std::string v;
+  EXPECT_EQ(r->fs->getxattr(f, "security.capability", &v), ENODATA);
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
+// Append-only: the write-back of the page that holds the old end rewrites the bytes below it,
+// which must be left as they are; a change there, or any write of the writer's own below the
+// end, is refused. The kernel's times (mtime with ctime) may be set, an mtime alone may not.
+TEST(PageCache, AppendOnlyTakesItsOldEndRewrittenUnchanged) {
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  const Ino f = r->create(kRootInode, "log");
+  const std::string old = pattern(5, 0, 6000);
+  ASSERT_EQ(r->write(f, 0, old), 0);
+  ASSERT_EQ(r->fs->set_flags(f, FS_APPEND_FL), 0);
+  const std::string page = old.substr(kB) + "appended";
+  EXPECT_EQ(page_cache_write(*r, f, kB, page), 0);
+  std::string changed = page;
+  changed[10] ^= 1;
+  EXPECT_EQ(page_cache_write(*r, f, kB, changed), EPERM);
+  EXPECT_EQ(r->write(f, kB, page), EPERM);
+  EXPECT_EQ(r->write(f, 6008, "more"), 0);
+  EXPECT_EQ(r->read(f, 0, 8192), old + "appended" + "more");
+  Attr a;
+  EXPECT_EQ(r->fs->setattr(f, kernel_times({3000, 0}, {3001, 0}), &a), 0);
+  SetAttr m;
+  m.mtime = true;
+  m.new_mtime = {4000, 0};
+  EXPECT_EQ(r->fs->setattr(f, m, &a), EPERM);
+  ASSERT_EQ(r->fs->set_flags(f, 0), 0);
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
+// Write-backs from several threads at once (overwrites on the fast path, partial blocks and
+// growth on the ordinary one) while the kernel's times arrive from another: the times are
+// the last setattr's, never a write-back's, and every block is its writer's.
+TEST(PageCache, ThreadsWriteBackWhileTheTimesArrive) {
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  constexpr int kWriters = 4, kWrites = 200;
+  constexpr uint64_t kOwn = 32;
+  const Ino f = make_file(*r, "f", kWriters * kOwn);
+  std::vector<std::string> own(kWriters);
+  std::atomic<int> writers_left{kWriters};
+  std::vector<std::thread> th;
+  for (int t = 0; t < kWriters; ++t) {
+    th.emplace_back([&, t] {
+      std::mt19937_64 rng(t + 7);
+      const uint64_t base = t * kOwn;
+      own[t] = stamped_run(base, kOwn, 1);
+      for (int i = 0; i < kWrites; ++i) {
+        const uint64_t tag = (static_cast<uint64_t>(t + 1) << 32) | static_cast<uint64_t>(i + 2);
+        const uint64_t count = 1 + rng() % 4, first = base + rng() % (kOwn - count + 1);
+        std::string data = stamped_run(first, count, tag);
+        uint64_t off = first * kB;
+        if (rng() % 3 == 0) {  // a partial block: the ordinary path
+          off += 100;
+          data.resize(data.size() - 200);
+        }
+        ASSERT_EQ(page_cache_write(*r, f, off, data), 0);
+        own[t].replace(off - base * kB, data.size(), data);
+      }
+      writers_left.fetch_sub(1);
+    });
+  }
+  // The grower: a file of its own, written back past its end.
+  const Ino g = r->create(kRootInode, "g");
+  th.emplace_back([&] {
+    for (uint64_t b = 0; b < 64; ++b) ASSERT_EQ(page_cache_write(*r, g, b * kB, stamped(b, 9)), 0);
+  });
+  TimeSpec last{};
+  th.emplace_back([&] {
+    for (int64_t i = 1; writers_left.load() > 0; ++i) {
+      last = {5000 + i, static_cast<int64_t>(i % 1000)};
+      Attr a;
+      ASSERT_EQ(r->fs->setattr(f, kernel_times(last, last), &a), 0);
+    }
+  });
+  for (auto& x : th) x.join();
+  ASSERT_EQ(page_cache_write(*r, f, 0, stamped_run(0, 1, 99)), 0);  // after the last setattr
+  own[0].replace(0, kB, stamped_run(0, 1, 99));
+  auto verify = [&](const char* when) {
+    Attr a;
+    ASSERT_EQ(r->fs->getattr(f, &a), 0);
+    EXPECT_EQ(a.mtime, last) << when;
+    EXPECT_EQ(a.ctime, last) << when;
+    const std::string all = r->read(f, 0, kWriters * kOwn * kB);
+    for (int t = 0; t < kWriters; ++t)
+      EXPECT_TRUE(all.compare(t * kOwn * kB, kOwn * kB, own[t]) == 0) << when << " writer " << t;
+    EXPECT_EQ(r->size(g), 64 * kB) << when;
+    EXPECT_TRUE(r->read(g, 0, 64 * kB) == stamped_run(0, 64, 9)) << when;
+  };
+  verify("at once");
+  ASSERT_EQ(r->fs->fsync(f, false), 0);
+  ASSERT_EQ(r->fs->fsync(g, true), 0);
+  ASSERT_TRUE(r->crash_and_remount(0.0));
+  verify("after fsync and a power cut");
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
 // A write sets mtime and ctime to now whatever they were: an mtime set past now (in range,
 // and beyond 2262, a sentinel with its record) or before 1970 (a negative time, a large u64)
 // is replaced, at once and after a remount.

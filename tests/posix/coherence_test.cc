@@ -9,7 +9,6 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -177,20 +176,12 @@ TEST_F(CoherenceTest, WriteDroppingPrivilegesShowsAtOnce) {
     {
       Fd fd = xopen(f, O_WRONLY | (direct ? O_DIRECT : 0));
       // The privileges are dropped for a writer without CAP_FSETID: drop it for the write.
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
-        __user_cap_data_struct d[2] = {};
-        if (::syscall(SYS_capget, &h, d) != 0) _exit(3);
-        d[CAP_FSETID / 32].effective &= ~(1u << (CAP_FSETID % 32));
-        if (::syscall(SYS_capset, &h, d) != 0) _exit(4);
-        AlignedBuffer b = aligned_buffer(4096);
-        std::memset(b.get(), 'b', 4096);
-        _exit(::pwrite(fd.get(), b.get(), 4096, 0) == 4096 ? 0 : 5);
-      }
-      int status = 0;
-      ::waitpid(pid, &status, 0);
-      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+      ASSERT_EQ(exit_status_without_fsetid([&] {
+                  AlignedBuffer b = aligned_buffer(4096);
+                  std::memset(b.get(), 'b', 4096);
+                  return ::pwrite(fd.get(), b.get(), 4096, 0) == 4096 ? 0 : 5;
+                }),
+                0);
     }
     EXPECT_ERRNO(ENODATA, ::getxattr(f.c_str(), "security.capability", nullptr, 0));
     EXPECT_EQ(cached_equals_fresh(f, STATX_BASIC_STATS), "");

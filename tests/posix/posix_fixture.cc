@@ -1,7 +1,10 @@
 #include "posix_fixture.h"
 
+#include <linux/capability.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <climits>
@@ -334,6 +337,21 @@ void wait_clock_past(int64_t t_ns) {
     }
     ::sched_yield();
   }
+}
+
+int exit_status_without_fsetid(const std::function<int()>& fn) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct d[2] = {};
+    if (::syscall(SYS_capget, &h, d) != 0) _exit(3);
+    d[CAP_FSETID / 32].effective &= ~(1u << (CAP_FSETID % 32));
+    if (::syscall(SYS_capset, &h, d) != 0) _exit(4);
+    _exit(fn());
+  }
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
 }
 
 void PosixTest::SetUp() {

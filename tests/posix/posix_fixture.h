@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -164,6 +165,11 @@ int64_t fine_now_ns();
 // Spins (yielding) until the coarse clock is past `t_ns`, so that a timestamp taken by the
 // next operation is certainly greater than `t_ns`. This orders timestamps; it hides no race.
 void wait_clock_past(int64_t t_ns);
+
+// Runs `fn` in a child process whose effective capabilities lack CAP_FSETID (a writer whose
+// writes drop set-user-ID, as root's do not) and returns its exit status: fn's result, 3 or 4
+// if the capabilities could not be changed, -1 if it did not exit.
+int exit_status_without_fsetid(const std::function<int()>& fn);
 
 // Sets umask for the scope of the object.
 class ScopedUmask {

@@ -6,7 +6,7 @@
 // Cut i uses seed S + i (each seed R times with --repeat); each cut formats its own image.
 //   1. mkfs.warpfs of a 64 MiB emulated image; `warpfs -f` (a child process) mounts it with
 //      options drawn from the seed: commit interval, software cache, emulated controller
-//      workers and latency.
+//      workers and latency, the kernel's writeback cache or not.
 //   2. crash_harness.h's workload (next_op: creates, writes, truncates, renames, exchanges,
 //      links, unlinks, mkdir/rmdir, xattrs, fsync/fdatasync of files and directories, files
 //      held open and unlinked) runs as syscalls on the mount from this thread, one cut in
@@ -29,8 +29,14 @@
 // The oracle is warpfs-crash's (crash_harness.h check()): the recovered tree is one state S_k
 // the workload passed through, k no earlier than the last acknowledged fsync, and each 4 KiB
 // block of file data comes from a state in [k, last]. That holds through FUSE because one
-// thread issues every operation and warpfs turns the kernel's writeback cache off: each
-// syscall's FUSE requests are answered, in order, before it returns. What differs:
+// thread issues every operation (per subtree) and, without the kernel's writeback cache, each
+// syscall's FUSE requests are answered, in order, before it returns. One cut in two mounts
+// with -o writeback_cache: buffered writes and stores into mappings then stay in the kernel
+// until it writes them back, page by page in any order, and a kill loses what it had not:
+// each file's size and blocks are held instead to what POSIX and ext4 promise, any version
+// each block had since the file's last acknowledged fsync/fdatasync, and a size it had since
+// (or a page boundary between), so every fsync'd byte is there (Model::track_writeback);
+// the names, modes, links and xattrs to S_k as before. What differs:
 //   - The lower bound rises only when an fsync or fdatasync (of a file or a directory:
 //     FUSE_FSYNC, FUSE_FSYNCDIR) returns 0, to that node's last change the call needs
 //     (Model::synced; warpfs's other commits are not visible from here), and at a clean
@@ -392,6 +398,10 @@ Report Cut::run() {
   // One cut in four paces the workload (up to 2 ms between operations), so that timed
   // commits land among the operations.
   const uint64_t pace_us = draw() % 4 == 0 ? 2000 : 0;
+  // One cut in two mounts with the kernel's writeback cache (drawn last: the draws above are
+  // what they were for every seed).
+  const bool writeback_cache = draw() % 2 == 0;
+  if (writeback_cache) r.mount_options += ",writeback_cache";
   // Three cuts in four keep the emulated drive's volatile write cache in the daemon
   // (vwc_model=1), so the kill is a power cut that loses it; the rest leave unflushed writes
   // in the image's page cache (the daemon's default), as a drive keeps what it received when
@@ -427,6 +437,7 @@ Report Cut::run() {
       root = st.st_ino;
     }
     w->model = std::make_unique<Model>(root);
+    w->model->track_writeback(writeback_cache);
     w->runner =
         std::make_unique<SyscallRunner>(w->base, w->model.get(), [this] { return killed(); });
     w->rng = seeded(seed_, k == 0 ? 1 : static_cast<uint32_t>(100 + k));  // thread 0: as before

@@ -45,10 +45,23 @@ struct Attr {
 struct SetAttr {
   bool mode = false, uid = false, gid = false, size = false, atime = false, mtime = false;
   bool atime_now = false, mtime_now = false;  // UTIME_NOW
+  // An explicit ctime: only the kernel's FUSE writeback cache sends one (its own times of
+  // buffered writes, with the mtime); otherwise a change sets ctime to now.
+  bool ctime = false;
   uint32_t new_mode = 0, new_uid = 0, new_gid = 0;
   uint64_t new_size = 0;
-  TimeSpec new_atime, new_mtime;  // any int64 seconds, nsec 0..999999999
+  TimeSpec new_atime, new_mtime, new_ctime;  // any int64 seconds, nsec 0..999999999
 };
+
+// Whose write a write is. kWriter: the writer's own (every write without FUSE's writeback
+// cache, and O_DIRECT): it sets mtime and ctime to now and drops set-user-ID, set-group-ID and
+// security.capability. kPageCache: the write-back of pages of the kernel's page cache under
+// FUSE_CAP_WRITEBACK_CACHE, long after the write(2) or the store into a mapping: the kernel
+// set the times then (it sends them later with a setattr, SetAttr::ctime) and dropped the
+// privileges then (a setattr of the mode, a removexattr), so only the data and a size that
+// grows change here. On an append-only file such a write may cover bytes below the size (the
+// page that holds the old end) as long as it leaves them as they are.
+enum class WriteFrom { kWriter, kPageCache };
 
 struct MountOptions {
   bool read_only = false;
@@ -172,8 +185,10 @@ class Filesystem {
   // A write clears set-user-ID (and set-group-ID on a group-executable file), as the kernel's
   // filesystems do for a writer without CAP_FSETID; *dropped_privs (when given) says whether
   // this one did, so that a FUSE daemon can tell the kernel, whose cached mode is stale then.
+  // WriteFrom::kPageCache: neither times nor privileges (see WriteFrom).
   [[nodiscard]] virtual int write(Ino ino, uint64_t off, size_t len, const char* buf,
-                                  size_t* written, bool* dropped_privs = nullptr) = 0;
+                                  size_t* written, bool* dropped_privs = nullptr,
+                                  WriteFrom from = WriteFrom::kWriter) = 0;
   [[nodiscard]] virtual int fsync(Ino ino, bool datasync) = 0;
   [[nodiscard]] virtual int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) = 0;
   [[nodiscard]] virtual int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) = 0;
