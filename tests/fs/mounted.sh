@@ -128,7 +128,7 @@ case $scenario in
       a=$work/r$level-a.img b=$work/r$level-b.img
       device="emu:$a,emu:$b"
       "$MKFS" -q --raid "$level" --size 256M "$a" "$b" || fail "mkfs.warpfs --raid $level"
-      mount_fs
+      mount_fs -o stats="$work/raid$level.json"
       "$FSX" -q -N 20000 -S "$((level + 1))" "$mnt/fsx" &
       fsx_pid=$!
       writers=()
@@ -140,6 +140,15 @@ case $scenario in
       wait "$fsx_pid" || fail "fsx over RAID $level"
       md5sum "$mnt"/w* >"$work/sums" || fail "md5sum"
       unmount_fs
+      # The stats file has the raid object warpfs(8) documents, every key of it.
+      python3 - "$work/raid$level.json" "$MAN_WARPFS" "$level" <<'PY' || fail "the raid stats of RAID $level"
+import json, re, sys
+raid = json.load(open(sys.argv[1]))["raid"]
+man = open(sys.argv[2]).read().split(".SH STATS FILE", 1)[1].split(".SH ", 1)[0]
+doc = set(re.findall(r"^\.BR? raid\.([a-z_]+)", man, re.M))
+assert doc and set(raid) == doc, (sorted(raid), sorted(doc))
+assert raid["level"] == int(sys.argv[3]) and raid["members"] == 2 and not raid["degraded"], raid
+PY
       fsck_clean >/dev/null
       "$FSCK" -f -n "emu:$b,emu:$a" >/dev/null 2>&1 && fail "fsck accepted the members in the wrong order"
       mount_fs
@@ -454,6 +463,7 @@ man = open(sys.argv[2]).read()
 section = man.split(".SH STATS FILE", 1)[1].split(".SH ", 1)[0]
 doc = set(re.findall(r"^\.BR? ([a-z_]+\.[A-Za-z0-9_.]*[a-z0-9_])", section, re.M))
 vfio_only = {"device." + k for k in ("iommu_group", "interrupts", "dma_bytes", "dma_mappings", "hugepage_bytes")}
+vfio_only |= {p for p in doc if p.startswith("raid.")}  # RAID sets only: the raid scenario checks them
 if got != doc - vfio_only:
     print("in the file, not documented:", sorted(got - doc), file=sys.stderr)
     print("documented, not in the file:", sorted(doc - vfio_only - got), file=sys.stderr)
