@@ -38,6 +38,19 @@ using crash::OpKind;
 
 constexpr uint64_t kB = kBlockSize;
 
+// Lookup references a test thread holds, as the kernel holds a dentry's inode: every inode
+// in `inos` from `first` on is forgotten once, by release() or at the end of the scope.
+struct HeldRefs {
+  Filesystem& fs;
+  std::vector<Ino>& inos;
+  size_t first = 0;  // inos[0, first) are not references of ours
+  void release() {
+    for (size_t i = first; i < inos.size(); ++i) fs.forget(inos[i], 1);
+    inos.resize(std::min(first, inos.size()));
+  }
+  ~HeldRefs() { release(); }
+};
+
 std::string errno_name(int rc) {
   return rc == 0 ? "0" : std::string(strerrorname_np(rc) ? strerrorname_np(rc) : "?");
 }
@@ -267,15 +280,7 @@ void Run::sharer_loop(int index, uint64_t seed) {
   // a removed directory's inode number may be reused at once, by a regular file, say, and
   // the operation would then see ENOTDIR, which no caller of the kernel can see.
   std::vector<Ino> refs;
-  struct ForgetRefs {
-    Filesystem& fs;
-    std::vector<Ino>& refs;
-    void now() {
-      for (Ino i : refs) fs.forget(i, 1);
-      refs.clear();
-    }
-    ~ForgetRefs() { now(); }
-  } forget_refs{fs, refs};
+  HeldRefs forget_refs{fs, refs};
   // A directory of /shared ("" = /shared itself, or d0..d2) and a name in it.
   auto pick_dir = [&](Ino* dir) -> int {
     if (below(3) == 0) {
@@ -304,7 +309,7 @@ void Run::sharer_loop(int index, uint64_t seed) {
   const std::initializer_list<int> kNameRaces = {ENOENT,  EEXIST, ENOTEMPTY, EISDIR,
                                                  ENOTDIR, EINVAL, EPERM,     EMLINK};
   while (!stop() && !cut()) {
-    forget_refs.now();
+    forget_refs.release();
     other_ops_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t r = below(100);
     Ino dir;
@@ -441,13 +446,7 @@ void Run::observer_loop(uint64_t seed) {
     // A walk down a worker's subtree, as `find` would do beside it. The directories found
     // are held (a lookup reference each, as the kernel holds them) until they are read.
     std::vector<Ino> dirs{workers_[rng() % workers_.size()].dir};
-    struct Forget {
-      Filesystem& fs;
-      std::vector<Ino>& dirs;
-      ~Forget() {
-        for (size_t i = 1; i < dirs.size(); ++i) fs.forget(dirs[i], 1);
-      }
-    } forget{fs, dirs};
+    HeldRefs forget{fs, dirs, 1};  // dirs[0], the worker's directory, was not looked up
     for (size_t i = 0; i < dirs.size() && i < 16 && !stop(); ++i) {
       std::vector<DirEntry> ents;
       int rc = fs.readdir(dirs[i], 0, [&](const DirEntry& e) {
