@@ -12,13 +12,26 @@
 //   cold_small  cold with a cache of about a quarter of the graph, as BaM limits its cache to
 //               8 GB under 27-50 GB graphs: lines are evicted and read again.
 //
-// The image. The CSR sits in contiguous ranges of 4 KiB lines of the namespace (a RAM store):
+// The raw image. The CSR sits in contiguous ranges of 4 KiB lines of the namespace (a RAM
+// store):
 //   line 0    Header (magic "WARPBFS1", sizes, where the arrays start, the generator)
 //   line 1..  offsets: uint64_t[vertices + 1] (vertex v's neighbours are edges[off[v]..off[v+1]))
 //   then      edges: uint32_t[adjacency], from the next line boundary
-// It is not a warpfs filesystem: fs/ does not build on the GPU machine (no xxHash, libfuse3)
-// and the GPU engine has no file layer yet; a file's extents would be these ranges, read the
-// same way. Every variant takes the graph from the namespace (memory mode through the store).
+// Every raw variant takes the graph from the namespace (memory mode through the store).
+//
+// From files (built where gpu::Volume is, i.e. with the filesystem core):
+//   --write-graph DIR   writes each graph's CSR as two files, DIR/NAME.off and DIR/NAME.adj
+//                       (NAME = GRAPH-sSCALE-eEDGEFACTOR-SEED), with plain write(2)s and an
+//                       fsync each: how a user copies a dataset into a mounted warpfs. Prints a
+//                       gpu_bfs_write line and exits.
+//   --image IMG [--dir /D]  adds the modes file_warm and file_cold: the same BFS with the two
+//                       files of the image (IMG unmounted; /D inside it, default /bfs) read as
+//                       gpu::file_array<T> through gpu::Volume (volume.cuh): the block map in
+//                       GPU memory, the warp-coalesced cache, GPU-initiated reads. The file
+//                       arrays' cache has twice the raw warm cache's sets (a file's blocks need
+//                       not be contiguous, so a set may get more than 8 of them).
+//   The files must hold the generated graph: their sizes are checked, and every run's levels
+//   against the CPU's.
 //
 // The graph. R-MAT with Graph500's parameters (a = 0.57, b = c = 0.19), 2^scale vertices,
 // edge_factor * 2^scale generated edges, each stored both ways (undirected); self-loops
@@ -41,6 +54,9 @@
 //   undirected edge counts twice). teps = edges_traversed / time; teps_graph500 counts each
 //   undirected edge once (half). lookups: line acquisitions (one per coalesced group);
 //   hit_rate = 1 - misses / lookups.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <numeric>
@@ -52,6 +68,9 @@
 #include "warpfs/gpu/array.cuh"
 #include "warpfs/gpu/cache.cuh"
 #include "warpfs/gpu/rig.cuh"
+#ifdef WARPFS_BFS_FILES
+#include "warpfs/gpu/volume.cuh"
+#endif
 
 namespace {
 
@@ -204,6 +223,12 @@ template <typename T>
 struct CursorOf<gpu::array<T>> {
   using type = gpu::array_ref<T>;
 };
+#ifdef WARPFS_BFS_FILES
+template <typename T>
+struct CursorOf<gpu::file_array<T>> {
+  using type = gpu::file_array_ref<T>;
+};
+#endif
 
 // One level: vertices on level `cur` put their unvisited neighbours on cur + 1. BaM's two
 // abstraction optimisations (§9.2.2) are both used, as in its final BFS: every access is made
@@ -261,6 +286,19 @@ __global__ void touch_lines(gpu::array<uint64_t> off, uint64_t off_lines,
     (void)edges.read((t - off_lines) * (kLine / sizeof(uint32_t)));
   }
 }
+
+#ifdef WARPFS_BFS_FILES
+// The same warm-up over file arrays: one element of every file block.
+__global__ void touch_file_lines(gpu::file_array<uint64_t> off, uint64_t off_blocks,
+                                 gpu::file_array<uint32_t> edges, uint64_t edge_blocks) {
+  const uint64_t t = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x;
+  if (t < off_blocks) {
+    (void)off.read(t * (kLine / sizeof(uint64_t)));
+  } else if (t < off_blocks + edge_blocks) {
+    (void)edges.read((t - off_blocks) * (kLine / sizeof(uint32_t)));
+  }
+}
+#endif
 
 // Waits for the GPU without sleeping between looks (BFS levels are short: a sleep would be
 // measured); gives up after `seconds` like sync_or_die.
@@ -364,7 +402,57 @@ struct Options {
   int reps = 3;
   uint64_t seed = 42;
   uint16_t queues = 4;
+  std::string write_dir;     // --write-graph
+  std::string image;         // --image
+  std::string dir = "/bfs";  // --dir
 };
+
+// NAME of a graph's files (see the header comment).
+std::string graph_name(Kind kind, const Options& op) {
+  return std::string(kind == Kind::kRmat ? "rmat" : "urand") + "-s" + std::to_string(op.scale) +
+         "-e" + std::to_string(op.edge_factor) + "-" + std::to_string(op.seed);
+}
+
+// Writes `bytes` of `p` to a new file `path` (replacing one) and fsyncs it; false with a message.
+bool write_file(const std::string& path, const void* p, uint64_t bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) {
+    std::perror(path.c_str());
+    return false;
+  }
+  const auto* c = static_cast<const char*>(p);
+  for (uint64_t done = 0; done < bytes;) {
+    const ssize_t n = ::write(fd, c + done, std::min<uint64_t>(bytes - done, 1u << 20));
+    if (n <= 0) {
+      std::perror(path.c_str());
+      ::close(fd);
+      return false;
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  const bool ok = ::fsync(fd) == 0;
+  if (!ok) std::perror(path.c_str());
+  return ::close(fd) == 0 && ok;
+}
+
+// --write-graph: the dataset as a user would copy it into a mounted warpfs.
+int write_graph(Kind kind, const Options& op, const std::string& dev) {
+  const Csr g = make_graph(kind, op.scale, op.edge_factor, op.seed);
+  const std::string base = op.write_dir + "/" + graph_name(kind, op);
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t off_bytes = (g.n + 1) * sizeof(uint64_t), adj_bytes = g.adj.size() * 4;
+  if (!write_file(base + ".off", g.off.data(), off_bytes) ||
+      !write_file(base + ".adj", g.adj.data(), adj_bytes)) {
+    return 1;
+  }
+  const double s = seconds_since(t0);
+  std::printf(
+      "{\"bench\":\"gpu_bfs_write\",\"device\":\"%s\",\"files\":\"%s.{off,adj}\","
+      "\"bytes\":%llu,\"seconds\":%.3f,\"mb_s\":%.1f}\n",
+      dev.c_str(), base.c_str(), (unsigned long long)(off_bytes + adj_bytes), s,
+      (off_bytes + adj_bytes) / s / 1e6);
+  return 0;
+}
 
 // The whole benchmark on one graph; returns the number of runs that failed a check.
 int run_graph(Kind kind, const Options& op, const std::string& dev) {
@@ -471,10 +559,55 @@ int run_graph(Kind kind, const Options& op, const std::string& dev) {
   const gpu::array<uint64_t> small_off(small->view(), g.n + 1, h.offsets_line);
   const gpu::array<uint32_t> small_adj(small->view(), g.adj.size(), h.edges_line);
 
+  // 2b. The same graph from the files of a warpfs image (--image).
+  gpu::GpuCache* file_cache = nullptr;
+#ifdef WARPFS_BFS_FILES
+  std::unique_ptr<gpu::Volume> vol;
+  gpu::file_array<uint64_t> file_off;
+  gpu::file_array<uint32_t> file_adj;
+  uint64_t file_off_blocks = 0, file_adj_blocks = 0;
+  if (!op.image.empty()) {
+    gpu::VolumeOptions vo;
+    vo.rig = o;
+    vo.cache = {big_sets * 2, 8, kLine};
+    vol = gpu::Volume::open(op.image, vo, &err);
+    const std::string base = op.dir + "/" + graph_name(kind, op);
+    if (!vol || vol->open_array(base + ".off", false, &file_off, &err) != 0 ||
+        vol->open_array(base + ".adj", false, &file_adj, &err) != 0) {
+      std::fprintf(stderr, "warpfs-bench-gpu-bfs: %s: %s\n", op.image.c_str(), err.c_str());
+      std::exit(1);
+    }
+    if (file_off.size() != g.n + 1 || file_adj.size() != g.adj.size()) {
+      std::fprintf(stderr,
+                   "warpfs-bench-gpu-bfs: %s%s.{off,adj} hold %llu and %llu elements, not the "
+                   "generated graph's %llu and %llu (write it with --write-graph and the same "
+                   "--scale, --edge-factor, --seed)\n",
+                   op.dir.c_str(), graph_name(kind, op).c_str(),
+                   (unsigned long long)file_off.size(), (unsigned long long)file_adj.size(),
+                   (unsigned long long)(g.n + 1), (unsigned long long)g.adj.size());
+      std::exit(1);
+    }
+    file_cache = &vol->cache();
+    file_off_blocks = (file_off.size() * 8 + kLine - 1) / kLine;
+    file_adj_blocks = (file_adj.size() * 4 + kLine - 1) / kLine;
+    uint64_t holes = 0;
+    for (const auto& f : vol->files()) holes += f->holes;
+    std::printf(
+        "{\"bench\":\"gpu_bfs_files\",\"device\":\"%s\",\"graph\":\"%s\",\"image\":\"%s\","
+        "\"files\":\"%s.{off,adj}\",\"blocks\":%llu,\"holes\":%llu,\"cache_lines\":%llu}\n",
+        dev.c_str(), gname, op.image.c_str(), base.c_str(),
+        (unsigned long long)(file_off_blocks + file_adj_blocks), (unsigned long long)holes,
+        (unsigned long long)file_cache->lines());
+    std::fflush(stdout);
+  }
+#endif
+
   // 3. The runs. Memory and warm: the median of `reps` after one warm-up; cold: one each.
-  enum Mode { kMemory, kWarm, kCold, kColdSmall, kModes };
-  const char* names[kModes] = {"memory", "warm", "cold", "cold_small"};
-  const uint64_t cache_lines[kModes] = {0, big->lines(), big->lines(), small->lines()};
+  enum Mode { kMemory, kWarm, kCold, kColdSmall, kFileWarm, kFileCold, kModes };
+  const char* names[kModes] = {"memory", "warm", "cold", "cold_small", "file_warm", "file_cold"};
+  const uint64_t file_lines = file_cache ? file_cache->lines() : 0;
+  const uint64_t cache_lines[kModes] = {0,          big->lines(), big->lines(), small->lines(),
+                                        file_lines, file_lines};
   Tally tally[kModes];
   int failures = 0;
   std::vector<uint32_t> got;
@@ -483,8 +616,13 @@ int run_graph(Kind kind, const Options& op, const std::string& dev) {
     uint32_t depth = 0;
     const std::vector<uint32_t> want = cpu_bfs(g, source, &scanned, &depth);
     for (int mode = 0; mode < kModes; ++mode) {
-      gpu::GpuCache* c = mode == kMemory ? nullptr : mode == kColdSmall ? small.get() : big.get();
-      const bool cold = mode == kCold || mode == kColdSmall;
+      const bool file = mode == kFileWarm || mode == kFileCold;
+      if (file && file_cache == nullptr) continue;
+      gpu::GpuCache* c = mode == kMemory      ? nullptr
+                         : mode == kColdSmall ? small.get()
+                         : file               ? file_cache
+                                              : big.get();
+      const bool cold = mode == kCold || mode == kColdSmall || mode == kFileCold;
       if (mode == kWarm) {  // BaM's (2): the whole graph in the cache first
         big->invalidate();
         const uint64_t threads = graph_lines;
@@ -492,6 +630,15 @@ int run_graph(Kind kind, const Options& op, const std::string& dev) {
                                                                            big_adj, edge_lines);
         gpu::sync_or_die("touch_lines", 120);
       }
+#ifdef WARPFS_BFS_FILES
+      if (mode == kFileWarm) {
+        file_cache->invalidate();
+        const uint64_t threads = file_off_blocks + file_adj_blocks;
+        touch_file_lines<<<static_cast<uint32_t>((threads + 255) / 256), 256>>>(
+            file_off, file_off_blocks, file_adj, file_adj_blocks);
+        gpu::sync_or_die("touch_file_lines", 120);
+      }
+#endif
       std::vector<double> times;
       RunResult last;
       gpu::GpuCacheStats st;
@@ -507,6 +654,12 @@ int run_graph(Kind kind, const Options& op, const std::string& dev) {
           case kColdSmall:
             last = run_bfs(d, small_off, small_adj, source, &got);
             break;
+#ifdef WARPFS_BFS_FILES
+          case kFileWarm:
+          case kFileCold:
+            last = run_bfs(d, file_off, file_adj, source, &got);
+            break;
+#endif
           default:
             last = run_bfs(d, big_off, big_adj, source, &got);
             break;
@@ -514,7 +667,8 @@ int run_graph(Kind kind, const Options& op, const std::string& dev) {
         if (c != nullptr) st = c->stats();
         uint64_t wrong = 0;
         for (uint64_t v = 0; v < g.n; ++v) wrong += got[v] != want[v];
-        if (wrong != 0 || st.errors != 0 || (mode == kWarm && st.misses != 0)) {
+        if (wrong != 0 || st.errors != 0 ||
+            ((mode == kWarm || mode == kFileWarm) && st.misses != 0)) {
           std::fprintf(stderr,
                        "warpfs-bench-gpu-bfs: source %u, %s: %llu vertices on the wrong "
                        "level, %llu I/O errors, %llu misses\n",
@@ -541,6 +695,7 @@ int run_graph(Kind kind, const Options& op, const std::string& dev) {
   const double mem_ms = tally[kMemory].ms / tally[kMemory].runs;
   for (int mode = 0; mode < kModes; ++mode) {
     const Tally& t = tally[mode];
+    if (t.runs == 0) continue;  // the file modes without --image
     const double ms = t.ms / t.runs;
     const double teps = t.scanned / (t.ms / 1e3);
     std::printf(
@@ -597,13 +752,19 @@ int main(int argc, char** argv) {
       op.queues = static_cast<uint16_t>(std::atoi(argv[++i]));
     else if (arg("--small-fraction"))
       op.small_fraction = static_cast<uint32_t>(std::atoi(argv[++i]));
+    else if (arg("--write-graph"))
+      op.write_dir = argv[++i];
+    else if (arg("--image"))
+      op.image = argv[++i];
+    else if (arg("--dir"))
+      op.dir = argv[++i];
     else if (!std::strcmp(argv[i], "--quick"))
       op.scale = 17, op.nsources = 2, op.reps = 2;
     else {
       std::fprintf(stderr,
                    "usage: warpfs-bench-gpu-bfs [--quick] [--graphs rmat,urand] [--scale S] "
                    "[--edge-factor E] [--sources N] [--reps N] [--seed X] [--queues Q] "
-                   "[--small-fraction F]\n");
+                   "[--small-fraction F] [--write-graph DIR | --image IMAGE [--dir /D]]\n");
       return 2;
     }
   }
@@ -613,6 +774,17 @@ int main(int argc, char** argv) {
                  "warpfs-bench-gpu-bfs: graphs rmat and/or urand, scale 4..30, other "
                  "counts >= 1\n");
     return 2;
+  }
+#ifndef WARPFS_BFS_FILES
+  if (!op.image.empty()) {
+    std::fprintf(stderr, "warpfs-bench-gpu-bfs: --image needs a build with the filesystem core\n");
+    return 2;
+  }
+#endif
+  if (!op.write_dir.empty()) {  // no GPU needed
+    int failed = 0;
+    for (Kind k : graphs) failed += write_graph(k, op, "host");
+    return failed ? 1 : 0;
   }
   const std::string dev = gb::device_name();
   int failures = 0;

@@ -232,6 +232,19 @@ std::unique_ptr<DeviceStack> DeviceStack::open(const std::string& device, const 
   return s;
 }
 
+std::unique_ptr<DeviceStack> DeviceStack::open_store(const std::string& name,
+                                                     std::shared_ptr<nvme::BackingStore> store,
+                                                     const StackOptions& o, std::string* error) {
+  std::unique_ptr<DeviceStack> s(new DeviceStack());
+  s->name_ = name;
+  s->transport_ = nvme::EmulatedTransport::create(o.emulated, std::move(store), error);
+  if (!s->transport_ || !s->build(0, o, error)) {
+    *error = name + ": " + *error;
+    return nullptr;
+  }
+  return s;
+}
+
 // Everything above the transport.
 bool DeviceStack::build(uint32_t nsid_asked, const StackOptions& o, std::string* error) {
   nvme::ControllerOptions co;

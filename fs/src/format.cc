@@ -1,6 +1,6 @@
 #include "warpfs/fs/format.h"
 
-#include <xxhash.h>
+#include "xxh.h"
 
 #include <cstring>
 

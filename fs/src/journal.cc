@@ -1,6 +1,6 @@
 #include "journal.h"
 
-#include <xxhash.h>
+#include "xxh.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -5,7 +5,7 @@
 // outside the filesystem, or inside the journal itself, ends the replay as if incomplete.
 #include "warpfs/fs/replay.h"
 
-#include <xxhash.h>
+#include "xxh.h"
 
 #include <cstring>
 #include <memory>

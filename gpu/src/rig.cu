@@ -51,6 +51,7 @@ std::unique_ptr<Rig> Rig::open(const RigOptions& o, std::shared_ptr<nvme::Backin
   cfg.worker_threads = o.device_threads;
   cfg.latency_ns = o.latency_ns;
   cfg.volatile_write_cache = o.volatile_write_cache;
+  cfg.cache_in_store = o.cache_in_store;
   // A GPU doorbell write cannot wake a parked worker (the kick is a host futex): never park.
   cfg.idle_spin_ns = ~0ull;
   r->t_ = nvme::EmulatedTransport::create(cfg, std::move(store), error);

@@ -113,6 +113,14 @@ class DeviceStack {
   // members' labels (check_raid_set).
   static std::unique_ptr<DeviceStack> open(const std::string& device, const StackOptions& o,
                                            std::string* error);
+  // The same stack over an emulated controller on `store`, which the caller opened (and
+  // locked) itself: another controller in this process may share the store, as the GPU's
+  // does under gpu::Volume (gpu/README.md). `name` is for messages; the first namespace is
+  // used. With o.emulated.cache_in_store, each controller's writes reach the store at once,
+  // so each sees the other's.
+  static std::unique_ptr<DeviceStack> open_store(const std::string& name,
+                                                 std::shared_ptr<nvme::BackingStore> store,
+                                                 const StackOptions& o, std::string* error);
   // Shuts the controller down (its write cache becomes durable). Does not write the software
   // cache back: the filesystem flushes it at unmount.
   ~DeviceStack();

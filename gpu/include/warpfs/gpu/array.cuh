@@ -119,13 +119,7 @@ class array_ref {
   __device__ bool holds(uint64_t i) const { return a_.line_of(i) == block_; }
   // Releases the held line; the lanes releasing the same line together do it with one atomic.
   __device__ void reset() {
-    const uint32_t mask = __match_any_sync(__activemask(), line_);
-    if (line_ == kNoLine) return;
-    const int leader = __ffs(mask) - 1;
-    const bool any = __any_sync(mask, wrote_);
-    if (static_cast<int>(threadIdx.x % 32) == leader) {
-      release_line(a_.c_, line_, static_cast<uint32_t>(__popc(mask)), any);
-    }
+    cursor_release(a_.c_, line_, wrote_);
     line_ = kNoLine;
     block_ = ~0ull;
     wrote_ = false;
@@ -135,14 +129,7 @@ class array_ref {
   __device__ uint8_t* get(uint64_t block, uint32_t* lookups) {
     if (block != block_) {
       reset();  // hold nothing while acquiring (no waiting while holding: cache.cuh, "full")
-      const uint32_t mask = __match_any_sync(__activemask(), block);
-      const int leader = __ffs(mask) - 1;
-      uint32_t line = kNoLine;
-      if (static_cast<int>(threadIdx.x % 32) == leader) {
-        line = acquire_line_wait(a_.c_, block, static_cast<uint32_t>(__popc(mask)));
-        ++*lookups;
-      }
-      line_ = __shfl_sync(mask, line, leader);  // each lane now holds one reference
+      line_ = cursor_acquire(a_.c_, block, lookups);  // each lane now holds one reference
       block_ = line_ == kNoLine ? ~0ull : block;
       if (line_ == kNoLine) return nullptr;
     }

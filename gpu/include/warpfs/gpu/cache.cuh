@@ -271,6 +271,32 @@ __device__ inline void warp_release(const CacheView& c, const Group& g, bool wro
   }
 }
 
+// A cursor's acquisition (array_ref, file_array_ref: BaM §7.2.2): the lanes of the warp that
+// want `block` form a group, its leader acquires one reference per lane and counts one lookup,
+// and every lane gets the line (kNoLine after an I/O error). Each lane then holds its own
+// reference until cursor_release.
+__device__ inline uint32_t cursor_acquire(const CacheView& c, uint64_t block, uint32_t* lookups) {
+  const uint32_t mask = __match_any_sync(__activemask(), block);
+  const int leader = __ffs(mask) - 1;
+  uint32_t line = kNoLine;
+  if (static_cast<int>(threadIdx.x % 32) == leader) {
+    line = acquire_line_wait(c, block, static_cast<uint32_t>(__popc(mask)));
+    ++*lookups;
+  }
+  return __shfl_sync(mask, line, leader);
+}
+// Drops the lane's reference on `line` (kNoLine: none); the lanes releasing the same line
+// together do it with one atomic, marking it dirty if any of them wrote.
+__device__ inline void cursor_release(const CacheView& c, uint32_t line, bool wrote) {
+  const uint32_t mask = __match_any_sync(__activemask(), line);
+  if (line == kNoLine) return;
+  const int leader = __ffs(mask) - 1;
+  const bool any = __any_sync(mask, wrote);
+  if (static_cast<int>(threadIdx.x % 32) == leader) {
+    release_line(c, line, static_cast<uint32_t>(__popc(mask)), any);
+  }
+}
+
 // Write-back of every dirty line (thread per line, grid-stride); a quiescent cache is
 // REQUIRED (no references held), as CPU Cache::flush_all. Failed writes keep the line dirty.
 __global__ void flush_lines_kernel(CacheView c);

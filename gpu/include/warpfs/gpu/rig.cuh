@@ -49,6 +49,9 @@ struct RigOptions {
   uint32_t latency_ns = 0;      // emulated device latency per command
   bool volatile_write_cache = true;
   bool rebalance = true;  // GPU threads may move the mapper's slots (io.cuh, execute_routed)
+  // Writes reach the store at once (EmulatedConfig::cache_in_store): another controller over
+  // the same store (gpu::Volume's filesystem core) sees them.
+  bool cache_in_store = false;
 };
 
 class Rig {
