@@ -8,7 +8,8 @@
 //   scaling     virtual_queue over Q queue pairs and Q controller threads (round robin by
 //               ticket), T GPU threads, one read each.
 //
-// Output: JSON lines on stdout, like warpfs-bench-queues (bench/README.md) plus "device".
+// Output: JSON lines on stdout, like warpfs-bench-queues (bench/README.md) plus "device" and the
+// controller's host cost (host_cost below).
 // What bounds the numbers (gpu/README.md): the controller's host threads (each moves one
 // command at a time: fetch, memcpy, CQE), PCIe round trips of GPU loads from the host-memory
 // CQ, and system-scope atomics/fences in the queue protocol.
@@ -73,6 +74,24 @@ double measure(gpu::Rig& rig, gpu::LockedQueueGpu* lq, uint64_t buf_iova, uint32
   return gb::median(ms);
 }
 
+// The device model's host cost over a measurement (its warm-up included): host_ns_per_command
+// = the controller threads' busy time (EmulatedCounters::busy_ns: rounds that found work) per
+// I/O command; controller_busy = that busy time over threads x the runs' time (the median
+// run's time times the runs: approximate). Near 1: the controller threads are the limit; well
+// below: they wait for the GPU (submissions, CQ polling over PCIe).
+struct HostCost {
+  double ns_per_command = 0, busy = 0;
+};
+HostCost host_cost(const nvme::EmulatedCounters& a, const nvme::EmulatedCounters& b,
+                   uint64_t threads, double median_ms, int reps) {
+  HostCost h;
+  const double busy = double(b.busy_ns - a.busy_ns);
+  const double cmds = double(b.io_commands - a.io_commands);
+  if (cmds > 0) h.ns_per_command = busy / cmds;
+  h.busy = busy / (double(threads) * median_ms * 1e6 * (reps + 1));
+  return h;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,12 +146,14 @@ int main(int argc, char** argv) {
                                   ? gpu::LockedQueueGpu::create(rig->device_view(0))
                                   : nullptr;
     for (uint64_t t : threads) {
+      const nvme::EmulatedCounters c0 = rig->transport().counters();
       const double ms = measure(*rig, lq, buf.iova, static_cast<uint32_t>(t), reps, d_failed);
+      const HostCost hc = host_cost(c0, rig->transport().counters(), 1, ms, reps);
       std::printf(
           "{\"bench\":\"gpu_queues\",\"device\":\"%s\",\"impl\":\"%s\",\"threads\":%llu,"
           "\"queues\":1,\"controller_threads\":1,\"depth\":1024,\"block_bytes\":512,"
-          "\"ms\":%.3f,\"iops\":%.0f}\n",
-          dev.c_str(), impl, (unsigned long long)t, ms, t / (ms / 1e3));
+          "\"ms\":%.3f,\"iops\":%.0f,\"host_ns_per_command\":%.0f,\"controller_busy\":%.3f}\n",
+          dev.c_str(), impl, (unsigned long long)t, ms, t / (ms / 1e3), hc.ns_per_command, hc.busy);
       std::fflush(stdout);
     }
     if (lq != nullptr) gpu::LockedQueueGpu::destroy(lq);
@@ -142,13 +163,16 @@ int main(int argc, char** argv) {
     gpu::MappedRegion buf;
     auto rig = open(static_cast<uint16_t>(q), &buf);
     for (uint64_t t : scale_threads) {
+      const nvme::EmulatedCounters c0 = rig->transport().counters();
       const double ms = measure(*rig, nullptr, buf.iova, static_cast<uint32_t>(t), reps, d_failed);
+      const HostCost hc = host_cost(c0, rig->transport().counters(), q, ms, reps);
       std::printf(
           "{\"bench\":\"gpu_queues_scaling\",\"device\":\"%s\",\"impl\":\"virtual_queue\","
           "\"threads\":%llu,\"queues\":%llu,\"controller_threads\":%llu,\"depth\":1024,"
-          "\"block_bytes\":512,\"ms\":%.3f,\"iops\":%.0f}\n",
+          "\"block_bytes\":512,\"ms\":%.3f,\"iops\":%.0f,\"host_ns_per_command\":%.0f,"
+          "\"controller_busy\":%.3f}\n",
           dev.c_str(), (unsigned long long)t, (unsigned long long)q, (unsigned long long)q, ms,
-          t / (ms / 1e3));
+          t / (ms / 1e3), hc.ns_per_command, hc.busy);
       std::fflush(stdout);
     }
   }

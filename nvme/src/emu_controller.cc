@@ -187,12 +187,15 @@ void EmulatedController::run(unsigned idx) {
   w.last_work_ns = port::now_ns();
   while (!stop_.load(std::memory_order_relaxed)) {
     bool worked;
+    const uint64_t start = port::now_ns();
     {
       std::lock_guard<std::mutex> g(w.mu);
       worked = pass(idx);
     }
     if (worked) {
       w.last_work_ns = port::now_ns();
+      w.busy_ns.store(w.busy_ns.load(std::memory_order_relaxed) + (w.last_work_ns - start),
+                      std::memory_order_relaxed);
     } else {
       park(idx);
     }
@@ -987,6 +990,7 @@ EmulatedCounters EmulatedController::counters() const {
   c.errors = n_errors_.load();
   c.doorbell_kicks = 0;
   for (const Worker& w : workers_) {
+    c.busy_ns += w.busy_ns.load(std::memory_order_relaxed);
     c.doorbell_kicks += w.kick.seq.value.load(port::Order::kRelaxed);
     c.parked_workers += w.kick.sleeping.value.load(port::Order::kRelaxed) != 0 ? 1 : 0;
   }

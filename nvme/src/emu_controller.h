@@ -90,6 +90,9 @@ class EmulatedController {
     std::vector<emu::Segment> segs;
     std::mt19937_64 rng;
     uint64_t last_work_ns = 0;
+    // Time in arbitration rounds that found work (EmulatedCounters::busy_ns): written by this
+    // worker's thread only, read by counters() from any thread (relaxed atomic).
+    std::atomic<uint64_t> busy_ns{0};
     EmulatedController* owner = nullptr;
     unsigned idx = 0;
   };

@@ -416,6 +416,29 @@ TEST(Controller, IdleControllerParksItsWorkers) {
   EXPECT_GT(r->emu->counters().doorbell_kicks, 0u);
 }
 
+// busy_ns counts the worker threads' time in rounds that did work: it grows with commands.
+TEST(Controller, BusyTimeGrowsWithCommands) {
+  WARPFS_EMULATED_ONLY() << "the model's worker threads";
+  EmulatedConfig cfg;
+  cfg.worker_threads = 1;
+  cfg.idle_spin_ns = ~0ull;  // never park: poll, as under a GPU rig
+  auto r = Rig::make(cfg);
+  ASSERT_TRUE(r);
+  QueueView v;
+  ASSERT_TRUE(r->ctrl->create_queue_pair(1, 64, QueuePriority::kMedium, &v).is_ok());
+  RawQueuePair qp(v);
+  DmaRegion buf = r->alloc(4096);
+  const uint64_t before = r->emu->counters().busy_ns;
+  for (uint64_t lba = 0; lba < 200; ++lba) {
+    SubmissionEntry c = make_read(r->nsid, lba, 1);
+    c.prp1 = buf.iova;
+    ASSERT_EQ(sf(run_raw(qp, c)), 0);
+  }
+  const EmulatedCounters after = r->emu->counters();
+  EXPECT_GT(after.busy_ns, before);
+  EXPECT_GE(after.io_commands, 200u);
+}
+
 // Inline mode: with every worker asleep, the thread that rings the doorbell runs the command
 // itself, so its completion is in the CQ when the ring returns and no worker is woken.
 TEST(Controller, InlineModeRunsCommandsInTheRingingThread) {

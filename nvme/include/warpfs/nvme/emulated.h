@@ -111,6 +111,10 @@ struct EmulatedCounters {
   uint64_t errors = 0;
   uint64_t doorbell_kicks = 0;  // futex wake-ups of parked workers
   uint32_t parked_workers = 0;  // workers asleep on their futex right now
+  // Host time the worker threads spent in arbitration rounds that found work (fetching,
+  // executing, posting): the device model's cost, without its idle polling. Rounds run
+  // inline by a doorbell ringer (inline_io) are not counted.
+  uint64_t busy_ns = 0;
 };
 
 // Device faults the emulated controller can inject : what a worn or failing drive
