@@ -28,6 +28,16 @@ struct DeviceSpec {
 // Parses a DEVICE argument; false with a message naming the problem.
 bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error);
 
+// `tcp:HOST[:PORT][,hostnqn=NQN]`, a discovery service to ask (`--list-devices`): HOST a
+// name, an IPv4 address or a bracketed IPv6 one; PORT 8009 when left out (IANA's port for
+// NVMe/TCP discovery; 4420 is the I/O one). False with a message naming the expected form.
+bool parse_discovery_target(const std::string& arg, TcpOptions* out, std::string* error);
+
+// The DEVICE name (`tcp:HOST:PORT/SUBNQN`) of a Discovery Log Page entry for an NVM subsystem
+// over TCP; "" for any other entry (another transport, a referral, the discovery subsystem
+// itself) or one whose fields cannot form a name (a comma, a slash in the address, ...).
+std::string discovery_device_name(const DiscoveryEntry& e);
+
 // Opens the transport. For an emulated device, `create_bytes` > 0 creates a missing image of
 // that size; `config` shapes the emulated controller (its namespaces cover the image).
 // `vfio` shapes the VFIO transport.
