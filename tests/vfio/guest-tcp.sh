@@ -4,7 +4,8 @@
 # 127.0.0.1:4420, and warpfs drives them through its NVMe/TCP transport: the driver's tests,
 # mkfs, a FUSE mount with the workload of guest-tests.sh, a remount, fsck, then the port taken
 # away in the middle of writes and given back.
-#   usage: guest-tcp.sh                        (from /init)
+#   usage: guest-tcp.sh                        (from /init; warpfs.bench=1 on the kernel
+#                                               command line: bench/tcp-guest.sh's benchmark)
 #          guest-tcp.sh --run FUNCTION ARGS... (one step, started by step())
 # Each step prints `WARPFS-STEP NAME PASS|FAIL`; run-guest.sh counts them.
 #
@@ -165,6 +166,89 @@ do_port_loss() {
 }
 
 # ------------------------------------------------------------------------------------------
+# The benchmark mode (bench/tcp-guest.sh boots the guest with warpfs.bench=1): random 4 KiB
+# reads at 1 and 32 threads (warpfs-bench-blockread), each JSON line printed with the prefix
+# WARPFS-BENCH for the host to collect.
+
+bench_out() { sed -n 's/^{/WARPFS-BENCH {/p'; }
+
+# bench_fs LABEL DEVICE MKFS_OPTIONS...: warpfs on DEVICE with no software cache (every read
+# reaches the device), a 32 MiB file read with O_DIRECT.
+bench_fs() {
+  label=$1 dev=$2
+  shift 2
+  have warpfs-bench-blockread || fail "warpfs-bench-blockread not carried"
+  mkfs.warpfs "$@" "$dev" >/dev/null || fail "mkfs.warpfs $dev"
+  rm -f "$state/daemon.rc"
+  (
+    warpfs -f -o cache_mb=0 "$dev" "$MNT" >"$state/daemon.log" 2>&1
+    echo $? >"$state/daemon.rc"
+  ) </dev/null &
+  wait_until 60 "no mount of $dev" is_mounted
+  head -c 33554432 /dev/urandom >"$MNT/bench.dat" || fail "writing $MNT/bench.dat"
+  sync
+  warpfs-bench-blockread --target "$MNT/bench.dat" --label "$label" --seconds "$BENCH_S" \
+    >"$state/bench.out"
+  rc=$?
+  bench_out <"$state/bench.out"
+  umount "$MNT" || fail "umount $MNT"
+  wait_until 60 "warpfs still running after umount" daemon_exited
+  [ "$rc" = 0 ] || fail "warpfs-bench-blockread on $MNT/bench.dat: status $rc"
+}
+do_bench_warpfs_tcp() { bench_fs warpfs-tcp "$TARGET,ns=1"; }
+do_bench_warpfs_emu() { bench_fs warpfs-emu emu:/tmp/emu.img --size 256M; }
+
+# warpfs's driver straight on namespace 2 over NVMe/TCP (its first 32 MiB written first).
+do_bench_driver_tcp() {
+  dd if=/dev/urandom of=/dev/ram0 bs=1M count=32 2>/dev/null || fail "filling /dev/ram0"
+  warpfs-bench-blockread --target "$TARGET,ns=2" --label driver-tcp --seconds "$BENCH_S" \
+    >"$state/bench.out" || fail "warpfs-bench-blockread on $TARGET,ns=2"
+  bench_out <"$state/bench.out"
+}
+
+# The kernel's initiator (nvme-tcp) on the same namespace, through its block device.
+ns2_block() {
+  for d in /sys/block/nvme*n*; do
+    [ -e "$d/nsid" ] && [ "$(cat "$d/nsid")" = 2 ] && [ -b "/dev/${d##*/}" ] && echo "/dev/${d##*/}" && return 0
+  done
+  return 1
+}
+do_bench_kernel_tcp() {
+  while read -r m; do
+    [ -n "$m" ] || continue
+    [ -e "/sys/module/$(echo "$m" | tr - _)" ] && continue
+    insmod "/modules/later/$m.ko" || fail "insmod $m"
+  done </modules/later/order
+  echo "transport=tcp,traddr=127.0.0.1,trsvcid=4420,nqn=$NQN" >/dev/nvme-fabrics ||
+    fail "connecting nvme-tcp through /dev/nvme-fabrics"
+  wait_until 30 "no block device for namespace 2" ns2_block
+  dev=$(ns2_block)
+  echo "  the kernel's initiator: namespace 2 is $dev"
+  warpfs-bench-blockread --target "$dev" --label kernel-tcp --seconds "$BENCH_S" \
+    >"$state/bench.out"
+  rc=$?
+  bench_out <"$state/bench.out"
+  for c in /sys/class/nvme/nvme*; do echo 1 >"$c/delete_controller"; done
+  [ "$rc" = 0 ] || fail "warpfs-bench-blockread on $dev: status $rc"
+}
+
+bench_steps() {
+  BENCH_S=5
+  read -r cmdline </proc/cmdline
+  for arg in $cmdline; do
+    case $arg in warpfs.bench_s=*) BENCH_S=${arg#warpfs.bench_s=} ;; esac
+  done
+  export BENCH_S
+  echo "WARPFS-BENCH-INFO {\"kernel\":\"$(uname -r)\",\"cpus\":$(nproc),\"seconds_per_point\":$BENCH_S}"
+  step loopback do_loopback
+  step export do_export
+  step -t 300 bench-driver-tcp do_bench_driver_tcp
+  step -t 300 bench-kernel-tcp do_bench_kernel_tcp
+  step -t 300 bench-warpfs-tcp do_bench_warpfs_tcp
+  step -t 300 bench-warpfs-emu do_bench_warpfs_emu
+}
+
+# ------------------------------------------------------------------------------------------
 
 if [ "$1" = --run ]; then  # one step: its status goes to $state/step.rc
   shift
@@ -184,6 +268,11 @@ MKFS_OPTS=  # namespace 1 is fresh: the driver's tests ran on 2, so no --force
 export CONFIG DEVICE DEVICE_NAME TEST_DEVICE MKFS_OPTS NQN PORT_DIR SUBSYS_DIR TARGET
 rm -rf "$state"
 mkdir -p "$state"
+
+if grep -qw warpfs.bench=1 /proc/cmdline; then
+  bench_steps
+  exit 0
+fi
 
 step binaries do_binaries nvme_tests mkfs.warpfs fsck.warpfs warpfs warpfs-fsx
 step loopback do_loopback

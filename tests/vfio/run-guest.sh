@@ -52,12 +52,12 @@ if [[ $config == nfs ]]; then
   programs=(mkfs/mkfs.warpfs mkfs/fsck.warpfs fs/daemon/warpfs)
 fi
 if [[ $config == tcp ]]; then
-  # The NVMe/TCP target (configfs, nvmet); the kernel's initiator (nvme-tcp) carried for
-  # bench/tcp-guest.sh's comparison; no VFIO.
+  # The NVMe/TCP target (configfs, nvmet); a RAM disk for a namespace (brd) and the kernel's
+  # initiator for bench/tcp-guest.sh's comparison (nvme-tcp) carried; no VFIO.
   modules=(fuse configfs nvmet nvmet-tcp)
-  later_modules=(brd nvme-tcp)  # brd: the driver tests' namespace is a RAM disk (insmod with its size)
+  later_modules=(brd nvme-tcp)  # brd: insmod'ed with its size by guest-tcp.sh
   programs=(tests/nvme_tests mkfs/mkfs.warpfs mkfs/fsck.warpfs fs/daemon/warpfs
-    tests/tools/warpfs-fsx)
+    tests/tools/warpfs-fsx bench/warpfs-bench-blockread)
 fi
 # nfs: what is taken from nfs-utils's packages (the rest of them stays in the cache).
 nfs_programs=(usr/sbin/rpc.nfsd usr/sbin/rpc.mountd usr/sbin/exportfs sbin/mount.nfs)
