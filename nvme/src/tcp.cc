@@ -43,7 +43,10 @@ constexpr uint8_t kKeepAlive = 0x18;          // Base §5.21
 constexpr uint32_t kConnectDataBytes = 1024;  // NVMe-oF §3.3.1, Figure 20
 constexpr uint32_t kAdminIcdBytes = 8192;     // TCP §3.3.2: the admin queue's capsule data
 constexpr uint32_t kMaxDataPdu = 4u << 20;    // longest C2HData accepted (MDTS is 2 MiB here)
-constexpr size_t kIoccszOffset = 1792;        // Identify Controller IOCCSZ (Base Figure 275)
+// R2Ts one command may have outstanding (ICReq MAXR2T + 1): the receive thread answers each
+// with its H2CData before it reads the next PDU, so any number is served in order of arrival.
+constexpr uint32_t kMaxR2t = 16;
+constexpr size_t kIoccszOffset = 1792;  // Identify Controller IOCCSZ (Base Figure 275)
 // Generic status 22h, Transient Transport Error (Base §4.6.1.2.1): may succeed if retried.
 constexpr uint16_t kTransportError = make_status(sct::kGeneric, 0x22, false);
 
@@ -58,6 +61,8 @@ struct Tag {
   uint32_t nsid = 0;
   uint32_t len = 0;
   uint32_t done = 0;  // bytes moved so far (receive thread only)
+  // Writes: the [offset, end) ranges R2Ts asked for so far (receive thread only).
+  std::vector<std::pair<uint32_t, uint32_t>> asked;
   std::vector<iovec> iov;
   bool finished = false;  // internal commands: the response (or failure) is in `cqe`
   CompletionEntry cqe{};
@@ -683,11 +688,18 @@ struct TcpTransport::Impl {
         }
       } else {  // R2T
         if (!r.finish_data(&err)) break;
-        if (!t->write || p.offset != t->done || uint64_t{p.offset} + p.length > t->len) {
+        // TCP §3.6.2.2: up to MAXR2T + 1 R2Ts of one command may be outstanding, for any
+        // offsets; each asks for data not asked for before, within the command.
+        const bool overlaps = std::any_of(t->asked.begin(), t->asked.end(), [&](const auto& a) {
+          return p.offset < a.second && a.first < p.offset + p.length;
+        });
+        if (!t->write || p.length == 0 || uint64_t{p.offset} + p.length > t->len || overlaps) {
           err = "R2T for offset " + std::to_string(p.offset) + " (+" + std::to_string(p.length) +
-                ") of a command of " + std::to_string(t->len) + " bytes";
+                ") of a command of " + std::to_string(t->len) + " bytes" +
+                (overlaps ? ", data already asked for" : "");
           break;
         }
+        t->asked.emplace_back(p.offset, p.offset + p.length);
         n_r2t.fetch_add(1, std::memory_order_relaxed);
         uint32_t off = p.offset;
         const uint32_t end = p.offset + p.length;
@@ -709,7 +721,7 @@ struct TcpTransport::Impl {
           err = "sending H2CData failed";
           break;
         }
-        t->done = end;
+        t->done += p.length;
       }
     }
     fail_all(q, err);
@@ -821,7 +833,7 @@ struct TcpTransport::Impl {
     Pdu ic;
     ic.type = PduType::kIcReq;
     ic.dgst = static_cast<uint8_t>((o.header_digest ? 1 : 0) | (o.data_digest ? 2 : 0));
-    ic.maxr2t = 0;  // one R2T at a time per command
+    ic.maxr2t = kMaxR2t - 1;  // 0's based (TCP §3.6.2.2)
     static const std::vector<iovec> kNone;
     if (!send_pdu(q, ic, kNone, 0)) return q.fd.store(-1), fail("sending ICReq failed");
     int fdv = fd;

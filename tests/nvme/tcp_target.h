@@ -41,6 +41,10 @@ struct TcpTargetOptions {
   uint32_t maxh2c = 16384;     // MAXH2CDATA
   uint32_t c2h_chunk = 32768;  // C2HData PDUs per read of this size
   uint32_t r2t_max = 65536;    // the most one R2T asks for
+  // R2Ts of one command sent before its data is read (at most the host's MAXR2T + 1), and in
+  // descending offsets when r2t_reverse: TCP §3.6.2.2 lets a controller have several out.
+  uint32_t r2t_burst = 1;
+  bool r2t_reverse = false;
   uint8_t cpda = 0;
   uint8_t mdts = 5;          // 128 KiB
   bool success_flag = true;  // end reads with C2HData SUCCESS, not a CapsuleResp
@@ -92,7 +96,7 @@ class TcpTarget {
   std::atomic<uint64_t> vanish_after_write_bytes{0};
 
   std::atomic<uint64_t> connects{0}, in_capsule_writes{0}, r2t_writes{0}, keep_alives{0},
-      keep_alives_disabled{0}, digest_connections{0}, shutdowns{0};
+      keep_alives_disabled{0}, digest_connections{0}, shutdowns{0}, r2t_bursts{0};
 
  private:
   // A command capsule read whole (its in-capsule data with it): a host may send the next
@@ -105,6 +109,7 @@ class TcpTarget {
     int fd;
     tcp::Digests dg;
     uint16_t qid = 0;
+    uint32_t maxr2t = 0;     // the host's ICReq MAXR2T (0's based)
     bool discovery = false;  // connected to the discovery subsystem
     std::deque<Cmd> queued;
   };
@@ -221,17 +226,31 @@ class TcpTarget {
     }
     if (type != tcp::kSglTransport) return true;
     r2t_writes.fetch_add(1);
+    struct Ask {
+      uint16_t ttag;
+      uint32_t off, len, got;
+    };
+    const uint32_t burst = std::max<uint32_t>(1, std::min(o_.r2t_burst, c.maxr2t + 1));
     uint16_t ttag = 1;
-    for (uint32_t off = 0; off < n;) {
-      const uint32_t want = std::min(n - off, o_.r2t_max);
-      tcp::Pdu r2t;
-      r2t.type = tcp::PduType::kR2T;
-      r2t.cccid = e.cid;
-      r2t.ttag = ttag;
-      r2t.offset = off;
-      r2t.length = want;
-      if (!send(c, r2t, nullptr, 0)) return false;
-      for (uint32_t got = 0; got < want;) {
+    for (uint32_t next = 0; next < n;) {
+      std::vector<Ask> asks;
+      while (asks.size() < burst && next < n) {
+        const uint32_t want = std::min(n - next, o_.r2t_max);
+        asks.push_back(Ask{ttag++, next, want, 0});
+        next += want;
+      }
+      if (asks.size() > 1) r2t_bursts.fetch_add(1);
+      if (o_.r2t_reverse) std::reverse(asks.begin(), asks.end());
+      for (const Ask& a : asks) {
+        tcp::Pdu r2t;
+        r2t.type = tcp::PduType::kR2T;
+        r2t.cccid = e.cid;
+        r2t.ttag = a.ttag;
+        r2t.offset = a.off;
+        r2t.length = a.len;
+        if (!send(c, r2t, nullptr, 0)) return false;
+      }
+      for (size_t open = asks.size(); open > 0;) {
         tcp::Pdu d;
         if (!r.read_header(&d, &err)) return false;
         if (d.type == tcp::PduType::kCapsuleCmd) {
@@ -239,15 +258,16 @@ class TcpTarget {
           if (!read_cmd(r, d, &c.queued.back())) return false;
           continue;
         }
-        if (d.type != tcp::PduType::kH2CData || d.cccid != e.cid || d.ttag != ttag ||
-            d.offset != off + got || d.length > want - got)
+        auto a =
+            std::find_if(asks.begin(), asks.end(), [&](const Ask& x) { return x.ttag == d.ttag; });
+        if (d.type != tcp::PduType::kH2CData || d.cccid != e.cid || a == asks.end() ||
+            d.offset != a->off + a->got || d.length > a->len - a->got)
           return false;
-        if (!r.read_data(dst + off + got, d.length, &err) || !r.finish_data(&err)) return false;
-        got += d.length;
+        if (!r.read_data(dst + d.offset, d.length, &err) || !r.finish_data(&err)) return false;
+        a->got += d.length;
+        if (a->got == a->len) --open;
         if (!count_write(d.length)) return false;
       }
-      off += want;
-      ++ttag;
     }
     *ok = true;
     return true;
@@ -302,6 +322,7 @@ class TcpTarget {
     std::string err;
     tcp::Pdu p;
     if (!r.read_header(&p, &err) || p.type != tcp::PduType::kIcReq) return;
+    c.maxr2t = p.maxr2t;
     tcp::Pdu ic;
     ic.type = tcp::PduType::kIcResp;
     ic.pda = o_.cpda;

@@ -174,6 +174,37 @@ TEST_F(Tcp, ReadsEndedByCapsuleResponses) {
   sizes(false, false);
 }
 
+// Several R2Ts outstanding per command (TCP §3.6.2.2, MAXR2T): the target asks for a write's
+// data in 4 KiB pieces, 4 at a time and in descending offsets; every piece lands where it
+// belongs, from 4 threads at once.
+TEST_F(Tcp, SeveralR2tsOutstandingPerCommand) {
+  TcpTarget::Options to;
+  to.icd = 0;  // every write by R2T
+  to.r2t_max = 4096;
+  to.r2t_burst = 4;
+  to.r2t_reverse = true;
+  auto r = TcpRig::make(4096, false, to);
+  ASSERT_TRUE(r);
+  std::vector<std::thread> th;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t) {
+    th.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        const uint32_t blocks = 1 + (i * 5 + t) % 24;  // 4 KiB to 96 KiB
+        const uint64_t block = uint64_t(t) * 1024 + (i % 4) * 32;
+        auto data = pattern(blocks * 4096, t * 100 + i);
+        std::vector<uint8_t> back(data.size());
+        if (!rw(*r->ns, block, data, true).is_ok() || !rw(*r->ns, block, back, false).is_ok() ||
+            back != data || r->target->read_ram(block * 4096, data.size()) != data)
+          bad.fetch_add(1);
+      }
+    });
+  }
+  for (auto& x : th) x.join();
+  EXPECT_EQ(bad.load(), 0) << r->transport->last_error();
+  EXPECT_GT(r->target->r2t_bursts.load(), 0u);
+}
+
 TEST_F(Tcp, SeveralThreadsAtOnce) {
   auto r = TcpRig::make(4096);
   ASSERT_TRUE(r);

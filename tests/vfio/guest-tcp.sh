@@ -126,7 +126,8 @@ progress() { cat "$state/pl.progress" 2>/dev/null || echo -1; }
 progress_at_least() { [ "$(progress)" -ge "$1" ]; }
 writer_done() { [ -e "$state/pl.done" ]; }
 
-# The port goes away in the middle of fsync'd writes and comes back 3 s later: every call
+# The port goes away in the middle of fsync'd writes and comes back 3 s later (OUTAGE_S;
+# warpfs.outage_s=N on the kernel command line changes it): every call
 # returns (EIO or success, never a hang: the step's time limit would catch one), then the
 # daemon is unmounted and mounted again and every file whose fsync succeeded is there, byte
 # for byte; fsck (its own step after this one) finds the filesystem clean.
@@ -141,7 +142,7 @@ do_port_loss() {
   port_down || fail "removing the port's subsystem link"
   wait_until 10 "nvmet still listens after the link went" sh -c '! netstat -ltn | grep -q 127.0.0.1:4420'
   at=$(progress)
-  sleep 3  # the outage: writes go on meanwhile, against no target
+  sleep "$OUTAGE_S"  # the outage: writes go on meanwhile, against no target
   echo "  at file $(progress) (was $at when the port went): the link comes back"
   port_up || fail "linking the subsystem again"
   wait_until 10 "nvmet does not listen again" listening
@@ -260,12 +261,17 @@ if [ "$1" = --run ]; then  # one step: its status goes to $state/step.rc
   exit "$rc"
 fi
 
+OUTAGE_S=3
+read -r cmdline </proc/cmdline
+for arg in $cmdline; do
+  case $arg in warpfs.outage_s=*) OUTAGE_S=${arg#warpfs.outage_s=} ;; esac
+done
 CONFIG=tcp
 DEVICE=$TARGET,ns=1
 DEVICE_NAME=$TARGET
 TEST_DEVICE=$TARGET,ns=2
 MKFS_OPTS=  # namespace 1 is fresh: the driver's tests ran on 2, so no --force
-export CONFIG DEVICE DEVICE_NAME TEST_DEVICE MKFS_OPTS NQN PORT_DIR SUBSYS_DIR TARGET
+export CONFIG DEVICE DEVICE_NAME TEST_DEVICE MKFS_OPTS NQN PORT_DIR SUBSYS_DIR TARGET OUTAGE_S
 rm -rf "$state"
 mkdir -p "$state"
 

@@ -32,8 +32,11 @@
 // nqn.2014-08.org.nvmexpress.discovery) is connected on the admin queue alone, enabled, and
 // its Discovery Log Page (Log Identifier 70h, NVMe-oF §5.3) read whole.
 //
-// Not done yet: TLS, SGL-capable memory without PRPs, more than one outstanding R2T per
-// command (MAXR2T 0).
+// R2Ts: ICReq offers MAXR2T 15 (16 outstanding per command, TCP §3.6.2.2); each R2T may ask
+// for any range of the command not asked for before, and is answered with its H2CData as
+// it arrives. (The kernel's nvmet sends one R2T per command whatever the host offers.)
+//
+// Not done yet: TLS, SGL-capable memory without PRPs.
 //
 // Thread-safety: as Transport. open() and the destructor are not concurrent with anything.
 #pragma once
