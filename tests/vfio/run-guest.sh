@@ -9,9 +9,10 @@
 #     nfs:    no controller: warpfs on an emulated one over an image in the guest's memory,
 #             exported by the kernel's NFS server (NFSv4) and mounted back over loopback
 #             (tests/vfio/guest-nfs.sh); nfs-utils comes from Debian's packages, cached
-#     tcp:    no controller: the kernel's NVMe/TCP target (nvmet-tcp) exports namespaces on
-#             files in the guest's memory at 127.0.0.1:4420 and warpfs reaches them through
-#             its NVMe/TCP transport (tests/vfio/guest-tcp.sh)
+#     tcp:    no controller: the kernel's NVMe/TCP target (nvmet-tcp) exports a file in the
+#             guest's tmpfs and a RAM disk at 127.0.0.1:4420 and warpfs reaches them through
+#             its NVMe/TCP transport (tests/vfio/guest-tcp.sh; with warpfs.bench=1 in
+#             WARPFS_VM_APPEND, bench/tcp-guest.sh's benchmark instead)
 #   BINDIR: a build directory; the programs found in it are carried into the guest.
 # Environment: WARPFS_VM_CACHE (kernel cache, default /var/cache/warpfs-vm), WARPFS_VM_TIMEOUT
 # (seconds for the whole guest, default 900), WARPFS_VM_LOG (console log, default
