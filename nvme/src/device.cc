@@ -17,9 +17,24 @@ static bool valid_bdf(const std::string& s) {
   return true;
 }
 
-// tcp:HOST:PORT/SUBNQN[,hostnqn=NQN] with any `,ns=N` already removed.
+// tcp:HOST:PORT/SUBNQN[,hostnqn=NQN][,digest=header|data|both] with any `,ns=N` already
+// removed.
 static bool parse_tcp(const std::string& arg, std::string name, TcpOptions* o, std::string* error) {
-  const std::string usage = "'" + arg + "': expected tcp:HOST:PORT/SUBNQN[,ns=N][,hostnqn=NQN]";
+  const std::string usage = "'" + arg +
+                            "': expected tcp:HOST:PORT/SUBNQN[,ns=N][,hostnqn=NQN]"
+                            "[,digest=header|data|both]";
+  if (const size_t d = name.find(",digest="); d != std::string::npos) {
+    const size_t next = name.find(',', d + 1);
+    const std::string kind =
+        name.substr(d + 8, next == std::string::npos ? std::string::npos : next - d - 8);
+    name.erase(d, next == std::string::npos ? std::string::npos : next - d);
+    o->header_digest = kind == "header" || kind == "both";
+    o->data_digest = kind == "data" || kind == "both";
+    if (!o->header_digest && !o->data_digest) {
+      *error = usage;
+      return false;
+    }
+  }
   if (const size_t h = name.find(",hostnqn="); h != std::string::npos) {
     o->hostnqn = name.substr(h + 9);
     name.resize(h);
@@ -62,13 +77,17 @@ bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error) {
   }
   std::string name = arg;
   out->nsid = 0;
-  // `,hostnqn=` may follow `,ns=N` in a tcp: name: set it aside while ns= is read.
+  // `,hostnqn=` and `,digest=` may follow `,ns=N` in a tcp: name: set aside while ns= is read.
   std::string tail;
   if (name.rfind("tcp:", 0) == 0) {
-    if (const size_t h = name.find(",hostnqn="); h != std::string::npos) {
-      const size_t next = name.find(',', h + 1);
-      tail = name.substr(h, next == std::string::npos ? std::string::npos : next - h);
-      name.erase(h, tail.size());
+    for (const char* key : {",hostnqn=", ",digest="}) {
+      if (const size_t h = name.find(key); h != std::string::npos) {
+        const size_t next = name.find(',', h + 1);
+        const std::string part =
+            name.substr(h, next == std::string::npos ? std::string::npos : next - h);
+        name.erase(h, part.size());
+        tail += part;
+      }
     }
   }
   if (const size_t comma = name.rfind(",ns="); comma != std::string::npos) {

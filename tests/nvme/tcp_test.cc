@@ -408,9 +408,21 @@ TEST_F(Tcp, DeviceStrings) {
   ASSERT_TRUE(parse_device("tcp:store.example:4420/nqn.x:y,hostnqn=nqn.h:2,ns=5", &s, &err));
   EXPECT_EQ(s.tcp.hostnqn, "nqn.h:2");
   EXPECT_EQ(s.nsid, 5u);
+  EXPECT_FALSE(s.tcp.header_digest || s.tcp.data_digest);
+  ASSERT_TRUE(parse_device("tcp:h:4420/nqn.x:y,digest=both,ns=2,hostnqn=nqn.h:3", &s, &err));
+  EXPECT_TRUE(s.tcp.header_digest && s.tcp.data_digest);
+  EXPECT_EQ(s.tcp.hostnqn, "nqn.h:3");
+  EXPECT_EQ(s.tcp.subnqn, "nqn.x:y");
+  EXPECT_EQ(s.nsid, 2u);
+  ASSERT_TRUE(parse_device("tcp:h:4420/nqn.x:y,ns=2,digest=data", &s, &err)) << err;
+  EXPECT_TRUE(!s.tcp.header_digest && s.tcp.data_digest);
+  ASSERT_TRUE(parse_device("tcp:h:4420/nqn.x:y,digest=header", &s, &err)) << err;
+  EXPECT_TRUE(s.tcp.header_digest && !s.tcp.data_digest);
+  EXPECT_EQ(s.tcp.subnqn, "nqn.x:y");
   for (const char* bad :
        {"tcp:", "tcp:host/nqn", "tcp:host:4420", "tcp:host:4420/", "tcp::4420/n", "tcp:host:0/n",
-        "tcp:host:70000/n", "tcp:host:44x/n", "tcp:host:4420/n,hostnqn=", "tcp:host:4420/n,ns=0"}) {
+        "tcp:host:70000/n", "tcp:host:44x/n", "tcp:host:4420/n,hostnqn=", "tcp:host:4420/n,ns=0",
+        "tcp:host:4420/n,digest=", "tcp:host:4420/n,digest=crc"}) {
     EXPECT_FALSE(parse_device(bad, &s, &err)) << bad;
     EXPECT_NE(err.find(bad), std::string::npos) << err;
   }

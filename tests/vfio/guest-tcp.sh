@@ -96,6 +96,22 @@ do_discovery() {
   echo "$out" | grep -q '127.0.0.1:4419' || fail "the message does not name 127.0.0.1:4419"
 }
 
+# Header and data digests (CRC32C, TCP §3.6.2.2), which nvmet agrees to: the data path tests
+# (every transfer size, scattered pages, concurrent transfers) with both digests on.
+do_digests() {
+  requires export
+  have nvme_tests || fail "nvme_tests not carried"
+  WARPFS_NVME_TEST_DEVICE=$TARGET,ns=2,digest=both GTEST_COLOR=no GTEST_BRIEF=1 \
+    nvme_tests --gtest_filter='DataPath.*:NamespaceIo.*:PhaseTag.*' ||
+    fail "nvme_tests with WARPFS_NVME_TEST_DEVICE=$TARGET,ns=2,digest=both"
+}
+
+# fsck through a connection with both digests (every metadata block read with them).
+do_fsck_digests() {
+  requires mkfs
+  fsck.warpfs -f -n "$DEVICE,digest=both" || fail "fsck.warpfs -f -n $DEVICE,digest=both"
+}
+
 # The subsystem's link under the port: removing it makes nvmet tear down the controllers of
 # that subsystem on the port and stop listening (its last subsystem); linking it again
 # listens again.
@@ -285,6 +301,7 @@ step loopback do_loopback
 step export do_export
 step discovery do_discovery
 step -t 300 driver-tests do_tcp_driver_tests
+step -t 120 digests do_digests
 step mkfs do_mkfs
 step mount do_mount
 step -t 300 workload do_workload
@@ -294,3 +311,4 @@ step verify do_verify
 step -t 240 port-loss do_port_loss
 step unmount-2 do_unmount
 step fsck do_fsck
+step fsck-digests do_fsck_digests

@@ -2,8 +2,8 @@
 // is the emulated controller over the image file PATH; `vfio:DDDD:BB:DD.F` is a PCI NVMe
 // controller bound to vfio-pci; `tcp:HOST:PORT/SUBNQN` is subsystem SUBNQN of an NVMe/TCP
 // target (HOST a name, an IPv4 address or a bracketed IPv6 one), optionally followed by
-// `,hostnqn=NQN`. Any may end in `,ns=N` to pick namespace N instead of the controller's
-// first active namespace.
+// `,hostnqn=NQN` and `,digest=header|data|both` (CRC32C digests asked for in ICReq). Any may
+// end in `,ns=N` to pick namespace N instead of the controller's first active namespace.
 #pragma once
 
 #include <memory>
@@ -21,7 +21,7 @@ struct DeviceSpec {
   Kind kind = Kind::kEmulated;
   std::string path;   // image file (emulated)
   std::string bdf;    // PCI address (vfio)
-  TcpOptions tcp;     // host, port, subnqn, hostnqn (tcp); the rest as TcpOptions' defaults
+  TcpOptions tcp;     // host, port, subnqn, hostnqn, digests (tcp); the rest as defaults
   uint32_t nsid = 0;  // 0: the first active namespace
 };
 
