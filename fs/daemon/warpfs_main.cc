@@ -42,6 +42,7 @@
 #include "warpfs/blockdev/stack.h"
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/tune.h"
+#include "warpfs/nvme/device.h"
 #include "warpfs/nvme/latency.h"
 #include "warpfs/nvme/vfio.h"
 #ifdef WARPFS_HAVE_LIBPCI
@@ -1272,8 +1273,10 @@ void usage(const char* prog) {
   std::printf(
       "usage: %s [options] DEVICE MOUNTPOINT\n"
       "  DEVICE: emu:PATH (an emulated NVMe controller over the image PATH; a bare path is the\n"
-      "          same) or vfio:DDDD:BB:DD.F (a controller bound to vfio-pci: see warpfs-pci);\n"
-      "          either may end in ,ns=N for namespace N (default: the first active one)\n"
+      "          same), vfio:DDDD:BB:DD.F (a controller bound to vfio-pci: see warpfs-pci) or\n"
+      "          tcp:HOST:PORT/SUBNQN[,hostnqn=NQN][,digest=header|data|both] (an NVMe/TCP\n"
+      "          target); any may end in ,ns=N\n"
+      "          for namespace N (default: the first active one)\n"
       "options (-o name=value,...):\n"
       "  cache_mb=N      software cache size in MiB (default 64; 0: no cache)\n"
       "  queues=N        NVMe I/O queue pairs (default 4)\n"
@@ -1306,8 +1309,41 @@ void usage(const char* prog) {
       "  max_threads=N   FUSE worker threads at most (default: 4 per CPU, 10 to 64)\n"
       "  and the FUSE options (-f foreground, -d debug, -s single-threaded, allow_other, ...)\n"
       "%s --list-devices: the NVMe controllers (as warpfs-pci list)\n"
+      "%s --list-devices tcp:HOST[:PORT]: the NVMe/TCP subsystems a discovery controller names\n"
+      "                  (PORT 8009 if left out), one DEVICE name a line\n"
       "%s --version (-V): the version\n",
-      prog, prog, prog);
+      prog, prog, prog, prog);
+}
+
+// --list-devices tcp:HOST[:PORT]: the NVM subsystems the discovery controller there names,
+// one DEVICE name a line (for mkfs.warpfs, warpfs, fsck.warpfs); the entries that are not an
+// NVM subsystem over TCP as comments.
+int list_tcp_devices(const std::string& target) {
+  warpfs::nvme::TcpOptions o;
+  std::string err;
+  if (!warpfs::nvme::parse_discovery_target(target, &o, &err)) {
+    std::fprintf(stderr, "warpfs: --list-devices %s\n", err.c_str());
+    return 1;
+  }
+  std::vector<warpfs::nvme::DiscoveryEntry> entries;
+  if (!warpfs::nvme::TcpTransport::discover(o, &entries, &err)) {
+    std::fprintf(stderr, "warpfs: %s\n", err.c_str());
+    return 1;
+  }
+  for (const warpfs::nvme::DiscoveryEntry& e : entries) {
+    const std::string name = warpfs::nvme::discovery_device_name(e);
+    if (!name.empty()) {
+      std::printf("%s\n", name.c_str());
+      continue;
+    }
+    const char* what = e.subtype == 1   ? "referral to a discovery service"
+                       : e.subtype == 3 ? "discovery subsystem"
+                       : e.subtype == 2 ? "NVM subsystem"
+                                        : "entry";
+    std::printf("# %s %s at %s %s (transport type %u, address family %u)\n", what, e.subnqn.c_str(),
+                e.traddr.c_str(), e.trsvcid.c_str(), e.trtype, e.adrfam);
+  }
+  return 0;
 }
 
 // --list-devices: the table of `warpfs-pci list`.
@@ -1369,9 +1405,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (o.list_devices) {
+    const std::string target = o.device != nullptr ? o.device : "";
     free(o.device);
     fuse_opt_free_args(&args);
-    return list_devices();
+    return target.empty() ? list_devices() : list_tcp_devices(target);
   }
   const bool threads_given = warpfs::daemon::max_threads_given(&args);
   fuse_cmdline_opts cl{};

@@ -17,9 +17,24 @@ static bool valid_bdf(const std::string& s) {
   return true;
 }
 
-// tcp:HOST:PORT/SUBNQN[,hostnqn=NQN] with any `,ns=N` already removed.
+// tcp:HOST:PORT/SUBNQN[,hostnqn=NQN][,digest=header|data|both] with any `,ns=N` already
+// removed.
 static bool parse_tcp(const std::string& arg, std::string name, TcpOptions* o, std::string* error) {
-  const std::string usage = "'" + arg + "': expected tcp:HOST:PORT/SUBNQN[,ns=N][,hostnqn=NQN]";
+  const std::string usage = "'" + arg +
+                            "': expected tcp:HOST:PORT/SUBNQN[,ns=N][,hostnqn=NQN]"
+                            "[,digest=header|data|both]";
+  if (const size_t d = name.find(",digest="); d != std::string::npos) {
+    const size_t next = name.find(',', d + 1);
+    const std::string kind =
+        name.substr(d + 8, next == std::string::npos ? std::string::npos : next - d - 8);
+    name.erase(d, next == std::string::npos ? std::string::npos : next - d);
+    o->header_digest = kind == "header" || kind == "both";
+    o->data_digest = kind == "data" || kind == "both";
+    if (!o->header_digest && !o->data_digest) {
+      *error = usage;
+      return false;
+    }
+  }
   if (const size_t h = name.find(",hostnqn="); h != std::string::npos) {
     o->hostnqn = name.substr(h + 9);
     name.resize(h);
@@ -62,13 +77,17 @@ bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error) {
   }
   std::string name = arg;
   out->nsid = 0;
-  // `,hostnqn=` may follow `,ns=N` in a tcp: name: set it aside while ns= is read.
+  // `,hostnqn=` and `,digest=` may follow `,ns=N` in a tcp: name: set aside while ns= is read.
   std::string tail;
   if (name.rfind("tcp:", 0) == 0) {
-    if (const size_t h = name.find(",hostnqn="); h != std::string::npos) {
-      const size_t next = name.find(',', h + 1);
-      tail = name.substr(h, next == std::string::npos ? std::string::npos : next - h);
-      name.erase(h, tail.size());
+    for (const char* key : {",hostnqn=", ",digest="}) {
+      if (const size_t h = name.find(key); h != std::string::npos) {
+        const size_t next = name.find(',', h + 1);
+        const std::string part =
+            name.substr(h, next == std::string::npos ? std::string::npos : next - h);
+        name.erase(h, part.size());
+        tail += part;
+      }
     }
   }
   if (const size_t comma = name.rfind(",ns="); comma != std::string::npos) {
@@ -102,6 +121,75 @@ bool parse_device(const std::string& arg, DeviceSpec* out, std::string* error) {
     return false;
   }
   return true;
+}
+
+bool parse_discovery_target(const std::string& arg, TcpOptions* o, std::string* error) {
+  const std::string usage = "'" + arg + "': expected tcp:HOST[:PORT][,hostnqn=NQN]";
+  if (arg.rfind("tcp:", 0) != 0) {
+    *error = usage;
+    return false;
+  }
+  std::string name = arg.substr(4);
+  *o = TcpOptions{};
+  o->port = "8009";
+  if (const size_t h = name.find(",hostnqn="); h != std::string::npos) {
+    o->hostnqn = name.substr(h + 9);
+    name.resize(h);
+    if (o->hostnqn.empty() || o->hostnqn.find(',') != std::string::npos) {
+      *error = usage;
+      return false;
+    }
+  }
+  if (!name.empty() && name.front() == '[') {  // [IPv6][:PORT]
+    const size_t close = name.find(']');
+    if (close == std::string::npos) {
+      *error = usage;
+      return false;
+    }
+    o->host = name.substr(1, close - 1);
+    const std::string rest = name.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest[0] != ':') {
+        *error = usage;
+        return false;
+      }
+      o->port = rest.substr(1);
+    }
+  } else {
+    const size_t colon = name.find(':');
+    o->host = name.substr(0, colon);
+    if (colon != std::string::npos) o->port = name.substr(colon + 1);
+  }
+  char* end = nullptr;
+  const unsigned long port = std::strtoul(o->port.c_str(), &end, 10);
+  if (o->host.empty() || o->host.find_first_of("[]/,") != std::string::npos || o->port.empty() ||
+      *end != 0 || port == 0 || port > 65535) {
+    *error = usage;
+    return false;
+  }
+  o->subnqn = kDiscoveryNqn;
+  return true;
+}
+
+std::string discovery_device_name(const DiscoveryEntry& e) {
+  constexpr uint8_t kTrtypeTcp = 3, kAdrfamIpv4 = 1, kAdrfamIpv6 = 2, kSubtypeNvm = 2;
+  if (e.trtype != kTrtypeTcp || e.subtype != kSubtypeNvm) return "";
+  if (e.adrfam != kAdrfamIpv4 && e.adrfam != kAdrfamIpv6) return "";
+  // Printable, no blank, and nothing the DEVICE syntax gives a meaning ('/' only in the NQN).
+  auto plain = [](const std::string& s, bool slash_ok) {
+    if (s.empty()) return false;
+    for (const char c : s) {
+      if (c <= ' ' || c > '~' || c == ',' || c == '[' || c == ']') return false;
+      if (c == '/' && !slash_ok) return false;
+    }
+    return true;
+  };
+  if (!plain(e.traddr, false) || !plain(e.trsvcid, false) || !plain(e.subnqn, true)) return "";
+  const std::string host = e.adrfam == kAdrfamIpv6 ? "[" + e.traddr + "]" : e.traddr;
+  std::string name = "tcp:" + host + ":" + e.trsvcid + "/" + e.subnqn;
+  DeviceSpec check;
+  std::string err;
+  return parse_device(name, &check, &err) ? name : "";
 }
 
 std::unique_ptr<Transport> open_transport(const DeviceSpec& spec, const EmulatedConfig& config,

@@ -43,7 +43,10 @@ constexpr uint8_t kKeepAlive = 0x18;          // Base §5.21
 constexpr uint32_t kConnectDataBytes = 1024;  // NVMe-oF §3.3.1, Figure 20
 constexpr uint32_t kAdminIcdBytes = 8192;     // TCP §3.3.2: the admin queue's capsule data
 constexpr uint32_t kMaxDataPdu = 4u << 20;    // longest C2HData accepted (MDTS is 2 MiB here)
-constexpr size_t kIoccszOffset = 1792;        // Identify Controller IOCCSZ (Base Figure 275)
+// R2Ts one command may have outstanding (ICReq MAXR2T + 1): the receive thread answers each
+// with its H2CData before it reads the next PDU, so any number is served in order of arrival.
+constexpr uint32_t kMaxR2t = 16;
+constexpr size_t kIoccszOffset = 1792;  // Identify Controller IOCCSZ (Base Figure 275)
 // Generic status 22h, Transient Transport Error (Base §4.6.1.2.1): may succeed if retried.
 constexpr uint16_t kTransportError = make_status(sct::kGeneric, 0x22, false);
 
@@ -53,11 +56,13 @@ struct Tag {
   bool write = false;
   bool admin = false;
   uint8_t opcode = 0;
-  uint8_t cns = 0;
+  uint8_t cns = 0;  // Identify: CNS; Get/Set Features: the feature id
   uint16_t host_cid = 0;
   uint32_t nsid = 0;
   uint32_t len = 0;
   uint32_t done = 0;  // bytes moved so far (receive thread only)
+  // Writes: the [offset, end) ranges R2Ts asked for so far (receive thread only).
+  std::vector<std::pair<uint32_t, uint32_t>> asked;
   std::vector<iovec> iov;
   bool finished = false;  // internal commands: the response (or failure) is in `cqe`
   CompletionEntry cqe{};
@@ -107,6 +112,7 @@ struct Queue {
   SubmissionEntry* sq = nullptr;
   uint32_t sq_entries = 0;
   uint32_t sq_head = 0;
+  uint16_t sq_cqid = 0;                   // the CQ named at creation (always this queue's own)
   std::atomic<uint32_t> sq_head_seen{0};  // reported in CQEs
   std::atomic<bool> pending{false};       // entries left in the SQ for want of a free tag
 
@@ -153,6 +159,10 @@ struct TcpTransport::Impl {
   uint64_t next_retry_ns = 0;
   std::atomic<bool> fatal{false};  // a connection failed while enabled: CSTS.CFS
   std::atomic<uint16_t> cntlid{0xffff};
+  std::atomic<bool> cc_en{false};  // CC.EN = 1 and no CC.SHN as last written: Keep Alive then
+  // I/O queues the controller allocated (Number of Queues, Base §5.27.1.5, as answered to the
+  // host, at most kMaxIoQueues): creating a queue beyond it is refused, as a controller does.
+  std::atomic<uint32_t> queues_granted{kMaxIoQueues};
   std::atomic<uint32_t> ioccsz{0};
 
   std::shared_mutex dma_mu;  // guards dma
@@ -228,28 +238,27 @@ struct TcpTransport::Impl {
     return true;
   }
 
-  // Data a command moves and its direction; false for a command whose transfer this
-  // transport cannot size.
-  bool data_shape(const SubmissionEntry& e, bool admin_q, uint32_t* len, bool* write) {
+  // Data a command moves and its direction: 0, or the status to complete it with here (a
+  // transfer longer than this transport takes, a namespace that is not active). A command
+  // this transport does not know goes without data: the target answers it (Invalid Opcode
+  // for one it lacks; one that needs data fails its transfer length check, moving nothing).
+  uint16_t data_shape(const SubmissionEntry& e, bool admin_q, uint32_t* len, bool* write) {
+    const uint16_t invalid_field = make_status(sct::kGeneric, sc::kInvalidField);
     *write = (e.opcode & 3) == 1;
     *len = 0;
     if (admin_q) {
       switch (e.opcode) {
         case admin::kIdentify:
           *len = 4096;
-          return true;
+          return 0;
         case admin::kGetLogPage: {
           const uint64_t numd = ((uint64_t{e.cdw11 & 0xffff} << 16) | (e.cdw10 >> 16)) + 1;
-          if (numd * 4 > kMaxDataPdu) return false;
+          if (numd * 4 > kMaxDataPdu) return invalid_field;
           *len = static_cast<uint32_t>(numd * 4);
-          return true;
+          return 0;
         }
-        case admin::kSetFeatures:
-        case admin::kGetFeatures:
-        case kKeepAlive:
-          return true;
         default:
-          return (e.opcode & 3) == 0;
+          return 0;
       }
     }
     switch (e.opcode) {
@@ -257,23 +266,55 @@ struct TcpTransport::Impl {
       case io::kWrite:
       case 0x05: {  // Compare
         uint8_t lbads = 0;
-        {
-          std::lock_guard<std::mutex> g(ns_mu);
-          auto it = ns_lbads.find(e.nsid);
-          if (it == ns_lbads.end()) return false;
-          lbads = it->second;
-        }
+        if (const uint16_t st = namespace_lbads(e.nsid, &lbads); st != 0) return st;
         const uint64_t n = (uint64_t{e.cdw12 & 0xffff} + 1) << lbads;
-        if (n > kMaxDataPdu) return false;
+        if (n > kMaxDataPdu) return invalid_field;
         *len = static_cast<uint32_t>(n);
-        return true;
+        return 0;
       }
       case io::kDatasetManagement:
         *len = ((e.cdw10 & 0xff) + 1) * 16;
-        return true;
+        return 0;
       default:
-        return (e.opcode & 3) == 0;
+        return 0;
     }
+  }
+
+  // The LBA size (log2) of namespace `nsid`: as Identify Namespace told it on its way to the
+  // host, else asked for here (an internal Identify on the admin queue). 0 or the status for
+  // the command: Invalid Namespace or Format for a namespace that is not active (Base §3.2.1).
+  uint16_t namespace_lbads(uint32_t nsid, uint8_t* lbads) {
+    const uint16_t invalid_ns = make_status(sct::kGeneric, sc::kInvalidNamespace);
+    {
+      std::lock_guard<std::mutex> g(ns_mu);
+      auto it = ns_lbads.find(nsid);
+      if (it != ns_lbads.end()) return *lbads = it->second, 0;
+    }
+    if (nsid == 0 || nsid == io::kBroadcastNsid) return invalid_ns;
+    std::vector<uint8_t> d(4096);
+    SubmissionEntry c{};
+    c.opcode = admin::kIdentify;
+    c.nsid = nsid;
+    c.cdw10 = cns::kNamespace;
+    CompletionEntry r{};
+    std::string err;
+    if (!internal(*queues[0], c, &r, &err, d.data(), 4096)) return kTransportError;
+    if (!status_ok(r.status >> 1)) return static_cast<uint16_t>(r.status >> 1);
+    if (!learn_namespace(nsid, d.data())) return invalid_ns;
+    std::lock_guard<std::mutex> g(ns_mu);
+    *lbads = ns_lbads[nsid];
+    return 0;
+  }
+  // Records an Identify Namespace structure's LBA size; false for an inactive namespace (all
+  // zeroes) or an LBA size outside 512 B..64 KiB.
+  bool learn_namespace(uint32_t nsid, const uint8_t* d) {
+    const uint8_t fmt = d[26] & 0xf;                                       // FLBAS (NVM Figure 97)
+    const uint8_t lbads = d[128 + 4 * fmt + 2];                            // LBAF n: LBADS
+    if (tcp::get_le32(d) == 0 && tcp::get_le32(d + 4) == 0) return false;  // NSZE 0: inactive
+    if (lbads < 9 || lbads > 16) return false;
+    std::lock_guard<std::mutex> g(ns_mu);
+    ns_lbads[nsid] = lbads;
+    return true;
   }
 
   bool send_pdu(Queue& q, const Pdu& p, const std::vector<iovec>& data, uint32_t data_len) {
@@ -364,10 +405,17 @@ struct TcpTransport::Impl {
   // One host command: answered here (queue creation) or sent. False only when no tag is free.
   bool submit(Queue& q, SubmissionEntry e) {
     if (q.qid == 0 && local_admin(q, e)) return true;
+    // Base §5.27.1.5: Number of Queues is refused once I/O queues exist. Checked here, where
+    // the I/O queues are made (the kernel's nvmet does not check it).
+    if (q.qid == 0 && e.opcode == admin::kSetFeatures && (e.cdw10 & 0xff) == fid::kNumberOfQueues &&
+        any_io_queue()) {
+      post(q, e.cid, make_status(sct::kGeneric, sc::kCommandSequenceError), 0, 0);
+      return true;
+    }
     uint32_t len = 0;
     bool write = false;
-    if (!data_shape(e, q.qid == 0, &len, &write)) {
-      post(q, e.cid, make_status(sct::kGeneric, sc::kInvalidField), 0, 0);
+    if (const uint16_t st = data_shape(e, q.qid == 0, &len, &write); st != 0) {
+      post(q, e.cid, st, 0, 0);
       return true;
     }
     std::vector<iovec> iov;
@@ -421,19 +469,46 @@ struct TcpTransport::Impl {
     return true;
   }
 
+  bool any_io_queue() {
+    for (size_t i = 1; i < queues.size(); ++i) {
+      std::lock_guard<std::mutex> g(queues[i]->cq_mu);
+      if (queues[i]->cq != nullptr) return true;
+    }
+    return false;
+  }
+
   // Create/Delete I/O SQ/CQ (Base §5.4-5.7) are the transport's: a queue is a connection.
+  // They are checked as a controller checks them, with the same command specific statuses.
   bool local_admin(Queue& aq, const SubmissionEntry& e) {
     const uint16_t qid = static_cast<uint16_t>(e.cdw10 & 0xffff);
     const uint32_t entries = (e.cdw10 >> 16) + 1;
     auto done = [&](uint16_t status) { post(aq, e.cid, status, 0, 0); };
     const uint16_t bad_qid = make_status(sct::kCommandSpecific, sc::kInvalidQueueId);
+    const uint16_t bad_size = make_status(sct::kCommandSpecific, sc::kInvalidQueueSize);
+    const uint16_t bad_offset = make_status(sct::kGeneric, sc::kInvalidPrpOffset);
+    const uint16_t invalid_field = make_status(sct::kGeneric, sc::kInvalidField);
+    const bool creating = e.opcode == admin::kCreateIoCq || e.opcode == admin::kCreateIoSq;
+    if (creating || e.opcode == admin::kDeleteIoCq || e.opcode == admin::kDeleteIoSq) {
+      const uint32_t limit = creating ? queues_granted.load() : kMaxIoQueues;
+      if (qid == 0 || qid > limit) return done(bad_qid), true;
+    }
+    if (creating) {
+      const uint64_t mqes = (cap & 0xffff) + 1;  // CAP.MQES, 0's based
+      if (entries < 2 || entries > mqes) return done(bad_size), true;
+      if (!(e.cdw11 & 1)) return done(invalid_field), true;  // PC: contiguous queues only
+      if (e.prp1 & (kPage - 1)) return done(bad_offset), true;
+    }
     switch (e.opcode) {
       case admin::kCreateIoCq: {
-        if (qid == 0 || qid > kMaxIoQueues) return done(bad_qid), true;
+        if ((e.cdw11 & 2) && (e.cdw11 >> 16) > kMaxIoQueues)  // IEN with a vector beyond ours
+          return done(make_status(sct::kCommandSpecific, sc::kInvalidInterruptVector)), true;
         auto* mem = translate(e.prp1, uint64_t{entries} * sizeof(CompletionEntry));
-        if (mem == nullptr || entries < 2)
-          return done(make_status(sct::kGeneric, sc::kInvalidField)), true;
+        if (mem == nullptr) return done(make_status(sct::kGeneric, sc::kDataTransferError)), true;
         Queue& q = *queues[qid];
+        {
+          std::lock_guard<std::mutex> g(q.cq_mu);
+          if (q.cq != nullptr) return done(bad_qid), true;  // exists
+        }
         {
           std::lock_guard<std::mutex> g(q.cq_mu);
           q.cq = reinterpret_cast<CompletionEntry*>(mem);
@@ -446,13 +521,22 @@ struct TcpTransport::Impl {
         return done(0), true;
       }
       case admin::kCreateIoSq: {
-        if (qid == 0 || qid > kMaxIoQueues) return done(bad_qid), true;
+        const uint16_t cqid = static_cast<uint16_t>(e.cdw11 >> 16);
+        bool cq_exists = false;
+        if (cqid != 0 && cqid <= kMaxIoQueues) {
+          std::lock_guard<std::mutex> g(queues[cqid]->cq_mu);
+          cq_exists = queues[cqid]->cq != nullptr;
+        }
+        if (!cq_exists) return done(make_status(sct::kCommandSpecific, sc::kCqInvalid)), true;
+        // Each connection posts to its own queue's CQ: SQ n completes on CQ n only.
+        if (cqid != qid) return done(invalid_field), true;
         auto* mem = translate(e.prp1, uint64_t{entries} * sizeof(SubmissionEntry));
-        if (mem == nullptr || entries < 2)
-          return done(make_status(sct::kGeneric, sc::kInvalidField)), true;
+        if (mem == nullptr) return done(make_status(sct::kGeneric, sc::kDataTransferError)), true;
         Queue& q = *queues[qid];
         {
           std::lock_guard<std::mutex> g(q.sub_mu);
+          if (q.sq != nullptr) return done(bad_qid), true;  // exists
+          q.sq_cqid = cqid;
           q.sq = reinterpret_cast<SubmissionEntry*>(mem);
           q.sq_entries = entries;
           q.sq_head = 0;
@@ -462,22 +546,32 @@ struct TcpTransport::Impl {
         std::string err;
         if (!connect(q, static_cast<uint16_t>(entries - 1), entries, &err)) {
           note_error(err);
+          std::lock_guard<std::mutex> g(q.sub_mu);
+          q.sq = nullptr;
           return done(kTransportError), true;
         }
         return done(0), true;
       }
       case admin::kDeleteIoSq: {
-        if (qid == 0 || qid > kMaxIoQueues) return done(bad_qid), true;
         Queue& q = *queues[qid];
+        {
+          std::lock_guard<std::mutex> g(q.sub_mu);
+          if (q.sq == nullptr) return done(bad_qid), true;
+        }
         close(q);
         std::lock_guard<std::mutex> g(q.sub_mu);
         q.sq = nullptr;
         return done(0), true;
       }
       case admin::kDeleteIoCq: {
-        if (qid == 0 || qid > kMaxIoQueues) return done(bad_qid), true;
         Queue& q = *queues[qid];
+        for (uint16_t i = 1; i <= kMaxIoQueues; ++i) {  // an SQ still on it: Base §5.6
+          std::lock_guard<std::mutex> g(queues[i]->sub_mu);
+          if (queues[i]->sq != nullptr && queues[i]->sq_cqid == qid)
+            return done(make_status(sct::kCommandSpecific, sc::kInvalidQueueDeletion)), true;
+        }
         std::lock_guard<std::mutex> g(q.cq_mu);
+        if (q.cq == nullptr) return done(bad_qid), true;
         q.cq = nullptr;
         return done(0), true;
       }
@@ -489,7 +583,7 @@ struct TcpTransport::Impl {
   // Reads what Identify tells the transport: each namespace's LBA size (for sizing reads
   // and writes) and IOCCSZ (how much write data fits in a capsule).
   void snoop(const Tag& t) {
-    if (!t.admin || t.opcode != admin::kIdentify || t.len != 4096) return;
+    if (!t.admin || t.opcode != admin::kIdentify || t.len != 4096 || t.internal) return;
     std::vector<uint8_t> d(4096);
     size_t at = 0;
     for (const iovec& v : t.iov) {
@@ -497,12 +591,7 @@ struct TcpTransport::Impl {
       at += v.iov_len;
     }
     if (t.cns == cns::kNamespace) {
-      const uint8_t fmt = d[26] & 0xf;             // FLBAS (NVM Figure 97)
-      const uint8_t lbads = d[128 + 4 * fmt + 2];  // LBAF n: LBADS
-      if (lbads >= 9 && lbads <= 16) {
-        std::lock_guard<std::mutex> g(ns_mu);
-        ns_lbads[t.nsid] = lbads;
-      }
+      learn_namespace(t.nsid, d.data());
     } else if (t.cns == cns::kController) {
       ioccsz.store(tcp::get_le32(d.data() + kIoccszOffset));
     }
@@ -510,7 +599,7 @@ struct TcpTransport::Impl {
 
   // A response for tag `tag`: an internal command's waiter is woken; a host command's
   // completion is posted.
-  void complete(Queue& q, uint16_t tag, const CompletionEntry& rsp) {
+  void complete(Queue& q, uint16_t tag, CompletionEntry rsp) {
     uint16_t cid = 0;
     {
       std::lock_guard<std::mutex> g(q.tag_mu);
@@ -522,6 +611,15 @@ struct TcpTransport::Impl {
         return;
       }
       if (status_ok(rsp.status >> 1)) snoop(t);
+      // Number of Queues as allocated (Base §5.27.1.5): no more than this transport's queues,
+      // so the host never creates one beyond them.
+      if (t.admin && (t.opcode == admin::kSetFeatures || t.opcode == admin::kGetFeatures) &&
+          t.cns == fid::kNumberOfQueues && status_ok(rsp.status >> 1)) {
+        const uint32_t nsqa = std::min<uint32_t>(rsp.dw0 & 0xffff, kMaxIoQueues - 1);
+        const uint32_t ncqa = std::min<uint32_t>(rsp.dw0 >> 16, kMaxIoQueues - 1);
+        rsp.dw0 = nsqa | ncqa << 16;
+        queues_granted.store(std::min(nsqa, ncqa) + 1);
+      }
       cid = t.host_cid;
       t.used = false;
       t.iov.clear();
@@ -590,11 +688,18 @@ struct TcpTransport::Impl {
         }
       } else {  // R2T
         if (!r.finish_data(&err)) break;
-        if (!t->write || p.offset != t->done || uint64_t{p.offset} + p.length > t->len) {
+        // TCP §3.6.2.2: up to MAXR2T + 1 R2Ts of one command may be outstanding, for any
+        // offsets; each asks for data not asked for before, within the command.
+        const bool overlaps = std::any_of(t->asked.begin(), t->asked.end(), [&](const auto& a) {
+          return p.offset < a.second && a.first < p.offset + p.length;
+        });
+        if (!t->write || p.length == 0 || uint64_t{p.offset} + p.length > t->len || overlaps) {
           err = "R2T for offset " + std::to_string(p.offset) + " (+" + std::to_string(p.length) +
-                ") of a command of " + std::to_string(t->len) + " bytes";
+                ") of a command of " + std::to_string(t->len) + " bytes" +
+                (overlaps ? ", data already asked for" : "");
           break;
         }
+        t->asked.emplace_back(p.offset, p.offset + p.length);
         n_r2t.fetch_add(1, std::memory_order_relaxed);
         uint32_t off = p.offset;
         const uint32_t end = p.offset + p.length;
@@ -616,7 +721,7 @@ struct TcpTransport::Impl {
           err = "sending H2CData failed";
           break;
         }
-        t->done = end;
+        t->done += p.length;
       }
     }
     fail_all(q, err);
@@ -728,7 +833,7 @@ struct TcpTransport::Impl {
     Pdu ic;
     ic.type = PduType::kIcReq;
     ic.dgst = static_cast<uint8_t>((o.header_digest ? 1 : 0) | (o.data_digest ? 2 : 0));
-    ic.maxr2t = 0;  // one R2T at a time per command
+    ic.maxr2t = kMaxR2t - 1;  // 0's based (TCP §3.6.2.2)
     static const std::vector<iovec> kNone;
     if (!send_pdu(q, ic, kNone, 0)) return q.fd.store(-1), fail("sending ICReq failed");
     int fdv = fd;
@@ -793,8 +898,10 @@ struct TcpTransport::Impl {
     return true;
   }
 
-  // A Fabrics or admin command of the transport's own on queue q (no data), waited for.
-  bool internal(Queue& q, SubmissionEntry cmd, CompletionEntry* out, std::string* err) {
+  // A Fabrics or admin command of the transport's own on queue q, waited for; `len` bytes of
+  // data from the controller into `data` when len > 0 (C2HData, like a host read).
+  bool internal(Queue& q, SubmissionEntry cmd, CompletionEntry* out, std::string* err,
+                void* data = nullptr, uint32_t len = 0) {
     uint32_t tag = 0;
     {
       std::unique_lock<std::mutex> g(q.tag_mu);
@@ -811,9 +918,12 @@ struct TcpTransport::Impl {
       q.tags[tag] = Tag{};
       q.tags[tag].used = true;
       q.tags[tag].internal = true;
+      q.tags[tag].opcode = cmd.opcode;
+      q.tags[tag].len = len;
+      if (len > 0) q.tags[tag].iov.push_back(iovec{data, len});
     }
     cmd.cid = static_cast<uint16_t>(tag);
-    set_sgl(&cmd, tcp::kSglTransport, 0);
+    set_sgl(&cmd, tcp::kSglTransport, len);
     Pdu p;
     p.type = PduType::kCapsuleCmd;
     p.cmd = cmd;
@@ -919,6 +1029,15 @@ struct TcpTransport::Impl {
   // connections close (NVMe-oF §3.4: a disconnected association ends). REQUIRES: reg_mu.
   void disable_locked() {
     for (size_t i = queues.size(); i-- > 0;) close(*queues[i]);
+    for (size_t i = 1; i < queues.size(); ++i) {  // the I/O queues are gone (Base §3.5.2)
+      Queue& q = *queues[i];
+      {
+        std::lock_guard<std::mutex> g(q.sub_mu);
+        q.sq = nullptr;
+      }
+      std::lock_guard<std::mutex> g(q.cq_mu);
+      q.cq = nullptr;
+    }
     fatal.store(false);
     enable_pending = false;
   }
@@ -930,7 +1049,9 @@ struct TcpTransport::Impl {
       ka_cv.wait_for(g, period);
       if (ka_stop) break;
       g.unlock();
-      if (admin_connected()) {
+      // NVMe-oF §3.3: Keep Alive belongs to an enabled controller (nvmet refuses it before
+      // CC.EN = 1 with Command Sequence Error).
+      if (cc_en.load() && admin_connected()) {
         SubmissionEntry c{};
         c.opcode = kKeepAlive;
         CompletionEntry r{};
@@ -961,7 +1082,9 @@ bool cq_ring(void* ctx) {
 
 TcpTransport::TcpTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-std::unique_ptr<TcpTransport> TcpTransport::open(const TcpOptions& o, std::string* error) {
+namespace {
+// The transport's state before any connection: host identity, queues, interrupt lines.
+std::unique_ptr<TcpTransport::Impl> make_impl(const TcpOptions& o, std::string* error) {
   if (o.host.empty() || o.subnqn.empty()) {
     *error = "NVMe/TCP needs a host and a subsystem NQN";
     return nullptr;
@@ -970,7 +1093,7 @@ std::unique_ptr<TcpTransport> TcpTransport::open(const TcpOptions& o, std::strin
     *error = "an NQN longer than 223 bytes";
     return nullptr;
   }
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<TcpTransport::Impl>();
   impl->o = o;
   std::random_device rd;
   for (size_t i = 0; i < sizeof impl->hostid; i += 4) {
@@ -1001,6 +1124,13 @@ std::unique_ptr<TcpTransport> TcpTransport::open(const TcpOptions& o, std::strin
     q->cq_kick.ctx = q.get();
     impl->queues.push_back(std::move(q));
   }
+  return impl;
+}
+}  // namespace
+
+std::unique_ptr<TcpTransport> TcpTransport::open(const TcpOptions& o, std::string* error) {
+  auto impl = make_impl(o, error);
+  if (impl == nullptr) return nullptr;
   if (!impl->connect(*impl->queues[0], 31, kAdminHostTags, error)) return nullptr;
   uint64_t v = 0;
   if (!impl->property_get(reg::kCap, true, &v)) {
@@ -1018,6 +1148,124 @@ std::unique_ptr<TcpTransport> TcpTransport::open(const TcpOptions& o, std::strin
   impl->vs = static_cast<uint32_t>(v);
   if (o.kato_ms > 0) impl->keepalive = std::thread([p = impl.get()] { p->keepalive_loop(); });
   return std::unique_ptr<TcpTransport>(new TcpTransport(std::move(impl)));
+}
+
+namespace {
+std::string log_string(const uint8_t* p, size_t n) {
+  size_t len = 0;
+  while (len < n && p[len] != 0) ++len;
+  while (len > 0 && p[len - 1] == ' ') --len;
+  return std::string(reinterpret_cast<const char*>(p), len);
+}
+}  // namespace
+
+bool parse_discovery_log(const uint8_t* page, size_t n, uint64_t* genctr,
+                         std::vector<DiscoveryEntry>* out, std::string* error) {
+  constexpr size_t kHeader = 1024, kEntry = 1024;  // NVMe-oF 1.1 §5.3, Figures 40-41
+  out->clear();
+  if (n < kHeader) {
+    *error = "a Discovery Log Page of " + std::to_string(n) + " bytes, shorter than its header";
+    return false;
+  }
+  *genctr = tcp::get_le32(page) | uint64_t{tcp::get_le32(page + 4)} << 32;
+  const uint64_t numrec = tcp::get_le32(page + 8) | uint64_t{tcp::get_le32(page + 12)} << 32;
+  const uint16_t recfmt = tcp::get_le16(page + 16);
+  if (recfmt != 0) {
+    *error = "Discovery Log Page record format " + std::to_string(recfmt) + " (only 0 is known)";
+    return false;
+  }
+  const uint64_t fit = (n - kHeader) / kEntry;
+  for (uint64_t i = 0; i < std::min(numrec, fit); ++i) {
+    const uint8_t* e = page + kHeader + i * kEntry;
+    DiscoveryEntry d;
+    d.trtype = e[0];
+    d.adrfam = e[1];
+    d.subtype = e[2];
+    d.treq = e[3];
+    d.portid = tcp::get_le16(e + 4);
+    d.cntlid = tcp::get_le16(e + 6);
+    d.asqsz = tcp::get_le16(e + 8);
+    d.trsvcid = log_string(e + 32, 32);
+    d.subnqn = log_string(e + 256, 256);
+    d.traddr = log_string(e + 512, 256);
+    out->push_back(std::move(d));
+  }
+  return true;
+}
+
+bool TcpTransport::discover(const TcpOptions& given, std::vector<DiscoveryEntry>* out,
+                            std::string* error) {
+  TcpOptions o = given;
+  o.subnqn = kDiscoveryNqn;
+  o.kato_ms = 0;  // a short association: no keep-alive (NVMe-oF §5: the target picks a KATO)
+  auto made = make_impl(o, error);
+  if (made == nullptr) return false;
+  // Owned by a transport from here on: its destructor closes the connection.
+  std::unique_ptr<TcpTransport> t(new TcpTransport(std::move(made)));
+  Impl& impl = *t->impl_;
+  Queue& q = *impl.queues[0];
+  const std::string where = o.host + ":" + o.port;
+  if (!impl.connect(q, 31, kAdminHostTags, error)) {
+    *error = "discovery controller at " + where + ": " + *error;
+    return false;
+  }
+  // Enable it (NVMe-oF §3.5: CC through Property Set), then wait for CSTS.RDY within CAP.TO.
+  uint64_t cap = 0, csts_v = 0;
+  if (!impl.property_get(reg::kCap, true, &cap) ||
+      !impl.property_set(reg::kCc, cc::kEn | (6u << 16) | (4u << 20))) {
+    *error = "discovery controller at " + where + ": enabling it failed: " + impl.last_error;
+    return false;
+  }
+  const uint64_t to_ns = std::max<uint64_t>((cap >> 24) & 0xff, 1) * 500'000'000ull;
+  for (const uint64_t end = port::now_ns() + to_ns;;) {
+    if (!impl.property_get(reg::kCsts, false, &csts_v) || (csts_v & csts::kCfs)) {
+      *error = "discovery controller at " + where + ": controller fatal status while enabling";
+      return false;
+    }
+    if (csts_v & csts::kRdy) break;
+    if (port::now_ns() > end) {
+      *error = "discovery controller at " + where + ": not ready within CAP.TO";
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a bounded poll (CAP.TO)
+  }
+  auto get_log = [&](std::vector<uint8_t>* page) {
+    const uint32_t numd = static_cast<uint32_t>(page->size() / 4 - 1);
+    SubmissionEntry c{};
+    c.opcode = admin::kGetLogPage;
+    c.cdw10 = 0x70 | (numd & 0xffff) << 16;  // LID 70h, NUMDL (Base §5.16)
+    c.cdw11 = numd >> 16;                    // NUMDU; LPO (cdw12/13) 0
+    CompletionEntry r{};
+    std::string e;
+    if (!impl.internal(q, c, &r, &e, page->data(), static_cast<uint32_t>(page->size()))) {
+      *error = "discovery controller at " + where + ": Get Log Page 70h: " + e;
+      return false;
+    }
+    if (!status_ok(r.status >> 1)) {
+      *error = "discovery controller at " + where +
+               ": Get Log Page 70h failed: " + status_name(static_cast<uint16_t>(r.status >> 1));
+      return false;
+    }
+    return true;
+  };
+  // NVMe-oF §5.3: read the header, then the whole page; a generation counter that moved in
+  // between means the page changed: read it again.
+  constexpr uint64_t kMaxRecords = 1023;  // a page of 1 MiB at most
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    std::vector<uint8_t> head(4096);
+    uint64_t gen = 0, gen2 = 0;
+    if (!get_log(&head) || !parse_discovery_log(head.data(), head.size(), &gen, out, error))
+      return false;
+    const uint64_t numrec =
+        tcp::get_le32(head.data() + 8) | uint64_t{tcp::get_le32(head.data() + 12)} << 32;
+    if (numrec <= 3) return true;
+    std::vector<uint8_t> page((std::min(numrec, kMaxRecords) + 1) * 1024);
+    if (!get_log(&page) || !parse_discovery_log(page.data(), page.size(), &gen2, out, error))
+      return false;
+    if (gen2 == gen) return true;
+  }
+  *error = "discovery controller at " + where + ": the log page kept changing while read";
+  return false;
 }
 
 TcpTransport::~TcpTransport() {
@@ -1083,6 +1331,9 @@ void TcpTransport::write32(uint32_t offset, uint32_t value) {
   } else if (offset == reg::kCc) {
     const uint32_t old = t.cc_shadow;
     t.cc_shadow = value;
+    // A shutdown (CC.SHN) ends the controller's life as much as CC.EN = 0 does: nvmet clears
+    // its CC then (Base §3.6.2) and refuses Keep Alive after it.
+    t.cc_en.store((value & cc::kEn) != 0 && ((value >> cc::kShnShift) & 3) == 0);
     if (!(old & cc::kEn) && (value & cc::kEn)) {
       t.enable_locked();
     } else if ((old & cc::kEn) && !(value & cc::kEn)) {

@@ -7,6 +7,8 @@
 // "may" check) the emulated controller is held to its exact status and another device to the
 // spec's alternatives; what would make a real device DMA to addresses nobody mapped, or needs
 // the model's hooks, runs on the emulated controller only.
+#include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "nvme/rig.h"
@@ -86,7 +88,12 @@ TEST_F(Errors, InvalidFields) {
   // Saving Arbitration: not saveable here. A device that can save it saves the current value.
   uint32_t arb = 0;
   gf.cdw10 = fid::kArbitration;
-  ASSERT_EQ(r_->ctrl->admin(gf, nullptr, 0, false, &arb).code(), Code::kOk);
+  const Status got = r_->ctrl->admin(gf, nullptr, 0, false, &arb);
+  if (Rig::fabrics() && !got.is_ok()) {  // nvmet keeps no Arbitration feature
+    EXPECT_EQ(r_->status(got.nvme_status()), gen(sc::kInvalidField));
+    return;
+  }
+  ASSERT_EQ(got.code(), Code::kOk);
   SubmissionEntry sv{};
   sv.opcode = admin::kSetFeatures;
   sv.cdw10 = fid::kArbitration | (1u << 31);
@@ -115,12 +122,17 @@ TEST_F(Errors, InvalidFields) {
 }
 
 TEST_F(Errors, LbaOutOfRange) {
-  EXPECT_EQ(io(rd(nsze_, 1)), gen(sc::kLbaOutOfRange));
-  EXPECT_EQ(io(rd(nsze_ - 1, 2)), gen(sc::kLbaOutOfRange));
-  EXPECT_EQ(io(rd(~0ull - 1, 4)), gen(sc::kLbaOutOfRange));  // slba + nlb overflows
+  auto out_of_range = [&](SubmissionEntry c) {
+    const uint16_t got = io(c);
+    EXPECT_TRUE(r_->lba_range_status(got)) << "status " << std::hex << got << " for LBA "
+                                           << std::dec << (uint64_t{c.cdw11} << 32 | c.cdw10);
+  };
+  out_of_range(rd(nsze_, 1));
+  out_of_range(rd(nsze_ - 1, 2));
+  out_of_range(rd(~0ull - 1, 4));  // slba + nlb overflows
   EXPECT_EQ(io(rd(nsze_ - 1, 1)), 0);
   if (r_->ctrl->identify().oncs & oncs::kWriteZeroes) {
-    EXPECT_EQ(io(make_write_zeroes(r_->nsid, nsze_ - 2, 3, false)), gen(sc::kLbaOutOfRange));
+    out_of_range(make_write_zeroes(r_->nsid, nsze_ - 2, 3, false));
   }
   if (r_->emu) {  // QEMU skips a deallocate range past the end: DSM is advisory
     DmaRegion ranges = r_->alloc(kPage);
@@ -141,7 +153,16 @@ TEST_F(Errors, InvalidNamespace) {
   id.cdw10 = cns::kNamespace;
   id.nsid = bad_nsid_;
   id.prp1 = buf_.iova;
-  EXPECT_EQ(admin(id), gen(sc::kInvalidNamespace));
+  std::memset(buf_.vaddr, 0xa5, kPage);
+  const uint16_t st = admin(id);
+  if (Rig::fabrics() && st == 0) {
+    // The kernel's nvmet answers an Identify of any NSID but FFFFFFFFh with a zeroed
+    // structure, as for an inactive namespace, even beyond NN (Linux 6.1).
+    const auto* p = static_cast<const uint8_t*>(buf_.vaddr);
+    EXPECT_TRUE(std::all_of(p, p + kPage, [](uint8_t b) { return b == 0; }));
+  } else {
+    EXPECT_EQ(st, gen(sc::kInvalidNamespace));
+  }
 }
 
 // Base §5.4, §5.5, §5.6, §5.7: the command specific statuses of queue creation and deletion.

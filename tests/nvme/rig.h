@@ -7,6 +7,12 @@
 //   vfio:DDDD:BB:DD.F[,ns=N]  a PCIe controller bound to vfio-pci (the QEMU guest runs the
 //                             suite this way); the namespace under test is N, else the first
 //                             active one
+//   tcp:HOST:PORT/SUBNQN[,ns=N][,hostnqn=NQN]
+//                             an NVMe/TCP target (the QEMU guest's tcp configuration runs the
+//                             suite against the kernel's nvmet-tcp); where nvmet answers
+//                             otherwise than the base specification (no Arbitration feature,
+//                             no LBA range check of its own, zeroed Identify beyond NN) the
+//                             tests accept its answer when Rig::fabrics()
 //   foreign                   an emulated controller the test does not shape, built like QEMU's
 //                             "multi" configuration (three namespaces of 4 KiB LBAs, the one
 //                             under test is 2, 128 KiB MDTS, 2048-entry queues, no WRR). CI
@@ -57,8 +63,10 @@ struct Rig {
     const char* e = std::getenv("WARPFS_NVME_TEST_DEVICE");
     return e != nullptr ? std::string(e) : std::string();
   }
-  // True when the tests run on a device they do not configure (vfio or foreign).
+  // True when the tests run on a device they do not configure (vfio, tcp or foreign).
   static bool real_device() { return !device().empty(); }
+  // True when that device is an NVMe over Fabrics target (tcp:).
+  static bool fabrics() { return device().rfind("tcp:", 0) == 0; }
 
   // The shape of the `foreign` device: QEMU's "multi" configuration in smaller sizes.
   static EmulatedConfig foreign_config() {
@@ -98,13 +106,18 @@ struct Rig {
       r->nsid = kForeignNsid;
     } else {
       DeviceSpec spec;
-      if (!parse_device(dev, &spec, &err) || spec.kind != DeviceSpec::Kind::kVfio) {
+      if (!parse_device(dev, &spec, &err) || spec.kind == DeviceSpec::Kind::kEmulated) {
         ADD_FAILURE() << "WARPFS_NVME_TEST_DEVICE='" << dev
-                      << "': expected vfio:DDDD:BB:DD.F[,ns=N] or foreign"
+                      << "': expected vfio:DDDD:BB:DD.F[,ns=N], tcp:HOST:PORT/SUBNQN[,ns=N] or "
+                         "foreign"
                       << (err.empty() ? "" : ": ") << err;
         return nullptr;
       }
-      r->transport = VfioTransport::open(spec.bdf, VfioOptions{}, &err);
+      if (spec.kind == DeviceSpec::Kind::kTcp) {
+        r->transport = TcpTransport::open(spec.tcp, &err);
+      } else {
+        r->transport = VfioTransport::open(spec.bdf, VfioOptions{}, &err);
+      }
       r->nsid = spec.nsid;  // 0: the first active namespace, once identified
     }
     if (!r->transport) {
@@ -140,6 +153,17 @@ struct Rig {
   // by its type and code (Base §4.6.1, Figure 92). Do Not Retry and More are the
   // controller's judgement: QEMU, for one, lets a refused queue deletion be retried.
   uint16_t status(uint16_t s) const { return emu ? s : static_cast<uint16_t>(s & 0x7ff); }
+
+  // True if `got` (a status field) answers a command whose LBAs lie beyond the namespace as
+  // this device is held to: LBA Out of Range (Base §4.6.1.2.2). The kernel's nvmet does not
+  // check the range itself (Linux 6.1): its block device backend fails the I/O at the device's
+  // end (Internal Error), its file backend answers Capacity Exceeded.
+  bool lba_range_status(uint16_t got) const {
+    const uint16_t s = status(got);
+    if (s == status(make_status(sct::kGeneric, sc::kLbaOutOfRange))) return true;
+    return fabrics() && (s == status(make_status(sct::kGeneric, sc::kInternalError)) ||
+                         s == status(make_status(sct::kGeneric, sc::kCapacityExceeded)));
+  }
 
   DmaRegion alloc(size_t bytes) {
     DmaRegion d;

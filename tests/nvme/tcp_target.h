@@ -2,9 +2,10 @@
 // loopback TCP port, written against the codec (tcp_pdu.h) and the specifications (NVMe/TCP
 // Transport 1.0, NVMe over Fabrics 1.1), never against the initiator's code. Each connection
 // has its own thread handling one command at a time: ICReq/ICResp, Fabrics Connect, Property
-// Get/Set, Identify, Set/Get Features, Keep Alive; Read (C2HData, with SUCCESS or a
-// CapsuleResp), Write (in-capsule data or R2T/H2CData), Flush, Dataset Management, Write
-// Zeroes. Faults for the tests: vanish() (listener and every connection gone, as a target
+// Get/Set, Identify, Set/Get Features, Keep Alive, and as the discovery controller (NVMe-oF
+// §5: Connect to nqn.2014-08.org.nvmexpress.discovery) Get Log Page 70h; Read (C2HData, with
+// SUCCESS or a CapsuleResp), Write (in-capsule data or R2T/H2CData), Flush, Dataset Management,
+// Write Zeroes. Faults for the tests: vanish() (listener and every connection gone, as a target
 // that goes away), come_back() (listening again on the same port), and a write-byte budget
 // after which the target vanishes in the middle of a write.
 //
@@ -40,9 +41,16 @@ struct TcpTargetOptions {
   uint32_t maxh2c = 16384;     // MAXH2CDATA
   uint32_t c2h_chunk = 32768;  // C2HData PDUs per read of this size
   uint32_t r2t_max = 65536;    // the most one R2T asks for
+  // R2Ts of one command sent before its data is read (at most the host's MAXR2T + 1), and in
+  // descending offsets when r2t_reverse: TCP §3.6.2.2 lets a controller have several out.
+  uint32_t r2t_burst = 1;
+  bool r2t_reverse = false;
   uint8_t cpda = 0;
   uint8_t mdts = 5;          // 128 KiB
   bool success_flag = true;  // end reads with C2HData SUCCESS, not a CapsuleResp
+  // The Discovery Log Page lists the subsystem, this discovery subsystem, an RDMA port of the
+  // subsystem and this many more NVM subsystems over TCP (subnqn + ".1", ".2", ...).
+  uint32_t discovery_extra = 0;
 };
 
 class TcpTarget {
@@ -88,7 +96,7 @@ class TcpTarget {
   std::atomic<uint64_t> vanish_after_write_bytes{0};
 
   std::atomic<uint64_t> connects{0}, in_capsule_writes{0}, r2t_writes{0}, keep_alives{0},
-      digest_connections{0}, shutdowns{0};
+      keep_alives_disabled{0}, digest_connections{0}, shutdowns{0}, r2t_bursts{0};
 
  private:
   // A command capsule read whole (its in-capsule data with it): a host may send the next
@@ -101,6 +109,8 @@ class TcpTarget {
     int fd;
     tcp::Digests dg;
     uint16_t qid = 0;
+    uint32_t maxr2t = 0;     // the host's ICReq MAXR2T (0's based)
+    bool discovery = false;  // connected to the discovery subsystem
     std::deque<Cmd> queued;
   };
   static bool read_cmd(tcp::PduReader& r, const tcp::Pdu& p, Cmd* out) {
@@ -216,17 +226,31 @@ class TcpTarget {
     }
     if (type != tcp::kSglTransport) return true;
     r2t_writes.fetch_add(1);
+    struct Ask {
+      uint16_t ttag;
+      uint32_t off, len, got;
+    };
+    const uint32_t burst = std::max<uint32_t>(1, std::min(o_.r2t_burst, c.maxr2t + 1));
     uint16_t ttag = 1;
-    for (uint32_t off = 0; off < n;) {
-      const uint32_t want = std::min(n - off, o_.r2t_max);
-      tcp::Pdu r2t;
-      r2t.type = tcp::PduType::kR2T;
-      r2t.cccid = e.cid;
-      r2t.ttag = ttag;
-      r2t.offset = off;
-      r2t.length = want;
-      if (!send(c, r2t, nullptr, 0)) return false;
-      for (uint32_t got = 0; got < want;) {
+    for (uint32_t next = 0; next < n;) {
+      std::vector<Ask> asks;
+      while (asks.size() < burst && next < n) {
+        const uint32_t want = std::min(n - next, o_.r2t_max);
+        asks.push_back(Ask{ttag++, next, want, 0});
+        next += want;
+      }
+      if (asks.size() > 1) r2t_bursts.fetch_add(1);
+      if (o_.r2t_reverse) std::reverse(asks.begin(), asks.end());
+      for (const Ask& a : asks) {
+        tcp::Pdu r2t;
+        r2t.type = tcp::PduType::kR2T;
+        r2t.cccid = e.cid;
+        r2t.ttag = a.ttag;
+        r2t.offset = a.off;
+        r2t.length = a.len;
+        if (!send(c, r2t, nullptr, 0)) return false;
+      }
+      for (size_t open = asks.size(); open > 0;) {
         tcp::Pdu d;
         if (!r.read_header(&d, &err)) return false;
         if (d.type == tcp::PduType::kCapsuleCmd) {
@@ -234,18 +258,51 @@ class TcpTarget {
           if (!read_cmd(r, d, &c.queued.back())) return false;
           continue;
         }
-        if (d.type != tcp::PduType::kH2CData || d.cccid != e.cid || d.ttag != ttag ||
-            d.offset != off + got || d.length > want - got)
+        auto a =
+            std::find_if(asks.begin(), asks.end(), [&](const Ask& x) { return x.ttag == d.ttag; });
+        if (d.type != tcp::PduType::kH2CData || d.cccid != e.cid || a == asks.end() ||
+            d.offset != a->off + a->got || d.length > a->len - a->got)
           return false;
-        if (!r.read_data(dst + off + got, d.length, &err) || !r.finish_data(&err)) return false;
-        got += d.length;
+        if (!r.read_data(dst + d.offset, d.length, &err) || !r.finish_data(&err)) return false;
+        a->got += d.length;
+        if (a->got == a->len) --open;
         if (!count_write(d.length)) return false;
       }
-      off += want;
-      ++ttag;
     }
     *ok = true;
     return true;
+  }
+
+  // NVMe-oF 1.1 §5.3: a 1 KiB header (GENCTR, NUMREC, RECFMT) and 1 KiB entries, strings
+  // padded with spaces (TRSVCID, TRADDR) or NULs (SUBNQN).
+  std::vector<uint8_t> discovery_log() const {
+    struct E {
+      uint8_t trtype, subtype;
+      std::string nqn;
+    };
+    std::vector<E> es{
+        {3, 2, o_.subnqn}, {3, 3, "nqn.2014-08.org.nvmexpress.discovery"}, {1, 2, o_.subnqn}};
+    for (uint32_t i = 1; i <= o_.discovery_extra; ++i)
+      es.push_back({3, 2, o_.subnqn + "." + std::to_string(i)});
+    std::vector<uint8_t> p(1024 * (es.size() + 1), 0);
+    tcp::put_le32(p.data(), 7);  // GENCTR
+    tcp::put_le32(p.data() + 8, static_cast<uint32_t>(es.size()));
+    for (size_t i = 0; i < es.size(); ++i) {
+      uint8_t* e = p.data() + 1024 * (i + 1);
+      e[0] = es[i].trtype;
+      e[1] = 1;  // IPv4
+      e[2] = es[i].subtype;
+      tcp::put_le16(e + 4, 1);       // PORTID
+      tcp::put_le16(e + 6, 0xffff);  // CNTLID: dynamic
+      tcp::put_le16(e + 8, 32);      // ASQSZ
+      std::memset(e + 32, ' ', 32);
+      const std::string svc = std::to_string(port_);
+      std::memcpy(e + 32, svc.data(), svc.size());
+      std::memcpy(e + 256, es[i].nqn.data(), std::min<size_t>(es[i].nqn.size(), 255));
+      std::memset(e + 512, ' ', 256);
+      std::memcpy(e + 512, "127.0.0.1", 9);
+    }
+    return p;
   }
 
   bool count_write(uint64_t n) {
@@ -265,6 +322,7 @@ class TcpTarget {
     std::string err;
     tcp::Pdu p;
     if (!r.read_header(&p, &err) || p.type != tcp::PduType::kIcReq) return;
+    c.maxr2t = p.maxr2t;
     tcp::Pdu ic;
     ic.type = tcp::PduType::kIcResp;
     ic.pda = o_.cpda;
@@ -298,7 +356,9 @@ class TcpTarget {
         if (cmd.data.size() != 1024) return false;
         const uint8_t* d = cmd.data.data();
         c.qid = static_cast<uint16_t>(e.cdw10 >> 16);
-        if (std::string(reinterpret_cast<const char*>(d + 256)) != o_.subnqn)
+        const std::string nqn(reinterpret_cast<const char*>(d + 256));
+        c.discovery = nqn == "nqn.2014-08.org.nvmexpress.discovery";
+        if (nqn != o_.subnqn && !(c.discovery && c.qid == 0))
           return respond(c, e.cid, make_status(sct::kCommandSpecific, 0x82));  // invalid params
         connects.fetch_add(1);
         uint16_t id = tcp::get_le16(d + 16);
@@ -334,6 +394,16 @@ class TcpTarget {
         (sgl_type != tcp::kSglInCapsule && sgl_type != tcp::kSglTransport)) {
       return respond(c, e.cid, invalid_field);
     }
+    if (c.discovery) {
+      if (e.opcode != admin::kGetLogPage || (e.cdw10 & 0xff) != 0x70)
+        return respond(c, e.cid, make_status(sct::kGeneric, sc::kInvalidOpcode));
+      const uint64_t len = ((uint64_t{e.cdw11 & 0xffff} << 16 | e.cdw10 >> 16) + 1) * 4;
+      const uint64_t lpo = uint64_t{e.cdw13} << 32 | e.cdw12;
+      const std::vector<uint8_t> page = discovery_log();
+      std::vector<uint8_t> d(len, 0);
+      for (uint64_t i = 0; i < len && lpo + i < page.size(); ++i) d[i] = page[lpo + i];
+      return to_host(c, e.cid, d.data(), static_cast<uint32_t>(len));
+    }
     if (c.qid == 0) {
       if (e.opcode == admin::kIdentify) {
         std::vector<uint8_t> d(4096, 0);
@@ -363,7 +433,13 @@ class TcpTarget {
         return respond(c, e.cid, 0, 7 | (7u << 16));
       if (e.opcode == admin::kSetFeatures || e.opcode == admin::kGetFeatures)
         return respond(c, e.cid, 0);
-      if (e.opcode == 0x18) {
+      if (e.opcode ==
+          0x18) {  // Keep Alive: refused before CC.EN = 1 and after a shutdown, as nvmet does
+        std::lock_guard<std::mutex> g(mu_);
+        if (!(cc_ & cc::kEn) || ((cc_ >> cc::kShnShift) & 3)) {
+          keep_alives_disabled.fetch_add(1);
+          return respond(c, e.cid, make_status(sct::kGeneric, sc::kCommandSequenceError));
+        }
         keep_alives.fetch_add(1);
         return respond(c, e.cid, 0);
       }

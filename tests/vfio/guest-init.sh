@@ -13,7 +13,7 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
 
-# The configuration run-guest.sh chose: warpfs.config=single|multi|nfs on the kernel command
+# The configuration run-guest.sh chose: warpfs.config=single|multi|nfs|tcp on the kernel command
 # line.
 config=single
 read -r cmdline </proc/cmdline
@@ -45,7 +45,7 @@ else
 fi
 
 bdf=
-[ "$config" = nfs ] && bdf=-  # no controller: the NFS steps
+case $config in nfs | tcp) bdf=- ;; esac  # no controller: the NFS or NVMe/TCP steps
 for dev in /sys/bus/pci/devices/*; do
   [ -n "$bdf" ] && break
   if [ "$(cat "$dev/class")" = 0x010802 ]; then
@@ -53,7 +53,9 @@ for dev in /sys/bus/pci/devices/*; do
     break
   fi
 done
-if [ "$bdf" = - ]; then
+if [ "$config" = tcp ]; then
+  sh /guest-tcp.sh
+elif [ "$bdf" = - ]; then
   sh /guest-tests.sh - "$config"
 elif [ -n "$bdf" ]; then
   echo "WARPFS-STEP find-nvme PASS"

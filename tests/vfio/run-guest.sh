@@ -2,13 +2,17 @@
 # Boots a Debian kernel in QEMU (TCG) with an emulated NVMe controller behind an emulated
 # Intel IOMMU, and runs tests/vfio/guest-tests.sh inside the guest against the controller
 # bound to vfio-pci: warpfs's VFIO transport end to end, on a machine without NVMe hardware.
-#   usage: run-guest.sh single|multi|nfs BINDIR
+#   usage: run-guest.sh single|multi|nfs|tcp BINDIR
 #     single: one controller, one 1 GiB namespace, 512-byte LBAs
 #     multi:  one controller, namespaces of 64 MiB, 1 GiB, 256 MiB with 4 KiB LBAs (the
 #             filesystem goes on namespace 2)
 #     nfs:    no controller: warpfs on an emulated one over an image in the guest's memory,
 #             exported by the kernel's NFS server (NFSv4) and mounted back over loopback
 #             (tests/vfio/guest-nfs.sh); nfs-utils comes from Debian's packages, cached
+#     tcp:    no controller: the kernel's NVMe/TCP target (nvmet-tcp) exports a file in the
+#             guest's tmpfs and a RAM disk at 127.0.0.1:4420 and warpfs reaches them through
+#             its NVMe/TCP transport (tests/vfio/guest-tcp.sh; with warpfs.bench=1 in
+#             WARPFS_VM_APPEND, bench/tcp-guest.sh's benchmark instead)
 #   BINDIR: a build directory; the programs found in it are carried into the guest.
 # Environment: WARPFS_VM_CACHE (kernel cache, default /var/cache/warpfs-vm), WARPFS_VM_TIMEOUT
 # (seconds for the whole guest, default 900), WARPFS_VM_LOG (console log, default
@@ -20,13 +24,13 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 single|multi|nfs BINDIR" >&2
+  echo "usage: $0 single|multi|nfs|tcp BINDIR" >&2
   exit 2
 }
 (($# == 2)) || usage
 config=$1
 bindir=$(cd "$2" && pwd) || usage
-case $config in single | multi | nfs) ;; *) usage ;; esac
+case $config in single | multi | nfs | tcp) ;; *) usage ;; esac
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${WARPFS_VM_CACHE:-/var/cache/warpfs-vm}
@@ -47,6 +51,17 @@ if [[ $config == nfs ]]; then
   modules=(fuse nfsd nfsv4)
   later_modules=()
   programs=(mkfs/mkfs.warpfs mkfs/fsck.warpfs fs/daemon/warpfs)
+fi
+if [[ $config == tcp ]]; then
+  # The NVMe/TCP target (configfs, nvmet); a RAM disk for a namespace (brd) and the kernel's
+  # initiator for bench/tcp-guest.sh's comparison (nvme-tcp) carried; no VFIO.
+  # crc32c_generic: nvmet-tcp's digests ask the crypto API for "crc32c", which nothing loads
+  # in this guest (no modprobe tree); without it 6.1's nvmet-tcp oopses releasing the queue
+  # (a NULL dereference in nvmet_tcp_release_queue_work) when a host asks for digests.
+  modules=(fuse configfs crc32c_generic nvmet nvmet-tcp)
+  later_modules=(brd nvme-tcp)  # brd: insmod'ed with its size by guest-tcp.sh
+  programs=(tests/nvme_tests mkfs/mkfs.warpfs mkfs/fsck.warpfs fs/daemon/warpfs
+    tests/tools/warpfs-fsx bench/warpfs-bench-blockread)
 fi
 # nfs: what is taken from nfs-utils's packages (the rest of them stays in the cache).
 nfs_programs=(usr/sbin/rpc.nfsd usr/sbin/rpc.mountd usr/sbin/exportfs sbin/mount.nfs)
@@ -327,6 +342,7 @@ build_initramfs() {
   install -m 755 "$here/guest-init.sh" "$root/init"
   install -m 755 "$here/guest-tests.sh" "$root/guest-tests.sh"
   [[ $config == nfs ]] && install -m 644 "$here/guest-nfs.sh" "$root/guest-nfs.sh"
+  [[ $config == tcp ]] && install -m 755 "$here/guest-tcp.sh" "$root/guest-tcp.sh"
   (cd "$root" && find . | cpio -o -H newc --quiet) >"$work/initrd"
 }
 
@@ -342,7 +358,7 @@ kernel=$kdir/vmlinux
 devices=(-device "intel-iommu,intremap=on,caching-mode=on")
 iommu="intel_iommu=on "
 nvme=()
-if [[ $config == nfs ]]; then
+if [[ $config == nfs || $config == tcp ]]; then
   devices=()  # nothing to pass through: the filesystem is on an image in guest memory
   iommu=
 elif [[ $config == single ]]; then

@@ -28,8 +28,15 @@
 //                commands in flight (Transient Transport Error, which callers see as EIO)
 //                and makes CSTS read CFS, so the engine's watchdog resets, which reconnects.
 //
-// Not done yet: discovery (the discovery controller's log page), TLS, SGL-capable memory
-// without PRPs, more than one outstanding R2T per command (MAXR2T 0).
+// Discovery (TcpTransport::discover): the discovery controller of NVMe-oF §5 (well-known NQN
+// nqn.2014-08.org.nvmexpress.discovery) is connected on the admin queue alone, enabled, and
+// its Discovery Log Page (Log Identifier 70h, NVMe-oF §5.3) read whole.
+//
+// R2Ts: ICReq offers MAXR2T 15 (16 outstanding per command, TCP §3.6.2.2); each R2T may ask
+// for any range of the command not asked for before, and is answered with its H2CData as
+// it arrives. (The kernel's nvmet sends one R2T per command whatever the host offers.)
+//
+// Not done yet: TLS, SGL-capable memory without PRPs.
 //
 // Thread-safety: as Transport. open() and the destructor are not concurrent with anything.
 #pragma once
@@ -37,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "warpfs/nvme/transport.h"
 
@@ -63,8 +71,34 @@ struct TcpCounters {
   uint64_t keep_alives = 0;          // Keep Alive commands completed
 };
 
+// The well-known NQN of discovery controllers (NVMe-oF 1.1 §5).
+inline constexpr const char* kDiscoveryNqn = "nqn.2014-08.org.nvmexpress.discovery";
+
+// One Discovery Log Page Entry (NVMe-oF 1.1 §5.3, Figure 41), strings with their padding
+// (spaces or NULs) removed.
+struct DiscoveryEntry {
+  uint8_t trtype = 0;   // 1 RDMA, 2 FC, 3 TCP, 254 intra-host
+  uint8_t adrfam = 0;   // 1 IPv4, 2 IPv6, 3 InfiniBand, 4 FC, 254 intra-host
+  uint8_t subtype = 0;  // 1 referral to a discovery service, 2 NVM subsystem, 3 this discovery
+  uint8_t treq = 0;
+  uint16_t portid = 0;
+  uint16_t cntlid = 0;
+  uint16_t asqsz = 0;
+  std::string trsvcid, subnqn, traddr;
+};
+// Decodes a Discovery Log Page (header and entries, `n` bytes): its generation counter and
+// the entries the header counts (at most those the bytes hold). False with a message if the
+// page is shorter than its header or names an unknown record format.
+bool parse_discovery_log(const uint8_t* page, size_t n, uint64_t* genctr,
+                         std::vector<DiscoveryEntry>* out, std::string* error);
+
 class TcpTransport final : public Transport {
  public:
+  // Connects to the discovery controller at o.host:o.port (o.subnqn is ignored: the
+  // well-known discovery NQN is used) and reads its Discovery Log Page; the entries in
+  // `out`. False with a message on failure.
+  static bool discover(const TcpOptions& o, std::vector<DiscoveryEntry>* out, std::string* error);
+
   // Connects the admin queue and reads CAP and VS; null and a message on failure.
   static std::unique_ptr<TcpTransport> open(const TcpOptions& o, std::string* error);
   ~TcpTransport() override;
