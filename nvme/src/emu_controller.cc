@@ -9,6 +9,12 @@
 namespace warpfs::nvme {
 namespace {
 
+// Adds to a counter that one thread at a time writes (a load and a store: no locked
+// instruction) and any thread may read.
+void bump(std::atomic<uint64_t>& c, uint64_t n) {
+  c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
 constexpr uint32_t kErrorLogEntries = 64;
 constexpr uint32_t kAdminBudget = 64;
 constexpr uint16_t kVendorId = 0x1d0f;  // an arbitrary id; the model name says what it is
@@ -194,8 +200,7 @@ void EmulatedController::run(unsigned idx) {
     }
     if (worked) {
       w.last_work_ns = port::now_ns();
-      w.busy_ns.store(w.busy_ns.load(std::memory_order_relaxed) + (w.last_work_ns - start),
-                      std::memory_order_relaxed);
+      bump(w.busy_ns, w.last_work_ns - start);
     } else {
       park(idx);
     }
@@ -720,10 +725,10 @@ EmulatedController::Result EmulatedController::get_log_page(Worker& w, const Sub
     s.available_spare = 100;
     s.spare_threshold = 10;
     // Data units are thousands of 512-byte units, rounded up (Base Figure 207).
-    put_u128(s.data_units_read, (bytes_read_.load() / 512 + 999) / 1000);
-    put_u128(s.data_units_written, (bytes_written_.load() / 512 + 999) / 1000);
-    put_u128(s.host_reads, n_reads_.load());
-    put_u128(s.host_writes, n_writes_.load());
+    put_u128(s.data_units_read, (io_sum(&Worker::IoCounts::bytes_read) / 512 + 999) / 1000);
+    put_u128(s.data_units_written, (io_sum(&Worker::IoCounts::bytes_written) / 512 + 999) / 1000);
+    put_u128(s.host_reads, io_sum(&Worker::IoCounts::reads));
+    put_u128(s.host_writes, io_sum(&Worker::IoCounts::writes));
     put_u128(s.power_cycles, 1);
     {
       std::lock_guard<std::mutex> g(error_mu_);
@@ -883,14 +888,14 @@ EmulatedController::Result EmulatedController::delete_queue(const SubmissionEntr
 // ---------------------------------------------------------------------------------------------
 
 EmulatedController::Result EmulatedController::execute_io(Worker& w, const SubmissionEntry& cmd) {
-  n_io_.fetch_add(1, std::memory_order_relaxed);
+  bump(w.io.commands, 1);
   const uint16_t bad_ns = make_status(sct::kGeneric, sc::kInvalidNamespace);
   if (cmd.opcode == io::kFlush) {
     // Base §7.1: NSID FFFFFFFFh flushes every namespace; one cache serves them all.
     if (cmd.nsid != io::kBroadcastNsid && (cmd.nsid == 0 || cmd.nsid > namespaces_.size())) {
       return {bad_ns, 0};
     }
-    n_flushes_.fetch_add(1, std::memory_order_relaxed);
+    bump(w.io.flushes, 1);
     Status s = media_.flush();
     return {s.is_ok() ? uint16_t{0} : make_status(sct::kMedia, sc::kWriteFault), 0};
   }
@@ -936,11 +941,11 @@ EmulatedController::Result EmulatedController::read_write(Worker& w, const Submi
             0};
   }
   if (write) {
-    n_writes_.fetch_add(1, std::memory_order_relaxed);
-    bytes_written_.fetch_add(bytes, std::memory_order_relaxed);
+    bump(w.io.writes, 1);
+    bump(w.io.bytes_written, bytes);
   } else {
-    n_reads_.fetch_add(1, std::memory_order_relaxed);
-    bytes_read_.fetch_add(bytes, std::memory_order_relaxed);
+    bump(w.io.reads, 1);
+    bump(w.io.bytes_read, bytes);
   }
   return {0, 0};
 }
@@ -980,13 +985,19 @@ void EmulatedController::pause(bool paused) {
   }
 }
 
+uint64_t EmulatedController::io_sum(std::atomic<uint64_t> Worker::IoCounts::*field) const {
+  uint64_t n = 0;
+  for (const Worker& w : workers_) n += (w.io.*field).load(std::memory_order_relaxed);
+  return n;
+}
+
 EmulatedCounters EmulatedController::counters() const {
   EmulatedCounters c;
   c.admin_commands = n_admin_.load();
-  c.io_commands = n_io_.load();
-  c.reads = n_reads_.load();
-  c.writes = n_writes_.load();
-  c.flushes = n_flushes_.load();
+  c.io_commands = io_sum(&Worker::IoCounts::commands);
+  c.reads = io_sum(&Worker::IoCounts::reads);
+  c.writes = io_sum(&Worker::IoCounts::writes);
+  c.flushes = io_sum(&Worker::IoCounts::flushes);
   c.errors = n_errors_.load();
   c.doorbell_kicks = 0;
   for (const Worker& w : workers_) {

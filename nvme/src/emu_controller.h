@@ -93,6 +93,14 @@ class EmulatedController {
     // Time in arbitration rounds that found work (EmulatedCounters::busy_ns): written by this
     // worker's thread only, read by counters() from any thread (relaxed atomic).
     std::atomic<uint64_t> busy_ns{0};
+    // This worker's I/O counts (EmulatedCounters, the SMART log): written by whoever holds mu
+    // (the worker or an inline ringer) with a load and a store, read by counters() from any
+    // thread. Per worker, so that workers share no counter line (one shared line of atomics
+    // that every command incremented cost the GPU rig's 14 workers more than the command).
+    struct IoCounts {
+      std::atomic<uint64_t> commands{0}, reads{0}, writes{0}, flushes{0}, bytes_read{0},
+          bytes_written{0};
+    } io;
     EmulatedController* owner = nullptr;
     unsigned idx = 0;
   };
@@ -186,8 +194,9 @@ class EmulatedController {
   std::atomic<bool> tracing_{false};
   std::vector<uint16_t> trace_;
 
-  std::atomic<uint64_t> n_admin_{0}, n_io_{0}, n_reads_{0}, n_writes_{0}, n_flushes_{0},
-      n_errors_{0}, n_kicks_{0}, bytes_read_{0}, bytes_written_{0};
+  std::atomic<uint64_t> n_admin_{0}, n_errors_{0}, n_kicks_{0};
+  // Sum of a per-worker I/O count over the workers.
+  uint64_t io_sum(std::atomic<uint64_t> Worker::IoCounts::*field) const;
 };
 
 }  // namespace warpfs::nvme

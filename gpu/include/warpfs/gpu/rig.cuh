@@ -50,8 +50,11 @@ struct RigOptions {
   bool volatile_write_cache = true;
   bool rebalance = true;  // GPU threads may move the mapper's slots (io.cuh, execute_routed)
   // Writes reach the store at once (EmulatedConfig::cache_in_store): another controller over
-  // the same store (gpu::Volume's filesystem core) sees them.
-  bool cache_in_store = false;
+  // the same store (gpu::Volume's filesystem core) sees them, and no command takes the
+  // modelled write cache's device-wide lock (with it, a read took that lock too: on 14
+  // workers it cost more than the command). false: the modelled volatile cache, for tests of
+  // what a power cut loses.
+  bool cache_in_store = true;
 };
 
 class Rig {
