@@ -67,24 +67,30 @@ bool Volume::close(std::string* error) {
   if (closed_) return true;
   closed_ = true;
   bool ok = true;
-  // Every dirty line to the device, then one NVMe Flush from the GPU.
-  if (any_writable_ && !cache_->flush(error)) ok = false;
-  // Data reached the files (write-backs count evictions and the flush's; a caller that reset
-  // the cache's counters after writing makes this miss, and the times stay as they were).
-  const bool wrote = any_writable_ && cache_->stats().writebacks > 0;
-  dropped_at_close_ = dropped_writes();
-  if (nvme::Status s = rig_->shutdown(); !s.is_ok() && ok) {
-    *error = "gpu controller shutdown: " + s.to_string();
-    ok = false;
+  bool wrote = false;
+  if (cache_) {  // (an open that failed part-way has no cache or rig)
+    // Every dirty line to the device, then one NVMe Flush from the GPU.
+    if (any_writable_ && !cache_->flush(error)) ok = false;
+    // Data reached the files (write-backs count evictions and the flush's; a caller that
+    // reset the cache's counters after writing makes this miss, and the times stay as they
+    // were).
+    wrote = any_writable_ && cache_->stats().writebacks > 0;
+  }
+  if (dropped_ != nullptr) dropped_at_close_ = dropped_writes();
+  if (rig_) {
+    if (nvme::Status s = rig_->shutdown(); !s.is_ok() && ok) {
+      *error = "gpu controller shutdown: " + s.to_string();
+      ok = false;
+    }
   }
   cache_.reset();
   rig_.reset();
   for (uint64_t* d : maps_) WARPFS_CUDA_CHECK(cudaFree(d));
   maps_.clear();
-  WARPFS_CUDA_CHECK(cudaFree(dropped_));
+  if (dropped_ != nullptr) WARPFS_CUDA_CHECK(cudaFree(dropped_));
   dropped_ = nullptr;
   std::string host_error;
-  if (!host_->close(wrote, &host_error) && ok) {
+  if (host_ && !host_->close(wrote, &host_error) && ok) {
     *error = host_error;
     ok = false;
   }

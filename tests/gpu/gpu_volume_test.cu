@@ -110,6 +110,14 @@ int run(bool small, uint64_t seed, const std::string& keep) {
       uint64_t wrong = 0;
       t.check(gpu_reads_equal(a64, files[0].data, &wrong), "64-bit elements read the same bytes");
     }
+    {  // The image lock: no writer beside a reader (the failed open unwinds cleanly).
+      VolumeOptions wo = o;
+      wo.writable = true;
+      std::string werror;
+      auto w = Volume::open(image, wo, &werror);
+      t.check(w == nullptr && werror.find(nvme::BackingStore::kImageBusy) != std::string::npos,
+              ("a writable volume beside a reader is refused: " + werror).c_str());
+    }
     file_array<uint32_t> bad;
     t.check(v->open_array("/link", false, &bad, &error) == ELOOP, "a symlink is refused (ELOOP)");
     t.check(v->open_array("/data/holes.bin", true, &bad, &error) == EROFS,
