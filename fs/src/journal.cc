@@ -1,12 +1,11 @@
 #include "journal.h"
 
-#include "xxh.h"
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "warpfs/fs/replay.h"
+#include "xxh.h"
 
 namespace warpfs::fs {
 
@@ -335,19 +334,18 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
   d->seq = seq_;
   for (uint32_t i = 0; i < n; ++i) d->targets[i] = blocks[i].first;
   d->checksum = block_checksum(d, offsetof(JournalDescriptor, checksum), sb_.checksum_seed);
-  XXH64_state_t* xs = XXH64_createState();
-  XXH64_reset(xs, sb_.checksum_seed);
-  XXH64_update(xs, d, kBlockSize);
+  XXH64_state_t xs;  // on the stack (xxh.h)
+  XXH64_reset(&xs, sb_.checksum_seed);
+  XXH64_update(&xs, d, kBlockSize);
   for (uint32_t i = 0; i < n; ++i) {
     std::memcpy(ring.data() + (i + 1) * size_t{kBlockSize}, blocks[i].second, kBlockSize);
-    XXH64_update(xs, blocks[i].second, kBlockSize);
+    XXH64_update(&xs, blocks[i].second, kBlockSize);
   }
   auto* c = reinterpret_cast<JournalCommit*>(ring.data() + (n + 1) * size_t{kBlockSize});
   c->magic = kJournalCommitMagic;
   c->count = n;
   c->seq = seq_;
-  c->data_checksum = XXH64_digest(xs);
-  XXH64_freeState(xs);
+  c->data_checksum = XXH64_digest(&xs);
   c->checksum = block_checksum(c, offsetof(JournalCommit, checksum), sb_.checksum_seed);
   // Write in contiguous runs up to the ring's end, then from position 1.
   uint64_t p = pos_;

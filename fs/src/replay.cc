@@ -5,11 +5,11 @@
 // outside the filesystem, or inside the journal itself, ends the replay as if incomplete.
 #include "warpfs/fs/replay.h"
 
-#include "xxh.h"
-
 #include <cstring>
 #include <memory>
 #include <vector>
+
+#include "xxh.h"
 
 namespace warpfs::fs {
 
@@ -18,15 +18,12 @@ using blockdev::Status;
 
 namespace {
 
-// Streaming xxHash64 state, freed on every path.
+// Streaming xxHash64 state (held by value: xxh.h inlines xxHash).
 struct Xxh64 {
-  explicit Xxh64(uint64_t seed) : st(XXH64_createState()) { XXH64_reset(st, seed); }
-  ~Xxh64() { XXH64_freeState(st); }
-  Xxh64(const Xxh64&) = delete;
-  Xxh64& operator=(const Xxh64&) = delete;
-  void update(const void* p, size_t n) { XXH64_update(st, p, n); }
-  uint64_t digest() const { return XXH64_digest(st); }
-  XXH64_state_t* st;
+  explicit Xxh64(uint64_t seed) { XXH64_reset(&st, seed); }
+  void update(const void* p, size_t n) { XXH64_update(&st, p, n); }
+  uint64_t digest() const { return XXH64_digest(&st); }
+  XXH64_state_t st;
 };
 
 // Device block of journal position `pos` (position 0 is the header at block 1).
