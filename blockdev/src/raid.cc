@@ -714,6 +714,45 @@ RaidBlockDevice::Stats RaidBlockDevice::stats() const {
   return s;
 }
 
+std::string RaidBlockDevice::copy_holder(uint64_t block, uint32_t c) const {
+  if (c >= map_.copies || block >= block_count()) return "";
+  const uint32_t k = map_.member(map_.piece(block, 1).group, c);
+  if (!live(k)) return "";
+  std::lock_guard<std::mutex> g(const_cast<std::mutex&>(label_mu_));
+  return member_name(k);
+}
+
+// One copy's pieces in turn, with no failover: a failed member's copy is an error.
+Status RaidBlockDevice::read_copy(uint64_t block, uint32_t count, uint32_t c, void* buf) {
+  if (Status s = check(block, count); !s.is_ok()) return s;
+  if (c >= map_.copies) return Status::error(Code::kInvalidArgument, "RAID: no such copy");
+  auto* p = static_cast<uint8_t*>(buf);
+  for (uint64_t b = block, left = count; left > 0;) {
+    const RaidMap::Piece piece = map_.piece(b, left);
+    const uint32_t k = map_.member(piece.group, c);
+    if (!live(k)) return Status::error(Code::kIoError, "RAID: that copy's member failed");
+    if (Status s = m_[k]->read(map_.data_offset + piece.row, piece.count, p); !s.is_ok()) return s;
+    b += piece.count, left -= piece.count, p += uint64_t{piece.count} * bb_;
+  }
+  return Status::ok();
+}
+
+Status RaidBlockDevice::write_copy(uint64_t block, uint32_t count, uint32_t c, const void* buf) {
+  if (Status s = check(block, count); !s.is_ok()) return s;
+  if (c >= map_.copies) return Status::error(Code::kInvalidArgument, "RAID: no such copy");
+  const auto* p = static_cast<const uint8_t*>(buf);
+  for (uint64_t b = block, left = count; left > 0;) {
+    const RaidMap::Piece piece = map_.piece(b, left);
+    const uint32_t k = map_.member(piece.group, c);
+    if (!live(k)) return Status::error(Code::kIoError, "RAID: that copy's member failed");
+    Status s = m_[k]->write(map_.data_offset + piece.row, piece.count, p);
+    st_[k].written.fetch_add(1, std::memory_order_release);  // the next flush reaches it
+    if (!s.is_ok()) return s;
+    b += piece.count, left -= piece.count, p += uint64_t{piece.count} * bb_;
+  }
+  return Status::ok();
+}
+
 Status RaidBlockDevice::read(uint64_t block, uint32_t count, void* buf) {
   return submit_one(block, count, buf, false);
 }

@@ -5,13 +5,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "fs/core_rig.h"
 #include "warpfs/blockdev/stack.h"
+#include "warpfs/fs/layout.h"
 
 namespace warpfs::fs::test {
 namespace {
@@ -498,6 +501,93 @@ TEST(RaidResync, AFailedMirrorIsRebuiltAndACutMidResyncLeavesTheSetDegraded) {
     ASSERT_EQ(read_rc(*r, a, 0, one.size(), &got), 0);
     EXPECT_EQ(got, one.substr(0, 1 << 20) + two.substr(0, 1 << 20) + one.substr(2 << 20));
   }
+}
+
+// fsck compares a mirror's copies (pass M): a corrupted copy of an inode-table block on
+// member 0 (a problem) and of a file's data block on member 1 (a notice: after a crash file
+// data may differ) are both reported by a check (which writes nothing); a repair takes the inode block from member 1, whose checksums verify,
+// and the data block from member 0, the lowest-numbered member; then both copies are equal,
+// fsck is clean and the file reads back.
+TEST(RaidFsck, ComparesMirrorsAndRepairsFromTheVerifiedOrLowestCopy) {
+  RaidEnv env("1");
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  const std::string data = pattern(7, 0, 256 << 10);
+  const Ino a = r->create(kRootInode, "a");
+  ASSERT_EQ(r->write(a, 0, data), 0);
+  ASSERT_NE(r->mkdir(kRootInode, "d"), 0u);
+  ASSERT_EQ(r->fs->unmount(), 0) << r->log;
+  r->fs.reset();
+  blockdev::RaidBlockDevice& raid = *r->devices->raid;
+  ASSERT_EQ(raid.copies(), 2u);
+  const Layout l(r->superblock_at(0));
+  const uint64_t ib = l.inode_block(kRootInode);
+  uint64_t db = 0;  // the file's first data block
+  std::vector<uint8_t> blk(kBlockSize);
+  for (uint64_t b = l.first_group; b < l.block_count && db == 0; ++b) {
+    ASSERT_TRUE(raid.read(b, 1, blk.data()).is_ok());
+    if (std::memcmp(blk.data(), data.data(), kBlockSize) == 0) db = b;
+  }
+  ASSERT_NE(db, 0u);
+  std::vector<uint8_t> inode_block(kBlockSize);
+  ASSERT_TRUE(raid.read_copy(ib, 1, 1, inode_block.data()).is_ok());
+  auto corrupt = [&](uint64_t b, uint32_t c, size_t off) {
+    std::vector<uint8_t> x(kBlockSize);
+    ASSERT_TRUE(raid.read_copy(b, 1, c, x.data()).is_ok());
+    x[off] ^= 0x40;
+    ASSERT_TRUE(raid.write_copy(b, 1, c, x.data()).is_ok());
+  };
+  corrupt(ib, 0, l.inode_offset(kRootInode) + 16);
+  corrupt(db, 1, 100);
+  ASSERT_TRUE(raid.flush().is_ok());
+  auto run_fsck = [&](bool repair, FsckResult* res) {
+    FsckOptions o;
+    o.repair = repair;
+    std::string out;
+    *res = fsck(raid, o, [&](const std::string& line) { out += line + "\n"; });
+    return out;
+  };
+  FsckResult res;
+  std::string out = run_fsck(false, &res);
+  EXPECT_EQ(res.exit_code, kFsckUncorrected) << out;
+  EXPECT_EQ(res.copies_differing, 2u) << out;
+  EXPECT_NE(out.find("block " + std::to_string(ib) +
+                     " (the inode table of group 0): the copy on member 0 (member0) differs "
+                     "from member 1 (member1)'s"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("block " + std::to_string(db) +
+                     " (data area of group 0): the copy on member 1 (member1) differs from member 0 "
+                     "(member0)'s"),
+            std::string::npos)
+      << out;
+  std::vector<uint8_t> x(kBlockSize), y(kBlockSize);
+  ASSERT_TRUE(raid.read_copy(ib, 1, 0, x.data()).is_ok());
+  EXPECT_NE(x, inode_block);  // the check wrote nothing
+  out = run_fsck(true, &res);
+  EXPECT_EQ(res.exit_code & kFsckUncorrected, 0) << out;
+  EXPECT_NE(res.exit_code & kFsckCorrected, 0) << out;
+  EXPECT_NE(out.find("rewritten from member 1 (member1)'s copy (its checksum verifies)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("rewritten from member 0 (member0)'s copy (the lowest-numbered member)"),
+            std::string::npos)
+      << out;
+  for (uint64_t b : {ib, db}) {
+    ASSERT_TRUE(raid.read_copy(b, 1, 0, x.data()).is_ok());
+    ASSERT_TRUE(raid.read_copy(b, 1, 1, y.data()).is_ok());
+    EXPECT_EQ(x, y) << b;
+  }
+  EXPECT_EQ(x, std::vector<uint8_t>(data.begin(), data.begin() + kBlockSize));
+  ASSERT_TRUE(raid.read_copy(ib, 1, 0, x.data()).is_ok());
+  EXPECT_EQ(x, inode_block);
+  out = run_fsck(false, &res);
+  EXPECT_EQ(res.exit_code, kFsckClean) << out;
+  EXPECT_EQ(res.copies_differing, 0u);
+  ASSERT_TRUE(r->mount());
+  std::string got;
+  ASSERT_EQ(read_rc(*r, a, 0, data.size(), &got), 0);
+  EXPECT_EQ(got, data);
 }
 
 }  // namespace

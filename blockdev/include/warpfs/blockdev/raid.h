@@ -213,6 +213,14 @@ class RaidBlockDevice final : public BlockDevice {
     return m_[0]->alloc_io_buffer(bytes, out);
   }
   void free_io_buffer(void* p, size_t bytes) override { m_[0]->free_io_buffer(p, bytes); }
+  // Copy c of a block is the c-th member of its stripe group (fsck compares them).
+  uint32_t copies() const override { return map_.copies; }
+  uint64_t copy_run(uint64_t block, uint64_t count) const override {
+    return map_.piece(block, count).count;
+  }
+  std::string copy_holder(uint64_t block, uint32_t c) const override;
+  Status read_copy(uint64_t block, uint32_t count, uint32_t c, void* buf) override;
+  Status write_copy(uint64_t block, uint32_t count, uint32_t c, const void* buf) override;
   const RaidMap& map() const { return map_; }
   bool member_failed(uint32_t k) const { return (failed_.load() >> k) & 1; }
   Stats stats() const;
