@@ -837,7 +837,13 @@ void RaidBlockDevice::submit(Io* ios, int n) {
     uint64_t b = io.block, left = io.count;
     uint8_t* data = io.data;
     while (left > 0) {
-      const RaidMap::Piece p = map_.piece(b, left);
+      // A mirrored read stops at the stripe's end, so that the stripes of a long read go to
+      // the copies in turn (a RAID 1 piece would otherwise run to the transfer's end, and a
+      // 1 MiB read, eight stripes from a multiple of eight, would always land on copy 0).
+      const uint64_t span = io.write || map_.copies == 1
+                                ? left
+                                : std::min<uint64_t>(left, map_.stripe - b % map_.stripe);
+      const RaidMap::Piece p = map_.piece(b, span);
       pieces.push_back(Piece{i, p.group, p.count, p.row, data});
       const size_t pi = pieces.size() - 1;
       const Io part{map_.data_offset + p.row, p.count, io.write, data, {}, io.priority};

@@ -390,6 +390,36 @@ TEST(RaidBlockDevice, MirroredReadFailsOverAndCountsIt) {
   }
 }
 
+// A read of several stripes from a mirror goes to the copies stripe by stripe in turn, from
+// several threads at once, and reads back what was written.
+TEST(RaidBlockDevice, AMirroredReadOfSeveralStripesSpreadsOverTheCopies) {
+  auto s = Set::make(1, 2, 4, 256);
+  ASSERT_TRUE(s);
+  std::vector<uint8_t> w(32 * kBB);
+  for (uint64_t b = 0; b < 32; ++b) fill(w.data() + b * kBB, b, 3);
+  ASSERT_TRUE(s->dev->write(0, 32, w.data()).is_ok());
+  const uint64_t r0 = s->mem[0]->reads.load(), r1 = s->mem[1]->reads.load();
+  std::vector<uint8_t> r(32 * kBB);
+  ASSERT_TRUE(s->dev->read(0, 32, r.data()).is_ok());  // 8 stripes of 4 blocks
+  EXPECT_EQ(r, w);
+  EXPECT_EQ(s->mem[0]->reads.load() - r0, 4u);
+  EXPECT_EQ(s->mem[1]->reads.load() - r1, 4u);
+  std::vector<std::thread> ts;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      std::vector<uint8_t> x(30 * kBB);
+      for (int k = 0; k < 50; ++k) {
+        const uint64_t at = static_cast<uint64_t>(t + k) % 3;
+        if (!s->dev->read(at, 29, x.data()).is_ok() ||
+            std::memcmp(x.data(), w.data() + at * kBB, 29 * kBB) != 0)
+          ++bad;
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
 TEST(RaidBlockDevice, AFailedMirrorWriteDegradesTheSetInTheSurvivorsLabelsFirst) {
   auto s = Set::make(1, 3);
   ASSERT_TRUE(s);
