@@ -505,9 +505,9 @@ TEST(RaidResync, AFailedMirrorIsRebuiltAndACutMidResyncLeavesTheSetDegraded) {
 
 // fsck compares a mirror's copies (pass M): a corrupted copy of an inode-table block on
 // member 0 (a problem) and of a file's data block on member 1 (a notice: after a crash file
-// data may differ) are both reported by a check (which writes nothing); a repair takes the inode block from member 1, whose checksums verify,
-// and the data block from member 0, the lowest-numbered member; then both copies are equal,
-// fsck is clean and the file reads back.
+// data may differ) are both reported by a check (which writes nothing); a repair takes the
+// inode block from member 1, whose checksums verify, and the data block from member 0, the
+// lowest-numbered member; then both copies are equal, fsck is clean and the file reads back.
 TEST(RaidFsck, ComparesMirrorsAndRepairsFromTheVerifiedOrLowestCopy) {
   RaidEnv env("1");
   auto r = Rig::make(64);
@@ -556,10 +556,11 @@ TEST(RaidFsck, ComparesMirrorsAndRepairsFromTheVerifiedOrLowestCopy) {
                      "from member 1 (member1)'s"),
             std::string::npos)
       << out;
-  EXPECT_NE(out.find("block " + std::to_string(db) +
-                     " (data area of group 0): the copy on member 1 (member1) differs from member 0 "
-                     "(member0)'s"),
-            std::string::npos)
+  EXPECT_NE(
+      out.find("block " + std::to_string(db) +
+               " (data area of group 0): the copy on member 1 (member1) differs from member 0 "
+               "(member0)'s"),
+      std::string::npos)
       << out;
   std::vector<uint8_t> x(kBlockSize), y(kBlockSize);
   ASSERT_TRUE(raid.read_copy(ib, 1, 0, x.data()).is_ok());
