@@ -591,5 +591,43 @@ TEST(RaidFsck, ComparesMirrorsAndRepairsFromTheVerifiedOrLowestCopy) {
   EXPECT_EQ(got, data);
 }
 
+// A power cut that tears a write of a RAID 1 tears each member's copy on its own draws
+// (TestDevices::make_cut): the members stop at independent points, so the two copies of the
+// torn blocks differ, each block old or new on each copy.
+TEST(RaidCrash, ATornWriteTearsEachMirrorCopyIndependently) {
+  RaidEnv env("1");
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->fs->unmount(), 0) << r->log;
+  r->fs.reset();
+  const uint64_t at = r->dev->block_count() - 200;  // free blocks before the backup
+  const std::string data = pattern(9, 0, 64 * kBlockSize);
+  r->cut->cut_at(1, true, 12345);
+  EXPECT_FALSE(r->cut->write(at, 64, data.data()).is_ok());
+  ASSERT_TRUE(r->power_cycle(1.0));  // what reached each member's cache persists
+  blockdev::RaidBlockDevice& raid = *r->devices->raid;
+  EXPECT_EQ(raid.stats().failed, 0u);  // no label changed: every member was cut
+  std::string c0(64 * kBlockSize, '\0'), c1(64 * kBlockSize, '\0');
+  ASSERT_TRUE(raid.read_copy(at, 64, 0, c0.data()).is_ok());
+  ASSERT_TRUE(raid.read_copy(at, 64, 1, c1.data()).is_ok());
+  const std::string zero(kBlockSize, '\0');
+  int differ = 0, landed0 = 0, landed1 = 0;
+  for (uint64_t i = 0; i < 64; ++i) {
+    const std::string a = c0.substr(i * kBlockSize, kBlockSize),
+                      b = c1.substr(i * kBlockSize, kBlockSize);
+    const std::string want = data.substr(i * kBlockSize, kBlockSize);
+    EXPECT_TRUE(a == want || a == zero) << i;
+    EXPECT_TRUE(b == want || b == zero) << i;
+    differ += a != b;
+    landed0 += a == want;
+    landed1 += b == want;
+  }
+  EXPECT_GT(differ, 0);
+  EXPECT_GT(landed0, 0);
+  EXPECT_GT(landed1, 0);
+  EXPECT_LT(landed0, 64);
+  EXPECT_LT(landed1, 64);
+}
+
 }  // namespace
 }  // namespace warpfs::fs::test
