@@ -8,6 +8,7 @@
 // Repairs change the model; the write phase (repair_*.cc) then rewrites exactly what changed.
 // The passes, one file each, in the order run() calls them, in the manner of e2fsck's
 // pass1.c ... pass5.c: each says at its top what it assumes and what it leaves for later.
+//   mirrors.cc     M     a mirrored set's copies of every block in use agree (first)
 //   superblock.cc  0, J  superblock, backup, journal, group descriptors and bitmaps as read
 //   pass1.cc       1     inodes, extent trees, xattr blocks; block claims (parallel by group)
 //   pass1b.cc      1B    blocks with several owners
