@@ -162,7 +162,7 @@ TEST(RaidProgram, ResyncRebuildsFailedAndBlankMembers) {
   const std::string a = t.img("a.img"), b = t.img("b.img"), c = t.img("c.img"), x = t.img("x.img"),
                     y = t.img("y.img");
   std::string out;
-  ASSERT_EQ(run(kMkfs + " -q --raid 1 --size 64M " + a + " " + b, &out), 0) << out;
+  ASSERT_EQ(run(kMkfs + " -q --raid 1 --size 32M " + a + " " + b, &out), 0) << out;
   {  // b records a failed, one generation later; a's data is gone.
     FILE* f = std::fopen(b.c_str(), "r+b");
     ASSERT_NE(f, nullptr);
@@ -179,7 +179,7 @@ TEST(RaidProgram, ResyncRebuildsFailedAndBlankMembers) {
     ASSERT_EQ(std::fwrite(block.data(), 1, block.size(), f), block.size());
     std::fclose(f);
     ASSERT_EQ(truncate(a.c_str(), blockdev::RaidLabel::kDataOffset * kBlockSize), 0);
-    ASSERT_EQ(truncate(a.c_str(), 64 << 20), 0);
+    ASSERT_EQ(truncate(a.c_str(), 32 << 20), 0);
   }
   auto data_of = [](const std::string& img) {
     std::string s;
@@ -205,7 +205,7 @@ TEST(RaidProgram, ResyncRebuildsFailedAndBlankMembers) {
   FILE* blank = std::fopen(c.c_str(), "wb");
   ASSERT_NE(blank, nullptr);
   std::fclose(blank);
-  ASSERT_EQ(truncate(c.c_str(), 64 << 20), 0);
+  ASSERT_EQ(truncate(c.c_str(), 32 << 20), 0);
   EXPECT_EQ(run(kFsck + " -f " + a + "," + c, &out), 8) << out;
   EXPECT_NE(out.find(c + " (given as member 1): not a member of a RAID set"), std::string::npos)
       << out;
@@ -220,7 +220,7 @@ TEST(RaidProgram, ResyncRebuildsFailedAndBlankMembers) {
   EXPECT_EQ(run(kFsck + " --resync " + a + "," + b, &out), 8) << out;
   EXPECT_NE(out.find("has been replaced"), std::string::npos) << out;
   // Refusals.
-  ASSERT_EQ(run(kMkfs + " -q --raid 0 --size 32M " + x + " " + y, &out), 0) << out;
+  ASSERT_EQ(run(kMkfs + " -q --raid 0 --size 16M " + x + " " + y, &out), 0) << out;
   EXPECT_EQ(run(kFsck + " --resync " + x + "," + y, &out), 8) << out;
   EXPECT_NE(out.find("is RAID 0"), std::string::npos) << out;
   EXPECT_EQ(run(kFsck + " --resync " + a + "," + y, &out), 8) << out;
@@ -428,11 +428,11 @@ std::string member_rows(TestDevices& d, size_t k, uint64_t rows) {
 // the filesystem intact and clean; the resync run again (or first) leaves the set whole,
 // both copies byte-equal, the files intact and fsck clean.
 TEST(RaidResync, AFailedMirrorIsRebuiltAndACutMidResyncLeavesTheSetDegraded) {
-  // Cut points: the survivor's label, the label area, the 40th data chunk, none.
-  for (int cut : {0, 2, 43, -1}) {
+  // Cut points: the survivor's label, the label area, the 8th data chunk, none.
+  for (int cut : {0, 2, 11, -1}) {
     SCOPED_TRACE("cut " + std::to_string(cut));
     RaidEnv env("1");
-    auto r = Rig::make(64);
+    auto r = Rig::make(24);
     ASSERT_TRUE(r);
     const std::string one = pattern(1, 0, 3 << 20), two = pattern(2, 0, 2 << 20);
     const Ino a = r->create(kRootInode, "a");
