@@ -60,6 +60,21 @@ class CutDevice final : public blockdev::BlockDevice {
   // its own draws, so a mirrored write reaches each copy in part, independently: the members
   // lose power at independent points of their own write streams. Set before use.
   void tear_members(std::vector<CutDevice*> m) { members_ = std::move(m); }
+  // A member's CutDevice (below a set) passes a batch on whole while no cut is armed or
+  // done, as the member would take it (its own submit: queued together, each in its class);
+  // armed or cut, transfer by transfer as any CutDevice. Set before use.
+  void pass_batches() { pass_batches_ = true; }
+  void submit(Io* ios, int n) override {
+    if (!pass_batches_ || cut_ || cut_at_.load(std::memory_order_acquire) != 0)
+      return BlockDevice::submit(ios, n);
+    for (int i = 0; i < n; ++i) {
+      if (ios[i].write) {
+        mutations_.fetch_add(1, std::memory_order_relaxed);
+        writes_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    d_.submit(ios, n);
+  }
   // Cuts when the nth flush from now arrives: the moment the most is still volatile.
   void cut_at_flush(uint64_t n) { cut_at_flush_ = flushes_.load() + n; }
   bool is_cut() const { return cut_; }
@@ -152,6 +167,7 @@ class CutDevice final : public blockdev::BlockDevice {
   std::atomic<bool> tear_{false};
   std::atomic<uint64_t> tear_seed_{0};
   std::vector<CutDevice*> members_;  // set before use, then read only
+  bool pass_batches_ = false;        // likewise
 };
 
 // The emulated namespaces under a filesystem test: one, or, with WARPFS_TEST_RAID=0, 1 or 10
@@ -212,6 +228,7 @@ struct TestDevices {
     if (stores.size() == 1) return true;
     for (blockdev::BlockDevice*& d : devs) {
       member_cuts.push_back(std::make_unique<CutDevice>(*d));
+      member_cuts.back()->pass_batches();
       d = member_cuts.back().get();
     }
     std::vector<blockdev::RaidMemberSeen> seen(devs.size());
