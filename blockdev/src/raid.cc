@@ -707,7 +707,6 @@ RaidBlockDevice::Stats RaidBlockDevice::stats() const {
   s.stripe_blocks = map_.stripe;
   s.failed = failed_.load();
   s.read_failovers = read_failovers_.load(std::memory_order_relaxed);
-  s.read_repairs = read_repairs_.load(std::memory_order_relaxed);
   s.split_requests = split_requests_.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> g(const_cast<std::mutex&>(label_mu_));
   s.level = label_.level;
@@ -889,7 +888,6 @@ void RaidBlockDevice::submit(Io* ios, int n) {
     }
     if (wrote) st_[k].written.fetch_add(1, std::memory_order_release);
   }
-  uint32_t unrepaired = 0;  // members whose copy could not be rewritten after a read error
   for (const auto& [pi, failed_on] : retry) {
     Piece& p = pieces[pi];
     for (uint32_t c = 0; c < map_.copies && p.landed == 0; ++c) {
@@ -897,25 +895,12 @@ void RaidBlockDevice::submit(Io* ios, int n) {
       if (k == failed_on || !live(k)) continue;
       Io one{map_.data_offset + p.row, p.count, false, p.data, {}, ios[p.io].priority};
       m_[k]->submit(&one, 1);
-      if (!one.status.is_ok()) continue;
-      ++p.landed;
-      read_failovers_.fetch_add(1, std::memory_order_relaxed);
-      // As md's read-error correction: the good data is written back over the copy that
-      // failed to read (a drive remaps an unreadable sector on write). The caller orders
-      // conflicting accesses to these blocks, so no write of theirs is in flight now. A
-      // rewrite that fails fails the member, as any failed write on a mirror does.
-      Io fix{map_.data_offset + p.row, p.count, true, p.data, {}, ios[p.io].priority};
-      m_[failed_on]->submit(&fix, 1);
-      st_[failed_on].written.fetch_add(1, std::memory_order_release);
-      if (fix.status.is_ok()) {
-        read_repairs_.fetch_add(1, std::memory_order_relaxed);
-      } else {
-        unrepaired |= 1u << failed_on;
+      if (one.status.is_ok()) {
+        ++p.landed;
+        read_failovers_.fetch_add(1, std::memory_order_relaxed);
       }
     }
   }
-  if (unrepaired != 0)
-    (void)fail_members(unrepaired, "rewriting a block after a read error failed");
   // A member whose write failed is failed (labels first) when every piece it missed landed
   // on another copy; a piece no copy took is its transfer's error.
   uint32_t needed = 0;

@@ -956,7 +956,6 @@ std::string stats_json(const Daemon& d) {
                  {"degraded", st.raid.failed != 0},
                  {"label_generation", st.raid.generation},
                  {"read_failovers", st.raid.read_failovers},
-                 {"read_repairs", st.raid.read_repairs},
                  {"split_requests", st.raid.split_requests}};
   }
   json pairs = json::array();

@@ -420,50 +420,6 @@ TEST(RaidBlockDevice, AMirroredReadOfSeveralStripesSpreadsOverTheCopies) {
   EXPECT_EQ(bad.load(), 0);
 }
 
-// A read error on one copy is served by the mirror and the good data is written back over
-// the copy that failed (md's read-error correction), from several threads at once; a rewrite
-// that fails fails that member and the read still succeeds.
-TEST(RaidBlockDevice, AReadErrorRewritesTheBadCopyFromTheGoodOne) {
-  auto s = Set::make(1, 2, 4, 256);
-  ASSERT_TRUE(s);
-  std::vector<uint8_t> w(64 * kBB);
-  for (uint64_t b = 0; b < 64; ++b) fill(w.data() + b * kBB, b, 5);
-  ASSERT_TRUE(s->dev->write(0, 64, w.data()).is_ok());
-  // Member 0's copy of blocks 0..63 is garbage and unreadable.
-  std::memset(s->mem[0]->at(RaidLabel::kDataOffset), 0xee, 64 * kBB);
-  s->mem[0]->bad_read_begin = RaidLabel::kDataOffset;
-  s->mem[0]->bad_read_end = RaidLabel::kDataOffset + 64;
-  std::vector<std::thread> ts;
-  std::atomic<int> bad{0};
-  for (int t = 0; t < 4; ++t)
-    ts.emplace_back([&, t] {
-      std::vector<uint8_t> r(16 * kBB);
-      if (!s->dev->read(t * 16, 16, r.data()).is_ok() ||
-          std::memcmp(r.data(), w.data() + t * 16 * kBB, r.size()) != 0)
-        ++bad;
-    });
-  for (auto& t : ts) t.join();
-  EXPECT_EQ(bad.load(), 0);
-  const RaidBlockDevice::Stats st = s->dev->stats();
-  EXPECT_GT(st.read_repairs, 0u);
-  EXPECT_EQ(st.read_repairs, st.read_failovers);
-  EXPECT_EQ(st.failed, 0u);
-  // Every stripe read from member 0 was rewritten there: copy 0 now holds the data of the
-  // stripes it serves (even ones), which it could not read before.
-  for (uint64_t b = 0; b < 64; ++b) {
-    if ((b / 4) % 2 == 0) {
-      EXPECT_TRUE(is(s->mem[0]->at(RaidLabel::kDataOffset + b), b, 5)) << b;
-    }
-  }
-  // A rewrite that fails fails the member; the read is served all the same.
-  s->mem[0]->fail_writes = true;
-  std::vector<uint8_t> r(8 * kBB);
-  ASSERT_TRUE(s->dev->read(0, 8, r.data()).is_ok());
-  EXPECT_EQ(0, std::memcmp(r.data(), w.data(), r.size()));
-  EXPECT_TRUE(s->dev->member_failed(0));
-  EXPECT_EQ(s->label_of(1).failed, 1u);
-}
-
 TEST(RaidBlockDevice, AFailedMirrorWriteDegradesTheSetInTheSurvivorsLabelsFirst) {
   auto s = Set::make(1, 3);
   ASSERT_TRUE(s);

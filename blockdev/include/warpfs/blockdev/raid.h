@@ -183,7 +183,6 @@ class RaidBlockDevice final : public BlockDevice {
     uint32_t failed = 0;  // bit k: member k failed
     uint64_t generation = 0;
     uint64_t read_failovers = 0;  // reads a mirror served after a member's error
-    uint64_t read_repairs = 0;    // of those, the failed copy rewritten from the good one
     uint64_t split_requests = 0;  // submit() calls whose parts went to several members
   };
   // Over `members` in position order (not owned; they outlive the device), each with the
@@ -253,7 +252,7 @@ class RaidBlockDevice final : public BlockDevice {
   const uint32_t bb_;
   std::unique_ptr<MemberState[]> st_;
   std::atomic<uint32_t> failed_{0};  // published after the labels say so (release)
-  std::atomic<uint64_t> read_failovers_{0}, read_repairs_{0}, split_requests_{0};
+  std::atomic<uint64_t> read_failovers_{0}, split_requests_{0};
   std::mutex label_mu_;  // a leaf: label rewrites, one at a time
   RaidLabel label_;      // under label_mu_ (generation read by stats() under it too)
   std::function<void(const std::string&)> log_;
