@@ -26,33 +26,39 @@ using namespace warpfs;
 namespace {
 
 void usage(FILE* f) {
-  std::fprintf(f,
-               "usage: fsck.warpfs [-y | -p | -a | -n] [-f] [-v] [-j N] [-C FD] [--resync] DEVICE\n"
-               "  DEVICE  emu:PATH or PATH (an image file), or vfio:DDDD:BB:DD.F; a RAID set's\n"
-               "          devices as DEV,DEV,... in order\n"
-               "  -y      repair what is found (answer yes to every question)\n"
-               "  -p, -a  repair without questions, as fsck(8) and systemd-fsck ask (as -y:\n"
-               "          warpfs asks nothing)\n"
-               "  -n      check only, write nothing (the default)\n"
-               "  -f      check even a filesystem that was cleanly unmounted\n"
-               "  -v      verbose: also say what each pass found\n"
-               "  -j N    scan inodes and groups on N threads (default 0: every hardware\n"
-               "          thread; 1: one); the outcome is the same at any N\n"
-               "  -C FD   progress: lines \"PASS DONE TOTAL DEVICE\" to descriptor FD (e2fsck's\n"
-               "          format, for fsck(8) and systemd-fsck); 0: a progress line on a terminal\n"
-               "  --resync  a RAID 1/10 set: first rebuild its failed members, and blank\n"
-               "          devices given in a member's position, from their mirrors (offline;\n"
-               "          writes the set even without -y), then check it as -f\n"
-               "  -V      print the version (also --version)\n");
+  std::fprintf(
+      f,
+      "usage: fsck.warpfs [-y | -p | -a | -n] [-f] [-v] [-j N] [-C FD] [--resync [--replace]]\n"
+      "                   DEVICE\n"
+      "  DEVICE  emu:PATH or PATH (an image file), or vfio:DDDD:BB:DD.F; a RAID set's\n"
+      "          devices as DEV,DEV,... in order\n"
+      "  -y      repair what is found (answer yes to every question)\n"
+      "  -p, -a  repair without questions, as fsck(8) and systemd-fsck ask (as -y:\n"
+      "          warpfs asks nothing)\n"
+      "  -n      check only, write nothing (the default)\n"
+      "  -f      check even a filesystem that was cleanly unmounted\n"
+      "  -v      verbose: also say what each pass found\n"
+      "  -j N    scan inodes and groups on N threads (default 0: every hardware\n"
+      "          thread; 1: one); the outcome is the same at any N\n"
+      "  -C FD   progress: lines \"PASS DONE TOTAL DEVICE\" to descriptor FD (e2fsck's\n"
+      "          format, for fsck(8) and systemd-fsck); 0: a progress line on a terminal\n"
+      "  --resync  a RAID 1/10 set: first rebuild its failed members, and blank\n"
+      "          devices given in a member's position, from their mirrors (offline;\n"
+      "          writes the set even without -y), then check it as -f\n"
+      "  --replace  with --resync: also overwrite a device given in a member's place\n"
+      "          that is not blank, and rebuild a member the newest label does not\n"
+      "          mark failed (its own device lost or gone)\n"
+      "  -V      print the version (also --version)\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool yes = false, no = false, force = false, verbose = false, resync = false;
+  bool yes = false, no = false, force = false, verbose = false, resync = false, replace = false;
   static const option longs[] = {{"help", no_argument, nullptr, 'h'},
                                  {"version", no_argument, nullptr, 'V'},
                                  {"resync", no_argument, nullptr, 'R'},
+                                 {"replace", no_argument, nullptr, 'P'},
                                  {nullptr, 0, nullptr, 0}};
   int c;
   int progress_fd = -1;  // -C FD
@@ -91,6 +97,9 @@ int main(int argc, char** argv) {
       case 'R':
         resync = true;
         break;
+      case 'P':
+        replace = true;
+        break;
       case 'f':
         force = true;
         break;
@@ -102,7 +111,8 @@ int main(int argc, char** argv) {
                                             fs::kFsckUsage);
     }
   }
-  if (optind + 1 != argc || (yes && no) || (resync && no)) {
+  if (optind + 1 != argc || (yes && no) || (resync && no) || (replace && !resync)) {
+    if (replace && !resync) std::fprintf(stderr, "fsck.warpfs: --replace goes with --resync\n");
     if (yes && no) std::fprintf(stderr, "fsck.warpfs: -y and -n exclude each other\n");
     if (resync && no) std::fprintf(stderr, "fsck.warpfs: --resync writes; -n excludes it\n");
     usage(stderr);
@@ -136,7 +146,7 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       };
     }
-    if (!blockdev::resync_raid_devices(device, so, progress, &rep, &err)) {
+    if (!blockdev::resync_raid_devices(device, so, progress, &rep, &err, replace)) {
       std::fprintf(stderr, "fsck.warpfs: resync: %s\n", err.c_str());
       return fs::kFsckOperational;
     }

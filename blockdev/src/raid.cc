@@ -358,7 +358,7 @@ Status put_label(BlockDevice& d, RaidLabel l, uint32_t k, bool area) {
 
 Status resync_raid_set(const std::vector<BlockDevice*>& members, std::vector<RaidMemberSeen> seen,
                        const std::function<void(uint64_t, uint64_t)>& progress,
-                       RaidResyncReport* report, std::string* error) {
+                       RaidResyncReport* report, std::string* error, bool replace) {
   *report = RaidResyncReport{};
   auto refuse = [&](const std::string& why) {
     *error = why;
@@ -377,7 +377,12 @@ Status resync_raid_set(const std::vector<BlockDevice*>& members, std::vector<Rai
       if (RaidLabel::has_magic(b.data()))
         return refuse(seen[i].name + " (given as member " + std::to_string(i) +
                       "): " + seen[i].label_problem +
-                      "; zero its block 0 to use it as a blank replacement");
+                      "; if its data is not needed, zero its block 0 and give --replace");
+      if (!replace && std::any_of(b.begin(), b.end(), [](uint8_t x) { return x != 0; }))
+        return refuse(seen[i].name + " (given as member " + std::to_string(i) +
+                      ") has no RAID label but is not blank (block 0 holds data: another "
+                      "filesystem?); a resync would overwrite it: check the device list, or "
+                      "give --replace to overwrite it");
       blank[i] = true;
       continue;
     }
@@ -422,8 +427,17 @@ Status resync_raid_set(const std::vector<BlockDevice*>& members, std::vector<Rai
                     "); zero its block 0 to use it as a blank replacement");
   }
   uint32_t targets = newest.failed;
-  for (size_t i = 0; i < n; ++i)
-    if (blank[i]) targets |= 1u << i;
+  for (size_t i = 0; i < n; ++i) {
+    if (!blank[i]) continue;
+    if (!replace && !((newest.failed >> i) & 1))
+      return refuse(seen[i].name + " is blank, but member " + std::to_string(i) + in_set +
+                    " is not marked failed by the newest label given (" + ref->name +
+                    "'s, generation " + std::to_string(newest.generation) +
+                    "): its own device may hold newer data than these labels know of. Give "
+                    "that device, or --replace to rebuild member " +
+                    std::to_string(i) + " from the others anyway");
+    targets |= 1u << i;
+  }
   report->generation = newest.generation;
   if (targets == 0) {
     // Whole. A cut between a resync's final labels leaves older ones beside the newest

@@ -372,7 +372,7 @@ bool create_raid_set(const std::vector<std::string>& devices, const RaidCreate& 
 
 bool resync_raid_devices(const std::string& list, const StackOptions& o,
                          const std::function<void(uint64_t, uint64_t)>& progress,
-                         RaidResyncReport* report, std::string* error) {
+                         RaidResyncReport* report, std::string* error, bool replace) {
   const std::vector<std::string> names = split_device_list(list);
   if (names.size() < 2) {
     *error = list + ": one device; a resync takes a RAID set's devices, DEV,DEV,... in order";
@@ -394,7 +394,7 @@ bool resync_raid_devices(const std::string& list, const StackOptions& o,
     seen[i].identity = m.back()->identity();
     devs.push_back(&m.back()->device());
   }
-  return resync_raid_set(devs, std::move(seen), progress, report, error).is_ok();
+  return resync_raid_set(devs, std::move(seen), progress, report, error, replace).is_ok();
 }
 
 uint32_t DeviceStack::max_transfer_bytes() const {

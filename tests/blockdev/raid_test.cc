@@ -748,7 +748,7 @@ TEST(RaidResync, RefusesRaid0ForeignMembersWrongGeometryAndNoSource) {
     EXPECT_FALSE(resync_raid_set(one, names_of(1), nullptr, &rep, &err).is_ok());
     MemDevice small(RaidLabel::kDataOffset + 8);
     std::vector<BlockDevice*> sm{s->mem[0].get(), &small};
-    EXPECT_FALSE(resync_raid_set(sm, names_of(2), nullptr, &rep, &err).is_ok());
+    EXPECT_FALSE(resync_raid_set(sm, names_of(2), nullptr, &rep, &err, true).is_ok());
     EXPECT_NE(err.find("m1 (member 1): 264 blocks"), std::string::npos) << err;
   }
   {  // RAID 10 with both copies of group 1 blank: nothing to rebuild them from.
@@ -756,9 +756,34 @@ TEST(RaidResync, RefusesRaid0ForeignMembersWrongGeometryAndNoSource) {
     ASSERT_TRUE(t);
     t->dev.reset();
     for (int k : {2, 3}) t->mem[k] = std::make_unique<MemDevice>(RaidLabel::kDataOffset + 256);
+    // Members 2 and 3 are not marked failed: without --replace that is refused first.
     EXPECT_FALSE(resync_raid_set(devs_of(t->mem), names_of(4), nullptr, &rep, &err).is_ok());
+    EXPECT_NE(err.find("m2 is blank, but member 2"), std::string::npos) << err;
+    EXPECT_NE(err.find("not marked failed"), std::string::npos) << err;
+    EXPECT_FALSE(resync_raid_set(devs_of(t->mem), names_of(4), nullptr, &rep, &err, true).is_ok());
     EXPECT_NE(err.find("every copy of stripe group 1 (members 2, 3)"), std::string::npos) << err;
     EXPECT_EQ(t->mem[2]->writes.load(), 0u);
+  }
+  {  // A device with data but no label (another filesystem, a typo) is not taken for a blank
+     // unless --replace says so; the newest label marks member 1 failed here.
+    auto t = Set::make(1, 2);
+    ASSERT_TRUE(t);
+    t->mem[1]->dead = true;
+    std::vector<uint8_t> w(kBB);
+    fill(w.data(), 0, 3);
+    EXPECT_TRUE(t->dev->write(0, 1, w.data()).is_ok());
+    ASSERT_TRUE(t->dev->member_failed(1));
+    t->dev.reset();
+    t->mem[1] = std::make_unique<MemDevice>(RaidLabel::kDataOffset + 256);
+    t->mem[1]->at(0)[100] = 0x53;  // not blank
+    const uint64_t w0 = t->mem[0]->writes.load();
+    EXPECT_FALSE(resync_raid_set(devs_of(t->mem), names_of(2), nullptr, &rep, &err).is_ok());
+    EXPECT_NE(err.find("has no RAID label but is not blank"), std::string::npos) << err;
+    EXPECT_EQ(t->mem[1]->writes.load(), 0u);
+    EXPECT_EQ(t->mem[0]->writes.load(), w0);
+    ASSERT_TRUE(resync_raid_set(devs_of(t->mem), names_of(2), nullptr, &rep, &err, true).is_ok())
+        << err;
+    EXPECT_EQ(rep.rebuilt, 2u);
   }
 }
 

@@ -141,11 +141,15 @@ struct RaidResyncReport {
 // + 1, not failed) on the targets and then on the survivors. `progress` (may be empty)
 // hears (blocks done, blocks total). Refuses, naming the device or position: RAID 0, a
 // device of another set, a damaged label, a wrong order or count, a blank in a position
-// whose group has no other copy, a target smaller than the set's members.
+// whose group has no other copy, a target smaller than the set's members. Without
+// `replace`, also: a blank whose block 0 is not all zero (another filesystem, a typo in the
+// list: it would be overwritten), and a blank in the place of a member the newest label among
+// the devices given does not mark failed (that member's own device may hold newer data than
+// the labels given know of: a rebuild from them would roll the set back).
 // REQUIRES: nothing else uses the members meanwhile (an offline tool).
 Status resync_raid_set(const std::vector<BlockDevice*>& members, std::vector<RaidMemberSeen> seen,
                        const std::function<void(uint64_t, uint64_t)>& progress,
-                       RaidResyncReport* report, std::string* error);
+                       RaidResyncReport* report, std::string* error, bool replace = false);
 
 // A few threads that run the parts of requests spanning several members. run() takes the
 // caller's parts back from the queue when no thread has started them, so it never waits on

@@ -100,7 +100,7 @@ bool create_raid_set(const std::vector<std::string>& devices, const RaidCreate& 
 // before.
 bool resync_raid_devices(const std::string& list, const StackOptions& o,
                          const std::function<void(uint64_t, uint64_t)>& progress,
-                         RaidResyncReport* report, std::string* error);
+                         RaidResyncReport* report, std::string* error, bool replace = false);
 
 // A field of /proc/self/mountinfo with its octal escapes (\040 for a space, \134 for a
 // backslash, ...) undone.
