@@ -590,10 +590,72 @@ TEST(RaidFsck, ComparesMirrorsAndRepairsFromTheVerifiedOrLowestCopy) {
   out = run_fsck(false, &res);
   EXPECT_EQ(res.exit_code, kFsckClean) << out;
   EXPECT_EQ(res.copies_differing, 0u);
+  // A zeroed copy of an inode-table block (a lost mapping, a stray trim) verifies too (no
+  // inode in it fails its checksum): the repair takes the copy with the inodes, not the
+  // lowest-numbered one, which would wipe them from both.
+  ASSERT_TRUE(raid.write_copy(ib, 1, 0, std::vector<uint8_t>(kBlockSize, 0).data()).is_ok());
+  ASSERT_TRUE(raid.flush().is_ok());
+  out = run_fsck(false, &res);
+  EXPECT_EQ(res.copies_differing, 1u) << out;
+  out = run_fsck(true, &res);
+  EXPECT_NE(out.find("rewritten from member 1 (member1)'s copy (its checksum verifies)"),
+            std::string::npos)
+      << out;
+  ASSERT_TRUE(raid.read_copy(ib, 1, 0, x.data()).is_ok());
+  EXPECT_EQ(x, inode_block);
   ASSERT_TRUE(r->mount());
   std::string got;
   ASSERT_EQ(read_rc(*r, a, 0, data.size(), &got), 0);
   EXPECT_EQ(got, data);
+}
+
+// pass M reads a copy block by block after a read error in its chunk: an unreadable block on
+// one copy and another on the other copy, in the same chunk, are each served from the copy
+// that can read it, and only those blocks are reported.
+TEST(RaidFsck, ReadErrorsOnBothCopiesOfOneChunkAreEachServedByTheOtherCopy) {
+  RaidEnv env("1");
+  auto r = Rig::make(64);
+  ASSERT_TRUE(r);
+  const std::string data = pattern(9, 0, 64 << 10);
+  const Ino a = r->create(kRootInode, "a");
+  ASSERT_EQ(r->write(a, 0, data), 0);
+  ASSERT_EQ(r->fs->unmount(), 0) << r->log;
+  r->fs.reset();
+  blockdev::RaidBlockDevice& raid = *r->devices->raid;
+  uint64_t db = 0;
+  const Layout l(r->superblock_at(0));
+  std::vector<uint8_t> blk(kBlockSize);
+  for (uint64_t b = l.first_group; b < l.block_count && db == 0; ++b) {
+    ASSERT_TRUE(raid.read(b, 1, blk.data()).is_ok());
+    if (std::memcmp(blk.data(), data.data(), kBlockSize) == 0) db = b;
+  }
+  ASSERT_NE(db, 0u);
+  // RAID 1: set block b is member block kDataOffset + b on every member (512 B LBAs).
+  auto unreadable = [&](size_t k, uint64_t b) {
+    nvme::Fault f;
+    f.kind = nvme::FaultKind::kReadError;
+    f.slba = (blockdev::RaidLabel::kDataOffset + b) * kBlockSize / 512;
+    f.nlb = kBlockSize / 512;
+    r->devices->stacks[k]->transport->inject(f);
+  };
+  unreadable(0, db);      // block db on member 0
+  unreadable(1, db + 1);  // block db + 1 on member 1
+  FsckOptions o;
+  o.repair = false;
+  std::string out;
+  FsckResult res = fsck(raid, o, [&](const std::string& line) { out += line + "\n"; });
+  EXPECT_EQ(res.copies_differing, 2u) << out;
+  EXPECT_EQ(out.find("no copy can be read"), std::string::npos) << out;
+  EXPECT_NE(out.find("block " + std::to_string(db) +
+                     " (data area of group 0): the copy on "
+                     "member 0 (member0) (unreadable)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("block " + std::to_string(db + 1) +
+                     " (data area of group 0): the copy on "
+                     "member 1 (member1) (unreadable)"),
+            std::string::npos)
+      << out;
 }
 
 // A power cut that tears a write of a RAID 1 tears each member's copy on its own draws

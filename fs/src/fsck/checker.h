@@ -279,7 +279,9 @@ class Checker {
   void claim(uint64_t first, uint64_t n);
 
   // --- pass M: the copies of a mirrored set (mirrors.cc)
-  // 1: block `b`'s data verifies as what it is, 0: it does not, -1: nothing to verify by.
+  // >= 1: block `b`'s data verifies as what it is (higher: more of it verified, e.g. inodes
+  // in use: of two verifying copies the source is the one with more), 0: it does not, -1:
+  // nothing to verify by.
   using MirrorVerify = std::function<int(uint64_t b, const uint8_t* data)>;
   void pass_mirrors();
   // Compares blocks [first, first + n) on every kept copy; reports and (repair) rewrites

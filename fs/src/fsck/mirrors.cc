@@ -71,7 +71,8 @@ bool Checker::mirror_range(uint64_t first, uint64_t n, const std::string& what, 
   const uint32_t nc = dev_.copies();
   if (keep) keep->assign(n * kBlockSize, 0);
   std::vector<std::vector<uint8_t>> buf(nc);
-  std::vector<bool> kept(nc), readable(nc);
+  std::vector<bool> kept(nc);
+  std::vector<std::vector<char>> readable(nc);  // per copy, per block of the chunk
   std::vector<std::string> holder(nc);
   for (uint64_t done = 0; done < n;) {
     const uint64_t b0 = first + done;
@@ -81,22 +82,33 @@ bool Checker::mirror_range(uint64_t first, uint64_t n, const std::string& what, 
     for (uint32_t c = 0; c < nc; ++c) {
       holder[c] = dev_.copy_holder(b0, c);
       kept[c] = !holder[c].empty();
-      readable[c] = false;
+      readable[c].assign(cnt, 0);
       if (!kept[c]) continue;
       ++kept_count;
       buf[c].resize(size_t{cnt} * kBlockSize);
-      readable[c] = dev_.read_copy(b0, cnt, c, buf[c].data()).is_ok();
+      if (dev_.read_copy(b0, cnt, c, buf[c].data()).is_ok()) {
+        readable[c].assign(cnt, 1);
+        continue;
+      }
+      // A read error somewhere in the chunk: block by block, so that one bad block does not
+      // make the whole chunk of this copy unreadable (and a good copy a repair's target).
+      for (uint32_t i = 0; i < cnt; ++i) {
+        readable[c][i] =
+            dev_.read_copy(b0 + i, 1, c, buf[c].data() + size_t{i} * kBlockSize).is_ok();
+      }
     }
     for (uint32_t i = 0; i < cnt; ++i) {
       const uint64_t b = b0 + i;
       const size_t off = size_t{i} * kBlockSize;
       auto data = [&](uint32_t c) { return buf[c].data() + off; };
-      // The source: the first readable copy that verifies, else the lowest readable one.
-      int src = -1, lowest = -1;
+      // The source: the readable copy that verifies best (the first of equals), else the
+      // lowest readable one.
+      int src = -1, lowest = -1, best = 0;
       for (uint32_t c = 0; c < nc; ++c) {
-        if (!readable[c]) continue;
+        if (!readable[c][i]) continue;
         if (lowest < 0) lowest = static_cast<int>(c);
-        if (src < 0 && verify && verify(b, data(c)) == 1) src = static_cast<int>(c);
+        const int v = verify ? verify(b, data(c)) : -1;
+        if (v > best) best = v, src = static_cast<int>(c);
       }
       const bool confirmed = src >= 0;
       if (!confirmed) src = lowest;
@@ -107,24 +119,26 @@ bool Checker::mirror_range(uint64_t first, uint64_t n, const std::string& what, 
       if (keep) std::memcpy(keep->data() + (done + i) * kBlockSize, data(src), kBlockSize);
       std::vector<uint32_t> bad;
       for (uint32_t c = 0; c < nc; ++c) {
-        if (kept[c] && (!readable[c] || std::memcmp(data(c), data(src), kBlockSize) != 0))
+        if (kept[c] && (!readable[c][i] || std::memcmp(data(c), data(src), kBlockSize) != 0))
           bad.push_back(c);
       }
       if (bad.empty() || kept_count < 2) continue;
       ++res_.copies_differing;
       std::string line = "block " + num(b) + " (" + what + "): the copy on ";
       for (size_t j = 0; j < bad.size(); ++j)
-        line += (j ? ", " : "") + holder[bad[j]] + (readable[bad[j]] ? "" : " (unreadable)");
+        line += (j ? ", " : "") + holder[bad[j]] + (readable[bad[j]][i] ? "" : " (unreadable)");
       line += " differs from " + holder[src] + "'s";
       const std::string fix = "rewritten from " + holder[src] + "'s copy (" +
                               (confirmed ? "its checksum verifies" : "the lowest-numbered member") +
                               ")";
       // Damage, on a cleanly unmounted filesystem: a copy that cannot be read, or fails the
       // checksum another copy passes, or metadata that no checksum speaks for. Two copies
-      // that both verify are two versions the filesystem wrote (a crash in an offline tool
-      // that reached one copy only); file data has no checksum to tell.
+      // that both verify are two versions the filesystem wrote (a crash in an offline tool,
+      // resize or a repair, that reached one copy only): a notice, repaired from the copy
+      // that verifies best (a zeroed inode-table copy verifies too, but holds fewer inodes
+      // than the one it lost). File data has no checksum to tell.
       bool damage = false;
-      for (uint32_t c : bad) damage |= !readable[c] || (confirmed && verify(b, data(c)) == 0);
+      for (uint32_t c : bad) damage |= !readable[c][i] || (confirmed && verify(b, data(c)) == 0);
       if (!confirmed && !data_area) damage = true;
       if (mirror_crashed_ || !damage) {
         notice(line + (o_.repair ? ": " + fix : std::string()) +
@@ -205,13 +219,15 @@ void Checker::pass_mirrors() {
     const MirrorVerify inodes = [&l, start, seed, g](uint64_t b, const uint8_t* p) {
       const uint64_t first = uint64_t{g} * l.ipg + (b - start - 2) * kInodesPerBlock + 1;
       static const uint8_t zero[kInodeSize] = {};
+      int in_use = 0;
       for (uint32_t i = 0; i < kInodesPerBlock; ++i) {
         Inode ino;
         std::memcpy(&ino, p + i * kInodeSize, sizeof ino);
         if (std::memcmp(&ino, zero, kInodeSize) == 0) continue;  // never written
         if (ino.checksum != inode_checksum(ino, first + i, seed)) return 0;
+        ++in_use;
       }
-      return 1;
+      return 1 + in_use;  // of two verifying copies, the one with more inodes written
     };
     if (!mirror_range(start, 1, "the block bitmap" + of, false, bbm, &bitmap) ||
         !mirror_range(start + 1, 1, "the inode bitmap" + of, false, ibm, nullptr) ||
