@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <random>
 
 namespace warpfs::blockdev {
 
@@ -231,9 +232,12 @@ bool check_raid_set(const std::vector<RaidMemberSeen>& seen, RaidLabel* newest,
     *error = "no devices";
     return false;
   }
-  for (const RaidMemberSeen& s : seen) {
-    if (!s.has_label) {
-      *error = s.name + ": not a member of a RAID set: " + s.label_problem;
+  for (size_t i = 0; i < seen.size(); ++i) {
+    if (!seen[i].has_label) {
+      *error = seen[i].name + " (given as member " + std::to_string(i) +
+               "): not a member of a RAID set: " + seen[i].label_problem +
+               " (a new device in a failed member's position is rebuilt by fsck.warpfs "
+               "--resync)";
       return false;
     }
   }
@@ -301,6 +305,13 @@ bool check_raid_set(const std::vector<RaidMemberSeen>& seen, RaidLabel* newest,
                in_set + " (recorded " + rec.id_text() + ", this device has " + dev.id_text() + ")";
       return false;
     }
+    // A device's own label names it; a member replaced (and rebuilt) since is named otherwise
+    // by the newer labels.
+    if (!seen[i].label.members[i].same_id(rec)) {
+      *error = seen[i].name + " was member " + std::to_string(i) + in_set +
+               " but has been replaced (now " + rec.name + ", " + rec.id_text() + ")";
+      return false;
+    }
   }
   *newest = l;
   return true;
@@ -323,6 +334,235 @@ Status write_member_labels(const std::vector<BlockDevice*>& members, RaidLabel l
       return s;
     }
   }
+  return Status::ok();
+}
+
+// --- resync -------------------------------------------------------------------------------
+
+namespace {
+
+// Writes `l` as member k's label (after zeroing blocks 1..data_offset-1 when `area`) and
+// flushes it.
+Status put_label(BlockDevice& d, RaidLabel l, uint32_t k, bool area) {
+  l.position = k;
+  std::vector<uint8_t> b((area ? l.data_offset : 1) * kLabelBytes, 0);
+  l.encode(b.data());
+  Status s = Status::ok();
+  if (area) s = d.write(1, static_cast<uint32_t>(l.data_offset - 1), b.data() + kLabelBytes);
+  if (s.is_ok()) s = d.write(0, 1, b.data());
+  if (s.is_ok()) s = d.flush();
+  return s;
+}
+
+}  // namespace
+
+Status resync_raid_set(const std::vector<BlockDevice*>& members, std::vector<RaidMemberSeen> seen,
+                       const std::function<void(uint64_t, uint64_t)>& progress,
+                       RaidResyncReport* report, std::string* error, bool replace) {
+  *report = RaidResyncReport{};
+  auto refuse = [&](const std::string& why) {
+    *error = why;
+    return Status::error(Code::kInvalidArgument, "RAID resync refused (see the message)");
+  };
+  const size_t n = members.size();
+  if (n < 2 || seen.size() != n) return refuse("a resync needs every device of the set, in order");
+  std::vector<bool> blank(n, false);
+  const RaidMemberSeen* ref = nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<uint8_t> b(members[i]->block_bytes());
+    if (Status s = members[i]->read(0, 1, b.data()); !s.is_ok())
+      return refuse(seen[i].name + ": reading block 0 failed: " + s.to_string());
+    seen[i].has_label = RaidLabel::decode(b.data(), &seen[i].label, &seen[i].label_problem);
+    if (!seen[i].has_label) {
+      if (RaidLabel::has_magic(b.data()))
+        return refuse(seen[i].name + " (given as member " + std::to_string(i) +
+                      "): " + seen[i].label_problem +
+                      "; if its data is not needed, zero its block 0 and give --replace");
+      if (!replace && std::any_of(b.begin(), b.end(), [](uint8_t x) { return x != 0; }))
+        return refuse(seen[i].name + " (given as member " + std::to_string(i) +
+                      ") has no RAID label but is not blank (block 0 holds data: another "
+                      "filesystem?); a resync would overwrite it: check the device list, or "
+                      "give --replace to overwrite it");
+      blank[i] = true;
+      continue;
+    }
+    if (!ref || seen[i].label.generation > ref->label.generation) ref = &seen[i];
+  }
+  if (!ref) return refuse("none of the devices is a member of a RAID set (no label found)");
+  // The set is the newest label's; every labelled device must belong to it, in its place.
+  const RaidLabel& newest = ref->label;
+  const std::string set = newest.uuid_text(), in_set = " of RAID set " + set;
+  if (newest.level == 0)
+    return refuse("RAID set " + set +
+                  " is RAID 0: it keeps one copy of each block, so no member can be rebuilt");
+  if (n != newest.member_count)
+    return refuse("RAID set " + set + " has " + std::to_string(newest.member_count) + " members; " +
+                  std::to_string(n) +
+                  " devices given (give every position, a replacement in the failed one's)");
+  for (size_t i = 0; i < n; ++i) {
+    if (blank[i]) continue;
+    const RaidLabel& m = seen[i].label;
+    if (m.uuid_text() != set)
+      return refuse(seen[i].name + " (given as member " + std::to_string(i) +
+                    ") is a member of another RAID set (" + m.uuid_text() + ", not " + set +
+                    "): a foreign member is not overwritten by a resync");
+    if (m.level != newest.level || m.member_count != newest.member_count ||
+        m.stripe_blocks != newest.stripe_blocks || m.data_offset != newest.data_offset ||
+        m.member_blocks != newest.member_blocks)
+      return refuse(seen[i].name + ": its label's geometry (RAID " + std::to_string(m.level) +
+                    ") disagrees with " + ref->name + "'s (RAID " + std::to_string(newest.level) +
+                    ") of the same set");
+    if (m.position != i)
+      return refuse(seen[i].name + " is member " + std::to_string(m.position) + in_set +
+                    " but was given as member " + std::to_string(i));
+    const RaidIdentity& rec = newest.members[i];
+    if ((rec.kind == RaidIdentity::kNguid || rec.kind == RaidIdentity::kEui64) &&
+        !rec.same_id(seen[i].identity))
+      return refuse(seen[i].name + " is not the device recorded as member " + std::to_string(i) +
+                    in_set + " (recorded " + rec.id_text() + ", this device has " +
+                    seen[i].identity.id_text() + ")");
+    if (!m.members[i].same_id(rec))
+      return refuse(seen[i].name + " was member " + std::to_string(i) + in_set +
+                    " but has been replaced (now " + rec.name +
+                    "); zero its block 0 to use it as a blank replacement");
+  }
+  uint32_t targets = newest.failed;
+  for (size_t i = 0; i < n; ++i) {
+    if (!blank[i]) continue;
+    if (!replace && !((newest.failed >> i) & 1))
+      return refuse(seen[i].name + " is blank, but member " + std::to_string(i) + in_set +
+                    " is not marked failed by the newest label given (" + ref->name +
+                    "'s, generation " + std::to_string(newest.generation) +
+                    "): its own device may hold newer data than these labels know of. Give "
+                    "that device, or --replace to rebuild member " +
+                    std::to_string(i) + " from the others anyway");
+    targets |= 1u << i;
+  }
+  report->generation = newest.generation;
+  if (targets == 0) {
+    // Whole. A cut between a resync's final labels leaves older ones beside the newest
+    // (harmless: the newest wins); they are brought level here.
+    bool level = true;
+    for (size_t i = 0; i < n; ++i) level &= seen[i].label.generation == newest.generation;
+    if (level) return Status::ok();
+    RaidLabel l = newest;
+    l.generation += 1;
+    for (uint32_t k = 0; k < n; ++k) {
+      if (Status s = put_label(*members[k], l, k, false); !s.is_ok()) {
+        *error = "member " + std::to_string(k) + " (" + seen[k].name +
+                 "): writing its label failed: " + s.to_string();
+        return s;
+      }
+    }
+    report->generation = l.generation;
+    return Status::ok();
+  }
+  const RaidMap map = RaidMap::of(newest);
+  for (uint32_t g = 0; g < map.groups(); ++g) {
+    bool source = false;
+    for (uint32_t c = 0; c < map.copies; ++c) source |= !((targets >> map.member(g, c)) & 1);
+    if (!source) {
+      std::string which;
+      for (uint32_t c = 0; c < map.copies; ++c)
+        which += (c ? ", " : "") + std::to_string(map.member(g, c));
+      return refuse("every copy of stripe group " + std::to_string(g) + " (members " + which +
+                    ") is failed or new: nothing to rebuild them from");
+    }
+  }
+  for (uint32_t k = 0; k < n; ++k) {
+    if (!((targets >> k) & 1)) continue;
+    if (members[k]->block_bytes() != newest.block_size ||
+        members[k]->block_count() < map.data_offset + map.member_blocks)
+      return refuse(seen[k].name + " (member " + std::to_string(k) +
+                    "): " + std::to_string(members[k]->block_count()) + " blocks of " +
+                    std::to_string(members[k]->block_bytes()) + " bytes; the set needs " +
+                    std::to_string(map.data_offset + map.member_blocks) + " of " +
+                    std::to_string(newest.block_size));
+  }
+  auto failed_at = [&](uint32_t k, const std::string& what, const Status& s) {
+    *error = "member " + std::to_string(k) + " (" + seen[k].name + "): " + what + ": " +
+             s.to_string() + "; the set stays degraded";
+    return s;
+  };
+  // 1. The survivors record the targets failed (and a blank's identity), then the targets
+  //    get the same label: from here a cut leaves a set that opens degraded, the targets
+  //    unread.
+  RaidLabel l = newest;
+  l.failed |= targets;
+  l.flags |= RaidLabel::kDegraded;
+  l.generation = newest.generation + 1;
+  std::random_device rd;
+  for (uint32_t k = 0; k < n; ++k) {
+    if (!blank[k]) continue;
+    RaidIdentity& id = l.members[k];
+    id = seen[k].identity;
+    if (id.kind == RaidIdentity::kNone) {
+      id.kind = RaidIdentity::kGenerated;
+      for (uint8_t& x : id.id) x = static_cast<uint8_t>(rd());
+    }
+    id.blocks = members[k]->block_count();
+    id.name = seen[k].name;
+  }
+  for (uint32_t k = 0; k < n; ++k) {
+    if ((l.failed >> k) & 1) continue;
+    if (Status s = put_label(*members[k], l, k, false); !s.is_ok())
+      return failed_at(k, "writing its label failed", s);
+  }
+  for (uint32_t k = 0; k < n; ++k) {
+    if (!((targets >> k) & 1)) continue;
+    if (Status s = put_label(*members[k], l, k, true); !s.is_ok())
+      return failed_at(k, "writing its label failed", s);
+  }
+  // 2. Every row of each target from a live copy of its group (the next one on a read error).
+  constexpr uint32_t kChunk = 256;  // 1 MiB of 4 KiB blocks
+  std::vector<uint8_t> buf(size_t{kChunk} * newest.block_size);
+  uint64_t total = 0, done = 0;
+  for (uint32_t k = 0; k < n; ++k)
+    if ((targets >> k) & 1) total += map.member_blocks;
+  for (uint32_t k = 0; k < n; ++k) {
+    if (!((targets >> k) & 1)) continue;
+    const uint32_t g = k / map.copies;
+    for (uint64_t row = 0; row < map.member_blocks; row += kChunk) {
+      const uint32_t cnt =
+          static_cast<uint32_t>(std::min<uint64_t>(kChunk, map.member_blocks - row));
+      Status rs = Status::error(Code::kIoError, "no live copy");
+      for (uint32_t c = 0; c < map.copies && !rs.is_ok(); ++c) {
+        const uint32_t src = map.member(g, c);
+        if ((l.failed >> src) & 1) continue;
+        rs = members[src]->read(map.data_offset + row, cnt, buf.data());
+      }
+      if (!rs.is_ok())
+        return failed_at(k,
+                         "reading rows " + std::to_string(row) + ".." +
+                             std::to_string(row + cnt - 1) + " from its group's copies failed",
+                         rs);
+      if (Status s = members[k]->write(map.data_offset + row, cnt, buf.data()); !s.is_ok())
+        return failed_at(k, "writing its data failed", s);
+      done += cnt;
+      if (progress) progress(done, total);
+    }
+  }
+  // 3. The copies are durable before any label calls them current.
+  for (uint32_t k = 0; k < n; ++k) {
+    if (!((targets >> k) & 1)) continue;
+    if (Status s = members[k]->flush(); !s.is_ok()) return failed_at(k, "flush failed", s);
+  }
+  // 4. Current again: the targets' labels first, then the survivors'. The highest generation
+  //    wins at assembly, so either one written is enough.
+  l.failed &= ~targets;
+  if (l.failed == 0) l.flags &= ~RaidLabel::kDegraded;
+  l.generation += 1;
+  for (uint32_t pass = 0; pass < 2; ++pass) {
+    for (uint32_t k = 0; k < n; ++k) {
+      if ((((targets >> k) & 1) != 0) != (pass == 0)) continue;
+      if ((l.failed >> k) & 1) continue;
+      if (Status s = put_label(*members[k], l, k, false); !s.is_ok())
+        return failed_at(k, "writing its final label failed", s);
+    }
+  }
+  report->rebuilt = targets;
+  report->blocks_copied = done;
+  report->generation = l.generation;
   return Status::ok();
 }
 
@@ -488,6 +728,45 @@ RaidBlockDevice::Stats RaidBlockDevice::stats() const {
   return s;
 }
 
+std::string RaidBlockDevice::copy_holder(uint64_t block, uint32_t c) const {
+  if (c >= map_.copies || block >= block_count()) return "";
+  const uint32_t k = map_.member(map_.piece(block, 1).group, c);
+  if (!live(k)) return "";
+  std::lock_guard<std::mutex> g(const_cast<std::mutex&>(label_mu_));
+  return member_name(k);
+}
+
+// One copy's pieces in turn, with no failover: a failed member's copy is an error.
+Status RaidBlockDevice::read_copy(uint64_t block, uint32_t count, uint32_t c, void* buf) {
+  if (Status s = check(block, count); !s.is_ok()) return s;
+  if (c >= map_.copies) return Status::error(Code::kInvalidArgument, "RAID: no such copy");
+  auto* p = static_cast<uint8_t*>(buf);
+  for (uint64_t b = block, left = count; left > 0;) {
+    const RaidMap::Piece piece = map_.piece(b, left);
+    const uint32_t k = map_.member(piece.group, c);
+    if (!live(k)) return Status::error(Code::kIoError, "RAID: that copy's member failed");
+    if (Status s = m_[k]->read(map_.data_offset + piece.row, piece.count, p); !s.is_ok()) return s;
+    b += piece.count, left -= piece.count, p += uint64_t{piece.count} * bb_;
+  }
+  return Status::ok();
+}
+
+Status RaidBlockDevice::write_copy(uint64_t block, uint32_t count, uint32_t c, const void* buf) {
+  if (Status s = check(block, count); !s.is_ok()) return s;
+  if (c >= map_.copies) return Status::error(Code::kInvalidArgument, "RAID: no such copy");
+  const auto* p = static_cast<const uint8_t*>(buf);
+  for (uint64_t b = block, left = count; left > 0;) {
+    const RaidMap::Piece piece = map_.piece(b, left);
+    const uint32_t k = map_.member(piece.group, c);
+    if (!live(k)) return Status::error(Code::kIoError, "RAID: that copy's member failed");
+    Status s = m_[k]->write(map_.data_offset + piece.row, piece.count, p);
+    st_[k].written.fetch_add(1, std::memory_order_release);  // the next flush reaches it
+    if (!s.is_ok()) return s;
+    b += piece.count, left -= piece.count, p += uint64_t{piece.count} * bb_;
+  }
+  return Status::ok();
+}
+
 Status RaidBlockDevice::read(uint64_t block, uint32_t count, void* buf) {
   return submit_one(block, count, buf, false);
 }
@@ -572,7 +851,13 @@ void RaidBlockDevice::submit(Io* ios, int n) {
     uint64_t b = io.block, left = io.count;
     uint8_t* data = io.data;
     while (left > 0) {
-      const RaidMap::Piece p = map_.piece(b, left);
+      // A mirrored read stops at the stripe's end, so that the stripes of a long read go to
+      // the copies in turn (a RAID 1 piece would otherwise run to the transfer's end, and a
+      // 1 MiB read, eight stripes from a multiple of eight, would always land on copy 0).
+      const uint64_t span = io.write || map_.copies == 1
+                                ? left
+                                : std::min<uint64_t>(left, map_.stripe - b % map_.stripe);
+      const RaidMap::Piece p = map_.piece(b, span);
       pieces.push_back(Piece{i, p.group, p.count, p.row, data});
       const size_t pi = pieces.size() - 1;
       const Io part{map_.data_offset + p.row, p.count, io.write, data, {}, io.priority};

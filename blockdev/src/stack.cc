@@ -383,6 +383,33 @@ bool create_raid_set(const std::vector<std::string>& devices, const RaidCreate& 
   return write_member_labels(devs, l, error).is_ok();
 }
 
+bool resync_raid_devices(const std::string& list, const StackOptions& o,
+                         const std::function<void(uint64_t, uint64_t)>& progress,
+                         RaidResyncReport* report, std::string* error, bool replace) {
+  const std::vector<std::string> names = split_device_list(list);
+  if (names.size() < 2) {
+    *error = list + ": one device; a resync takes a RAID set's devices, DEV,DEV,... in order";
+    return false;
+  }
+  if (std::string twice = named_twice(names); !twice.empty()) {
+    *error = twice;
+    return false;
+  }
+  StackOptions mo = o;
+  mo.cache_mb = 0;
+  std::vector<std::unique_ptr<DeviceStack>> m;
+  std::vector<BlockDevice*> devs;
+  std::vector<RaidMemberSeen> seen(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    m.push_back(DeviceStack::open(names[i], mo, error));
+    if (!m.back()) return false;  // the message names the member
+    seen[i].name = names[i];
+    seen[i].identity = m.back()->identity();
+    devs.push_back(&m.back()->device());
+  }
+  return resync_raid_set(devs, std::move(seen), progress, report, error, replace).is_ok();
+}
+
 uint32_t DeviceStack::max_transfer_bytes() const {
   if (members_.empty()) return ctrl_->max_transfer_bytes();
   uint32_t v = UINT32_MAX;

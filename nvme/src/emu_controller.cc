@@ -446,10 +446,11 @@ uint32_t EmulatedController::fetch(Worker& w, uint16_t qid, uint32_t budget) {
     Completion c{0, qid, cmd.cid, r.status, r.dw0};
     if (r.lost) {
       // Swallowed: the slot is consumed (the SQ head moves on), no entry is ever posted.
-    } else if (qid != 0 && (config_.latency_ns || config_.latency_jitter_ns)) {
+    } else if (qid != 0 &&
+               (config_.latency_ns || config_.latency_jitter_ns || config_.bandwidth_bytes_per_s)) {
       uint64_t lat = config_.latency_ns;
       if (config_.latency_jitter_ns) lat += w.rng() % (config_.latency_jitter_ns + 1ull);
-      c.due_ns = port::now_ns() + lat;
+      c.due_ns = (status_ok(r.status) ? transfer_end(cmd, port::now_ns()) : port::now_ns()) + lat;
       w.timed.push(c);
     } else {
       w.ready.push_back(c);
@@ -457,6 +458,23 @@ uint32_t EmulatedController::fetch(Worker& w, uint16_t qid, uint32_t budget) {
     if (!sq.live) break;  // the command deleted its own queue
   }
   return n;
+}
+
+uint64_t EmulatedController::transfer_end(const SubmissionEntry& cmd, uint64_t now) {
+  const uint64_t bw = config_.bandwidth_bytes_per_s;
+  if (bw == 0 || (cmd.opcode != io::kRead && cmd.opcode != io::kWrite) || cmd.nsid == 0 ||
+      cmd.nsid > namespaces_.size())
+    return now;
+  // NLB is 0's based (NVM Command Set §3.2.4, Command Dword 12).
+  const uint64_t bytes = ((cmd.cdw12 & 0xffff) + 1ull) << namespaces_[cmd.nsid - 1].lba_shift;
+  const uint64_t xfer = bytes * 1'000'000'000ull / bw;  // at most 2^28 B x 1e9: fits
+  uint64_t free_at = channel_free_ns_.load(std::memory_order_relaxed);
+  uint64_t end;
+  do {
+    end = std::max(free_at, now) + xfer;
+  } while (!channel_free_ns_.compare_exchange_weak(free_at, end, std::memory_order_relaxed));
+  transfer_ns_.fetch_add(xfer, std::memory_order_relaxed);
+  return end;
 }
 
 // Posts what is due: earlier blocked completions first (they keep their order), then due
@@ -999,6 +1017,7 @@ EmulatedCounters EmulatedController::counters() const {
   c.writes = io_sum(&Worker::IoCounts::writes);
   c.flushes = io_sum(&Worker::IoCounts::flushes);
   c.errors = n_errors_.load();
+  c.transfer_ns = transfer_ns_.load(std::memory_order_relaxed);
   c.doorbell_kicks = 0;
   for (const Worker& w : workers_) {
     c.busy_ns += w.busy_ns.load(std::memory_order_relaxed);

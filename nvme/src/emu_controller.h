@@ -197,6 +197,13 @@ class EmulatedController {
   std::atomic<uint64_t> n_admin_{0}, n_errors_{0}, n_kicks_{0};
   // Sum of a per-worker I/O count over the workers.
   uint64_t io_sum(std::atomic<uint64_t> Worker::IoCounts::*field) const;
+  // The bandwidth model's channel (config_.bandwidth_bytes_per_s): when it is next free,
+  // and the time reserved on it in all. Workers reserve with a compare-and-swap; relaxed
+  // orders suffice: only the value matters, nothing else is published through it.
+  std::atomic<uint64_t> channel_free_ns_{0}, transfer_ns_{0};
+  // When a transfer of `cmd` (a Read or Write) fetched at `now` ends on the channel; `now`
+  // for any other command or without a bandwidth.
+  uint64_t transfer_end(const SubmissionEntry& cmd, uint64_t now);
 };
 
 }  // namespace warpfs::nvme

@@ -242,7 +242,8 @@ TEST(RaidAssembly, RefusesWrongOrderForeignMissingAndCopiedMembersNamingWhich) {
   s[1].has_label = false;
   s[1].label_problem = "no RAID member label (block 0 is something else)";
   EXPECT_FALSE(check_raid_set(s, &newest, &err));
-  EXPECT_NE(err.find("emu:/img1: not a member"), std::string::npos) << err;
+  EXPECT_NE(err.find("emu:/img1 (given as member 1): not a member"), std::string::npos) << err;
+  EXPECT_NE(err.find("--resync"), std::string::npos) << err;
 
   // A position that records an NVMe identity takes only that device.
   s = seen_of(1, 2);
@@ -389,6 +390,36 @@ TEST(RaidBlockDevice, MirroredReadFailsOverAndCountsIt) {
   }
 }
 
+// A read of several stripes from a mirror goes to the copies stripe by stripe in turn, from
+// several threads at once, and reads back what was written.
+TEST(RaidBlockDevice, AMirroredReadOfSeveralStripesSpreadsOverTheCopies) {
+  auto s = Set::make(1, 2, 4, 256);
+  ASSERT_TRUE(s);
+  std::vector<uint8_t> w(32 * kBB);
+  for (uint64_t b = 0; b < 32; ++b) fill(w.data() + b * kBB, b, 3);
+  ASSERT_TRUE(s->dev->write(0, 32, w.data()).is_ok());
+  const uint64_t r0 = s->mem[0]->reads.load(), r1 = s->mem[1]->reads.load();
+  std::vector<uint8_t> r(32 * kBB);
+  ASSERT_TRUE(s->dev->read(0, 32, r.data()).is_ok());  // 8 stripes of 4 blocks
+  EXPECT_EQ(r, w);
+  EXPECT_EQ(s->mem[0]->reads.load() - r0, 4u);
+  EXPECT_EQ(s->mem[1]->reads.load() - r1, 4u);
+  std::vector<std::thread> ts;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      std::vector<uint8_t> x(30 * kBB);
+      for (int k = 0; k < 50; ++k) {
+        const uint64_t at = static_cast<uint64_t>(t + k) % 3;
+        if (!s->dev->read(at, 29, x.data()).is_ok() ||
+            std::memcmp(x.data(), w.data() + at * kBB, 29 * kBB) != 0)
+          ++bad;
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
 TEST(RaidBlockDevice, AFailedMirrorWriteDegradesTheSetInTheSurvivorsLabelsFirst) {
   auto s = Set::make(1, 3);
   ASSERT_TRUE(s);
@@ -482,6 +513,278 @@ TEST(RaidBlockDevice, FlushReachesTheMembersThatTookWrites) {
   ASSERT_TRUE(s->dev->flush_device().is_ok());
   EXPECT_EQ(s->mem[2]->flushes.load(), 2u);
   EXPECT_EQ(s->mem[0]->flushes.load(), 1u);
+}
+
+// --- resync -------------------------------------------------------------------------------
+
+// The set's members as assembly and resync see them: names, no NVMe identity.
+std::vector<RaidMemberSeen> names_of(size_t n) {
+  std::vector<RaidMemberSeen> seen(n);
+  for (size_t k = 0; k < n; ++k) seen[k].name = "m" + std::to_string(k);
+  return seen;
+}
+
+std::vector<BlockDevice*> devs_of(const std::vector<std::unique_ptr<MemDevice>>& mem) {
+  std::vector<BlockDevice*> d;
+  for (const auto& m : mem) d.push_back(m.get());
+  return d;
+}
+
+// Writes generation `gen` of logical blocks [0, n) through the set, 8 at a time.
+void write_all(BlockDevice& d, uint64_t n, uint64_t gen) {
+  std::vector<uint8_t> w(8 * kBB);
+  for (uint64_t b = 0; b < n; b += 8) {
+    for (uint64_t i = 0; i < 8; ++i) fill(w.data() + i * kBB, b + i, gen);
+    ASSERT_TRUE(d.write(b, 8, w.data()).is_ok()) << b;
+  }
+  ASSERT_TRUE(d.flush().is_ok());
+}
+
+// Every logical block of `d` holds generation `gen`: "" or the first block that does not.
+std::string check_all(BlockDevice& d, uint64_t gen) {
+  std::vector<uint8_t> r(kBB);
+  for (uint64_t b = 0; b < d.block_count(); ++b) {
+    if (!d.read(b, 1, r.data()).is_ok()) return "block " + std::to_string(b) + " unreadable";
+    if (!is(r.data(), b, gen))
+      return "block " + std::to_string(b) + " is not generation " + std::to_string(gen);
+  }
+  return "";
+}
+
+bool same_data(MemDevice& a, MemDevice& b, uint64_t member_blocks) {
+  return std::memcmp(a.at(RaidLabel::kDataOffset), b.at(RaidLabel::kDataOffset),
+                     member_blocks * kBB) == 0;
+}
+
+// A RAID 1 whose member 1 failed a write and then missed generation 2: resync copies
+// member 0 onto it and relabels it current. A cut at every write of the resync (every device
+// stops taking anything from that write on) leaves a set that opens degraded with member 1
+// unread and generation 2 everywhere, or (a cut after the first final label) one that opens
+// whole with member 1 a full copy; a resync after any cut finishes the job.
+TEST(RaidResync, RebuildsAFailedMirrorAndEveryCutLeavesASetThatOpensAsBefore) {
+  constexpr uint64_t kRows = 1024;  // 4 chunks of the resync's 256 blocks
+  auto s = Set::make(1, 2, 4, kRows);
+  ASSERT_TRUE(s);
+  write_all(*s->dev, kRows, 1);
+  s->mem[1]->fail_writes = true;
+  write_all(*s->dev, kRows, 2);
+  ASSERT_TRUE(s->dev->member_failed(1));
+  s->dev.reset();
+  s->mem[1]->fail_writes = false;
+  // The degraded images, copied for each cut.
+  std::vector<std::vector<uint8_t>> image(2);
+  for (int k = 0; k < 2; ++k)
+    image[k].assign(s->mem[k]->at(0), s->mem[k]->at(0) + (RaidLabel::kDataOffset + kRows) * kBB);
+  bool finished = false;
+  int opened_degraded = 0, opened_whole = 0;  // after a cut
+  for (int cut = 0; !finished; ++cut) {
+    ASSERT_LT(cut, 40) << "the resync never finished";
+    std::vector<std::unique_ptr<MemDevice>> mem;
+    std::atomic<int> writes{0};
+    for (int k = 0; k < 2; ++k) {
+      mem.push_back(std::make_unique<MemDevice>(RaidLabel::kDataOffset + kRows));
+      std::memcpy(mem[k]->at(0), image[k].data(), image[k].size());
+    }
+    for (auto& m : mem) {
+      m->gate = [&] {
+        if (writes.fetch_add(1) == cut)
+          for (auto& d : mem) d->dead = true;  // the power goes at this write
+      };
+    }
+    RaidResyncReport rep;
+    std::string err;
+    finished = resync_raid_set(devs_of(mem), names_of(2), nullptr, &rep, &err).is_ok();
+    for (auto& m : mem) m->dead = false, m->gate = nullptr;
+    if (!finished) {
+      EXPECT_NE(err.find("the set stays degraded"), std::string::npos) << err;
+    }
+    auto d = RaidBlockDevice::assemble(devs_of(mem), names_of(2), nullptr, &err);
+    ASSERT_TRUE(d) << "cut " << cut << ": " << err;
+    if (d->member_failed(1)) {
+      EXPECT_FALSE(finished) << cut;
+      ++opened_degraded;
+    } else {
+      opened_whole += !finished;
+      EXPECT_TRUE(same_data(*mem[0], *mem[1], kRows)) << "cut " << cut;
+    }
+    EXPECT_FALSE(d->member_failed(0)) << cut;
+    EXPECT_EQ(check_all(*d, 2), "") << "cut " << cut;
+    d.reset();
+    if (finished) {
+      EXPECT_EQ(rep.rebuilt, 2u);
+      EXPECT_EQ(rep.blocks_copied, kRows);
+      EXPECT_EQ(rep.generation, 4u);  // 2 (degraded), 3 (resync begun), 4 (whole)
+      for (int k = 0; k < 2; ++k) {
+        RaidLabel l;
+        ASSERT_TRUE(RaidLabel::decode(mem[k]->at(0), &l, &err)) << err;
+        EXPECT_EQ(l.failed, 0u);
+        EXPECT_FALSE(l.flags & RaidLabel::kDegraded);
+        EXPECT_EQ(l.generation, 4u);
+        EXPECT_EQ(l.position, uint32_t(k));
+      }
+    } else {
+      // Whatever the cut left, a resync from there completes.
+      ASSERT_TRUE(resync_raid_set(devs_of(mem), names_of(2), nullptr, &rep, &err).is_ok()) << err;
+      d = RaidBlockDevice::assemble(devs_of(mem), names_of(2), nullptr, &err);
+      ASSERT_TRUE(d) << err;
+      EXPECT_EQ(d->stats().failed, 0u);
+      EXPECT_TRUE(same_data(*mem[0], *mem[1], kRows)) << "cut " << cut;
+    }
+  }
+  // Cuts at the writes up to the target's final label (the survivor's and the target's first
+  // labels, the target's label area, four chunks, the target's final label: flushes are no
+  // writes) and one at the survivor's final label.
+  EXPECT_EQ(opened_degraded, 8);
+  EXPECT_EQ(opened_whole, 1);
+}
+
+// RAID 10 of four: a blank device in member 2's place is refused by assembly (naming the
+// position) and rebuilt by resync from member 3, recorded under its own name; the set is then
+// whole and reads every block. Writes while the set is degraded and reads after run from
+// several threads.
+TEST(RaidResync, ABlankReplacementIsRebuiltFromItsGroupsOtherCopy) {
+  constexpr uint64_t kRows = 512;
+  auto s = Set::make(10, 4, 4, kRows);
+  ASSERT_TRUE(s);
+  write_all(*s->dev, 2 * kRows, 1);
+  s->mem[2]->dead = true;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      std::vector<uint8_t> w(8 * kBB);
+      for (uint64_t b = t * 8; b < 2 * kRows; b += 32) {
+        for (uint64_t i = 0; i < 8; ++i) fill(w.data() + i * kBB, b + i, 2);
+        EXPECT_TRUE(s->dev->write(b, 8, w.data()).is_ok()) << b;
+      }
+    });
+  for (auto& t : ts) t.join();
+  ASSERT_TRUE(s->dev->member_failed(2));
+  s->dev.reset();
+  s->mem[2] = std::make_unique<MemDevice>(RaidLabel::kDataOffset + kRows);  // blank
+  std::vector<RaidMemberSeen> seen = names_of(4);
+  seen[2].name = "new2";
+  std::string err;
+  EXPECT_FALSE(RaidBlockDevice::assemble(devs_of(s->mem), seen, nullptr, &err));
+  EXPECT_NE(err.find("new2 (given as member 2): not a member"), std::string::npos) << err;
+  RaidResyncReport rep;
+  ASSERT_TRUE(resync_raid_set(devs_of(s->mem), seen, nullptr, &rep, &err).is_ok()) << err;
+  EXPECT_EQ(rep.rebuilt, 4u);
+  EXPECT_EQ(rep.blocks_copied, kRows);
+  EXPECT_TRUE(same_data(*s->mem[2], *s->mem[3], kRows));
+  auto d = RaidBlockDevice::assemble(devs_of(s->mem), seen, nullptr, &err);
+  ASSERT_TRUE(d) << err;
+  EXPECT_EQ(d->stats().failed, 0u);
+  RaidLabel l;
+  ASSERT_TRUE(RaidLabel::decode(s->mem[0]->at(0), &l, &err)) << err;
+  EXPECT_EQ(l.members[2].name, "new2");
+  EXPECT_EQ(l.members[2].kind, uint32_t(RaidIdentity::kGenerated));
+  std::vector<std::string> bad(4);
+  std::vector<std::thread> rs;
+  for (int t = 0; t < 4; ++t)
+    rs.emplace_back([&, t] {
+      std::vector<uint8_t> r(kBB);
+      for (uint64_t b = t; b < 2 * kRows && bad[t].empty(); b += 4) {
+        if (!d->read(b, 1, r.data()).is_ok() || !is(r.data(), b, 2))
+          bad[t] = "block " + std::to_string(b);
+      }
+    });
+  for (auto& t : rs) t.join();
+  for (const std::string& b : bad) EXPECT_EQ(b, "");
+  // A whole set has nothing to resync: labels untouched.
+  d.reset();
+  ASSERT_TRUE(resync_raid_set(devs_of(s->mem), seen, nullptr, &rep, &err).is_ok()) << err;
+  EXPECT_EQ(rep.rebuilt, 0u);
+  EXPECT_EQ(rep.generation, l.generation);
+}
+
+TEST(RaidResync, RefusesRaid0ForeignMembersWrongGeometryAndNoSource) {
+  RaidResyncReport rep;
+  std::string err;
+  {  // RAID 0 has no copies.
+    auto s = Set::make(0, 2);
+    ASSERT_TRUE(s);
+    s->dev.reset();
+    s->mem[1] = std::make_unique<MemDevice>(RaidLabel::kDataOffset + 256);
+    EXPECT_FALSE(resync_raid_set(devs_of(s->mem), names_of(2), nullptr, &rep, &err).is_ok());
+    EXPECT_NE(err.find("is RAID 0"), std::string::npos) << err;
+  }
+  auto s = Set::make(1, 2);
+  ASSERT_TRUE(s);
+  s->dev.reset();
+  {  // A member of another set in member 1's place is not overwritten.
+    auto other = Set::make(1, 2);
+    ASSERT_TRUE(other);
+    other->dev.reset();
+    other->mem[1]->at(0)[16] ^= 0x5a;  // another set_uuid
+    RaidLabel::seal(other->mem[1]->at(0));
+    std::vector<BlockDevice*> d{s->mem[0].get(), other->mem[1].get()};
+    const uint64_t w = other->mem[1]->writes.load();
+    EXPECT_FALSE(resync_raid_set(d, names_of(2), nullptr, &rep, &err).is_ok());
+    EXPECT_NE(err.find("m1 (given as member 1) is a member of another RAID set"), std::string::npos)
+        << err;
+    EXPECT_EQ(other->mem[1]->writes.load(), w);
+  }
+  {  // A label of the same set that says another level.
+    std::vector<uint8_t> keep(s->mem[1]->at(0), s->mem[1]->at(0) + kBB);
+    uint32_t zero = 0;
+    std::memcpy(s->mem[1]->at(0) + 12, &zero, 4);
+    RaidLabel::seal(s->mem[1]->at(0));
+    EXPECT_FALSE(resync_raid_set(devs_of(s->mem), names_of(2), nullptr, &rep, &err).is_ok());
+    EXPECT_NE(err.find("m1: its label's geometry (RAID 0)"), std::string::npos) << err;
+    std::memcpy(s->mem[1]->at(0), keep.data(), kBB);
+  }
+  {  // A damaged label is not taken for a blank.
+    s->mem[1]->at(0)[100] ^= 1;
+    EXPECT_FALSE(resync_raid_set(devs_of(s->mem), names_of(2), nullptr, &rep, &err).is_ok());
+    EXPECT_NE(err.find("damaged"), std::string::npos) << err;
+    EXPECT_NE(err.find("zero its block 0"), std::string::npos) << err;
+    s->mem[1]->at(0)[100] ^= 1;
+  }
+  {  // Wrong order, a count short, and a replacement too small.
+    std::vector<BlockDevice*> d{s->mem[1].get(), s->mem[0].get()};
+    EXPECT_FALSE(resync_raid_set(d, names_of(2), nullptr, &rep, &err).is_ok());
+    EXPECT_NE(err.find("m0 is member 1"), std::string::npos) << err;
+    std::vector<BlockDevice*> one{s->mem[0].get()};
+    EXPECT_FALSE(resync_raid_set(one, names_of(1), nullptr, &rep, &err).is_ok());
+    MemDevice small(RaidLabel::kDataOffset + 8);
+    std::vector<BlockDevice*> sm{s->mem[0].get(), &small};
+    EXPECT_FALSE(resync_raid_set(sm, names_of(2), nullptr, &rep, &err, true).is_ok());
+    EXPECT_NE(err.find("m1 (member 1): 264 blocks"), std::string::npos) << err;
+  }
+  {  // RAID 10 with both copies of group 1 blank: nothing to rebuild them from.
+    auto t = Set::make(10, 4);
+    ASSERT_TRUE(t);
+    t->dev.reset();
+    for (int k : {2, 3}) t->mem[k] = std::make_unique<MemDevice>(RaidLabel::kDataOffset + 256);
+    // Members 2 and 3 are not marked failed: without --replace that is refused first.
+    EXPECT_FALSE(resync_raid_set(devs_of(t->mem), names_of(4), nullptr, &rep, &err).is_ok());
+    EXPECT_NE(err.find("m2 is blank, but member 2"), std::string::npos) << err;
+    EXPECT_NE(err.find("not marked failed"), std::string::npos) << err;
+    EXPECT_FALSE(resync_raid_set(devs_of(t->mem), names_of(4), nullptr, &rep, &err, true).is_ok());
+    EXPECT_NE(err.find("every copy of stripe group 1 (members 2, 3)"), std::string::npos) << err;
+    EXPECT_EQ(t->mem[2]->writes.load(), 0u);
+  }
+  {  // A device with data but no label (another filesystem, a typo) is not taken for a blank
+     // unless --replace says so; the newest label marks member 1 failed here.
+    auto t = Set::make(1, 2);
+    ASSERT_TRUE(t);
+    t->mem[1]->dead = true;
+    std::vector<uint8_t> w(kBB);
+    fill(w.data(), 0, 3);
+    EXPECT_TRUE(t->dev->write(0, 1, w.data()).is_ok());
+    ASSERT_TRUE(t->dev->member_failed(1));
+    t->dev.reset();
+    t->mem[1] = std::make_unique<MemDevice>(RaidLabel::kDataOffset + 256);
+    t->mem[1]->at(0)[100] = 0x53;  // not blank
+    const uint64_t w0 = t->mem[0]->writes.load();
+    EXPECT_FALSE(resync_raid_set(devs_of(t->mem), names_of(2), nullptr, &rep, &err).is_ok());
+    EXPECT_NE(err.find("has no RAID label but is not blank"), std::string::npos) << err;
+    EXPECT_EQ(t->mem[1]->writes.load(), 0u);
+    EXPECT_EQ(t->mem[0]->writes.load(), w0);
+    ASSERT_TRUE(resync_raid_set(devs_of(t->mem), names_of(2), nullptr, &rep, &err, true).is_ok())
+        << err;
+    EXPECT_EQ(rep.rebuilt, 2u);
+  }
 }
 
 }  // namespace

@@ -55,6 +55,26 @@ class CutDevice final : public blockdev::BlockDevice {
     tear_seed_.store(seed, std::memory_order_relaxed);
     cut_at_.store(mutations_.load() + n, std::memory_order_release);
   }
+  // A RAID set's members, each behind a CutDevice of its own (TestDevices::make_cut): a
+  // write cut with a tear goes on whole to the set, and each member tears its own part on
+  // its own draws, so a mirrored write reaches each copy in part, independently: the members
+  // lose power at independent points of their own write streams. Set before use.
+  void tear_members(std::vector<CutDevice*> m) { members_ = std::move(m); }
+  // A member's CutDevice (below a set) passes a batch on whole while no cut is armed or
+  // done, as the member would take it (its own submit: queued together, each in its class);
+  // armed or cut, transfer by transfer as any CutDevice. Set before use.
+  void pass_batches() { pass_batches_ = true; }
+  void submit(Io* ios, int n) override {
+    if (!pass_batches_ || cut_ || cut_at_.load(std::memory_order_acquire) != 0)
+      return BlockDevice::submit(ios, n);
+    for (int i = 0; i < n; ++i) {
+      if (ios[i].write) {
+        mutations_.fetch_add(1, std::memory_order_relaxed);
+        writes_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    d_.submit(ios, n);
+  }
   // Cuts when the nth flush from now arrives: the moment the most is still volatile.
   void cut_at_flush(uint64_t n) { cut_at_flush_ = flushes_.load() + n; }
   bool is_cut() const { return cut_; }
@@ -69,7 +89,16 @@ class CutDevice final : public blockdev::BlockDevice {
   blockdev::Status write(uint64_t b, uint32_t n, const void* buf) override {
     if (cut_) return dead();
     if (arrive()) {
-      if (tear_.load(std::memory_order_relaxed)) tear(b, n, buf);
+      if (tear_.load(std::memory_order_relaxed)) {
+        if (members_.empty()) {
+          tear(b, n, buf);
+        } else {
+          const uint64_t seed = tear_seed_.load(std::memory_order_relaxed);
+          for (size_t k = 0; k < members_.size(); ++k)
+            members_[k]->cut_at(1, true, seed ^ ((k + 1) * 0xbf58476d1ce4e5b9ull));
+          (void)d_.write(b, n, buf);  // each member tears its part, then is cut
+        }
+      }
       return dead();
     }
     writes_.fetch_add(1, std::memory_order_relaxed);
@@ -137,6 +166,8 @@ class CutDevice final : public blockdev::BlockDevice {
   // Set by cut_at() before cut_at_ (release); read by the call that cut_at_ selects.
   std::atomic<bool> tear_{false};
   std::atomic<uint64_t> tear_seed_{0};
+  std::vector<CutDevice*> members_;  // set before use, then read only
+  bool pass_batches_ = false;        // likewise
 };
 
 // The emulated namespaces under a filesystem test: one, or, with WARPFS_TEST_RAID=0, 1 or 10
@@ -149,6 +180,7 @@ struct TestDevices {
   std::vector<std::unique_ptr<cache::test::Stack>> stacks;
   std::vector<std::unique_ptr<blockdev::NvmeBlockDevice>> nvme;
   std::vector<std::unique_ptr<blockdev::CachedBlockDevice>> cached;
+  std::vector<std::unique_ptr<CutDevice>> member_cuts;  // a set: one below the set per member
   std::unique_ptr<blockdev::RaidBlockDevice> raid;
 
   // -1 without WARPFS_TEST_RAID, else the level it names.
@@ -194,6 +226,11 @@ struct TestDevices {
       devs.push_back(d);
     }
     if (stores.size() == 1) return true;
+    for (blockdev::BlockDevice*& d : devs) {
+      member_cuts.push_back(std::make_unique<CutDevice>(*d));
+      member_cuts.back()->pass_batches();
+      d = member_cuts.back().get();
+    }
     std::vector<blockdev::RaidMemberSeen> seen(devs.size());
     for (size_t k = 0; k < devs.size(); ++k) seen[k].name = "member" + std::to_string(k);
     if (label) {
@@ -217,6 +254,15 @@ struct TestDevices {
     if (raid) return *raid;
     return cached.empty() ? static_cast<blockdev::BlockDevice&>(*nvme[0]) : *cached[0];
   }
+  // The CutDevice a test cuts the power with, over device(); for a set its torn writes tear
+  // on each member independently (CutDevice::tear_members).
+  std::unique_ptr<CutDevice> make_cut() {
+    auto c = std::make_unique<CutDevice>(device());
+    std::vector<CutDevice*> m;
+    for (const auto& mc : member_cuts) m.push_back(mc.get());
+    c->tear_members(std::move(m));
+    return c;
+  }
   // The power goes: every member's controller loses its volatile cache (`persist`: the share
   // of its 4 KiB units that reach the media anyway, each member drawing on its own). Then
   // power_off() once nothing above uses the devices.
@@ -225,6 +271,7 @@ struct TestDevices {
   }
   void power_off() {
     raid.reset();
+    member_cuts.clear();
     cached.clear();
     nvme.clear();
     stacks.clear();
@@ -293,7 +340,7 @@ struct Rig {
   uint32_t commit_interval_ms = 60000;
 
   bool mount(bool read_only = false) {
-    cut = std::make_unique<CutDevice>(*dev);
+    cut = devices->make_cut();
     MountOptions o;
     o.read_only = read_only;
     o.meta_cache_mb = meta_cache_mb;
@@ -328,7 +375,7 @@ struct Rig {
     stack = devices->stacks[0].get();
     dev = &devices->device();
     log.clear();
-    cut = std::make_unique<CutDevice>(*dev);
+    cut = devices->make_cut();
     return true;
   }
   // The superblock stored at `block` (0: the primary; the backup is the filesystem's last).

@@ -942,7 +942,7 @@ std::unique_ptr<Session> Session::make(uint64_t seed, uint64_t mib, std::string*
   cfg.seed = mix(seed ^ ++s->power_ons_);  // the power-cut draws of the controllers
   s->devices_ = test::TestDevices::make(mib << 20, error, cfg);
   if (!s->devices_) return nullptr;
-  s->cut_ = std::make_unique<CutDevice>(s->devices_->device());
+  s->cut_ = s->devices_->make_cut();
   MkfsOptions mo;
   mo.seed = 7;
   Geometry g;
@@ -969,7 +969,7 @@ bool Session::power_on(uint64_t seed, std::string* error) {
   nvme::EmulatedConfig cfg;
   cfg.seed = mix(seed ^ ++power_ons_);  // the power-cut draws of the controllers
   if (!devices_->power_on(cfg, 0, nvme::EngineOptions{}.io_timeout_ns, error)) return false;
-  cut_ = std::make_unique<CutDevice>(devices_->device());
+  cut_ = devices_->make_cut();
   return true;
 }
 

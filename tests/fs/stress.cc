@@ -78,7 +78,7 @@ struct Machine {
     } else if (!devices->power_on(cfg, o.cache_mb, timeout, &err)) {
       return err;
     }
-    cut = std::make_unique<CutDevice>(devices->device());
+    cut = devices->make_cut();
     return "";
   }
   std::string mount(const Options& o) {

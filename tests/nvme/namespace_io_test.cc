@@ -218,5 +218,44 @@ TEST(NamespaceIo, ConcurrentTransfersFromManyThreadsLandWhole) {
   EXPECT_EQ(r->ns->stats(NamespaceIo::kWrite).bytes, uint64_t{kThreads} * kRounds * kSpan * kBlock);
 }
 
+// The emulated media's bandwidth (EmulatedConfig::bandwidth_bytes_per_s): every Read and
+// Write, from several threads at once, reserves exactly its bytes / bandwidth on the
+// controller's one channel (a Flush and a Deallocate nothing), and the data lands whole.
+TEST(NamespaceIo, BandwidthLimitReservesEachTransfersTimeOnTheChannel) {
+  EmulatedConfig cfg;
+  cfg.bandwidth_bytes_per_s = 1ull << 30;  // 1 GiB/s: 4 KiB in 3814 ns
+  cfg.latency_ns = 2000;
+  cfg.worker_threads = 2;
+  auto r = NsRig::make(cfg);
+  ASSERT_TRUE(r);
+  constexpr int kThreads = 4, kRounds = 20;
+  constexpr uint32_t kSizes[] = {1, 3, 8};  // blocks: one command each (below MDTS)
+  std::vector<std::thread> th;
+  for (int t = 0; t < kThreads; ++t) {
+    th.emplace_back([&, t] {
+      std::vector<uint8_t> w(8 * kBlock), back(8 * kBlock);
+      const uint64_t base = 256 + static_cast<uint64_t>(t) * 8;
+      for (int k = 0; k < kRounds; ++k) {
+        const uint32_t n = kSizes[k % 3];
+        pattern(w.data(), base, n, static_cast<uint8_t>(k));
+        BlockIo io{base, n, true, w.data(), {}};
+        r->ns->io(&io, 1);
+        ASSERT_TRUE(io.status.is_ok());
+        BlockIo rd{base, n, false, back.data(), {}};
+        r->ns->io(&rd, 1);
+        ASSERT_TRUE(rd.status.is_ok());
+        ASSERT_EQ(0, std::memcmp(back.data(), w.data(), size_t{n} * kBlock)) << t << " " << k;
+      }
+    });
+  }
+  for (auto& x : th) x.join();
+  ASSERT_TRUE(r->ns->flush().is_ok());
+  ASSERT_TRUE(r->ns->trim(0, 16).is_ok());
+  uint64_t want = 0;
+  for (int k = 0; k < kRounds; ++k)
+    want += 2 * (uint64_t{kSizes[k % 3]} * kBlock * 1'000'000'000ull / cfg.bandwidth_bytes_per_s);
+  EXPECT_EQ(r->transport->counters().transfer_ns, want * kThreads);
+}
+
 }  // namespace
 }  // namespace warpfs::nvme::test

@@ -128,11 +128,13 @@ pci_info() {
 # ------------------------------------------------------------------------------------------
 # The steps.
 
+# sysfs_bind [BDF]: the controller (default $BDF) to vfio-pci.
 sysfs_bind() {
-  dev=/sys/bus/pci/devices/$BDF
-  [ -e "$dev/driver" ] && echo "$BDF" >"$dev/driver/unbind"
+  sb=${1:-$BDF}
+  dev=/sys/bus/pci/devices/$sb
+  [ -e "$dev/driver" ] && echo "$sb" >"$dev/driver/unbind"
   echo vfio-pci >"$dev/driver_override"
-  echo "$BDF" >/sys/bus/pci/drivers_probe
+  echo "$sb" >/sys/bus/pci/drivers_probe
 }
 
 do_bind() {
@@ -467,6 +469,71 @@ do_fsck() {
   fsck.warpfs -f -n "$DEVICE" || fail "fsck.warpfs -f -n $DEVICE"
 }
 
+# multi: a RAID 1 of the first controller's namespace 1 (untouched by the steps before: a
+# namespace the driver's tests wrote holds no zeroes where mkfs deallocates, and QEMU's
+# Deallocate without discard=unmap leaves the data) and the second controller's namespace,
+# whose image fails every write covering one sector 12 MiB into the set's data
+# (run-guest.sh). A small file first, then a 16 MiB one that crosses the sector: the member
+# fails mid-write, the writes still succeed (the mirror took them), the daemon's stats say
+# degraded, the daemon exits 0, fsck is clean and names the failed member, and a second
+# mount (reading the survivor) returns both files as written.
+raid_mount() {
+  rm -f "$state/raid.rc"
+  (
+    warpfs -f -o "stats=$state/raid.json" "$RAID" "$MNT" >"$state/raid.log" 2>&1
+    echo $? >"$state/raid.rc.tmp"
+    mv "$state/raid.rc.tmp" "$state/raid.rc"
+  ) </dev/null &
+  wait_until 60 "no mount of the RAID set on $MNT after 60 s" is_mounted
+}
+raid_unmount() {
+  umount "$MNT" || fail "umount $MNT"
+  wait_until 120 "warpfs still running 120 s after umount" test -e "$state/raid.rc"
+  [ "$(cat "$state/raid.rc")" = 0 ] || {
+    cat "$state/raid.log"
+    fail "warpfs on the RAID set exited with status $(cat "$state/raid.rc")"
+  }
+}
+do_raid_faults() {
+  requires fsck
+  [ -n "$BDF2" ] || fail "no second NVMe controller"
+  drv=$(readlink "/sys/bus/pci/devices/$BDF/driver")
+  [ "${drv##*/}" = vfio-pci ] || fail "$BDF is bound to '${drv##*/}', not vfio-pci"
+  sysfs_bind "$BDF2"
+  drv=$(readlink "/sys/bus/pci/devices/$BDF2/driver")
+  [ "${drv##*/}" = vfio-pci ] || fail "$BDF2 is bound to '${drv##*/}', not vfio-pci"
+  RAID=vfio:$BDF,ns=1,vfio:$BDF2
+  MNT=/mnt/raid
+  mkdir -p "$MNT"
+  mkfs.warpfs -q --raid 1 "vfio:$BDF,ns=1" "vfio:$BDF2" || fail "mkfs.warpfs --raid 1"
+  raid_mount
+  head -c 4194304 /dev/urandom >"$MNT/a" || fail "writing a"
+  sync
+  # fsync'd (conv=fsync): b's blocks reach the members now, not from the daemon's cache at
+  # unmount.
+  yes warpfs-raid | head -c 16777216 | dd of="$MNT/b" bs=1M conv=fsync 2>/dev/null ||
+    fail "writing b"
+  (cd "$MNT" && sha256sum a b) >"$state/raid.sums"
+  rm -f "$state/raid.json"
+  kill -USR1 "$(pidof warpfs)" || fail "no warpfs to signal"
+  wait_until 10 "no stats after SIGUSR1" test -s "$state/raid.json"
+  tr -d ' \n' <"$state/raid.json" | grep -o '"raid":{[^}]*}'
+  tr -d ' \n' <"$state/raid.json" | grep -q '"degraded":true' ||
+    fail "the set is not degraded: the member's write fault never reached warpfs"
+  raid_unmount
+  grep "failed" "$state/raid.log"
+  out=$(fsck.warpfs -f -n "$RAID" 2>&1) || {
+    echo "$out"
+    fail "fsck.warpfs -f -n of the degraded set"
+  }
+  echo "$out"
+  echo "$out" | grep -q "is degraded: member 1 (vfio:$BDF2) failed" ||
+    fail "fsck does not report member 1 failed"
+  raid_mount
+  (cd "$MNT" && sha256sum -c "$state/raid.sums") || fail "file contents differ after the fault"
+  raid_unmount
+}
+
 # ------------------------------------------------------------------------------------------
 
 if [ "$1" = --run ]; then  # one step: its status goes to $state/step.rc
@@ -491,7 +558,11 @@ CONFIG=${2:-single}
 DEVICE=vfio:$BDF
 DEVICE_NAME=vfio:$BDF  # the transport's name in the daemon's stats
 TEST_DEVICE=vfio:$BDF  # where the driver's tests run
+BDF2=  # multi: the second controller (the RAID step's faulty member)
 if [ "$CONFIG" = multi ]; then
+  for dev in /sys/bus/pci/devices/*; do
+    [ "${dev##*/}" != "$BDF" ] && [ "$(cat "$dev/class")" = 0x010802 ] && BDF2=${dev##*/} && break
+  done
   DEVICE=$DEVICE,ns=2            # namespace 1 is too small on purpose
   TEST_DEVICE=$TEST_DEVICE,ns=3  # the driver's tests on yet another namespace
   # DMA memory from hugepages (the cache's arena and the I/O buffers are >= 1 MiB).
@@ -510,7 +581,7 @@ if [ "${WARPFS_GUEST_SELFTEST:-0}" = 1 ]; then
   MKFS_OPTS="--force --size 512M"
   echo "self-test: the filesystem steps use $DEVICE"
 fi
-export BDF CONFIG DEVICE DEVICE_NAME TEST_DEVICE MKFS_OPTS
+export BDF BDF2 CONFIG DEVICE DEVICE_NAME TEST_DEVICE MKFS_OPTS
 rm -rf "$state"
 mkdir -p "$state"
 
@@ -533,3 +604,4 @@ step kill9 do_kill9
 step sigterm do_sigterm
 step fsck do_fsck
 case $DEVICE in vfio:*) have warpfs-pci && step to-nvme-and-back do_to_nvme_and_back ;; esac
+case $DEVICE in vfio:*) [ "$CONFIG" = multi ] && step -t 300 raid-faults do_raid_faults ;; esac

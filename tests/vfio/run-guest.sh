@@ -5,7 +5,10 @@
 #   usage: run-guest.sh single|multi|nfs|tcp BINDIR
 #     single: one controller, one 1 GiB namespace, 512-byte LBAs
 #     multi:  one controller, namespaces of 64 MiB, 1 GiB, 256 MiB with 4 KiB LBAs (the
-#             filesystem goes on namespace 2)
+#             filesystem goes on namespace 2), and a second controller with one 64 MiB
+#             namespace whose image fails every write that covers one sector (QEMU's
+#             blkdebug): a RAID 1 of it and the first controller's namespace 1 loses that
+#             member mid-run (guest-tests.sh's raid-faults step)
 #     nfs:    no controller: warpfs on an emulated one over an image in the guest's memory,
 #             exported by the kernel's NFS server (NFSv4) and mounted back over loopback
 #             (tests/vfio/guest-nfs.sh); nfs-utils comes from Debian's packages, cached
@@ -374,6 +377,20 @@ else
       -device "nvme-ns,drive=ns$nsid,bus=ctrl0,nsid=$nsid,logical_block_size=4096,physical_block_size=4096")
     nsid=$((nsid + 1))
   done
+  # The second controller: its namespace's image fails (EIO) every write that covers member
+  # block 256 + 3072, 12 MiB into the RAID set's data (fs/FORMAT.md "RAID member label"),
+  # which mkfs and the first small file leave alone and a 16 MiB file after it crosses.
+  # Sector in 512-byte units of the image: (256 + 3072) * 8.
+  truncate -s 64M "$work/nsb.img"
+  cat >"$work/blkdebug.conf" <<'CONF'
+[inject-error]
+event = "write_aio"
+errno = "5"
+sector = "26624"
+CONF
+  nvme+=(-drive "file=blkdebug:$work/blkdebug.conf:$work/nsb.img,if=none,id=nsb,format=raw"
+    -device "nvme,id=ctrl1,serial=warpfs-raid-b"
+    -device "nvme-ns,drive=nsb,bus=ctrl1,nsid=1,logical_block_size=4096,physical_block_size=4096")
 fi
 
 selftest=

@@ -8,6 +8,7 @@
 // Repairs change the model; the write phase (repair_*.cc) then rewrites exactly what changed.
 // The passes, one file each, in the order run() calls them, in the manner of e2fsck's
 // pass1.c ... pass5.c: each says at its top what it assumes and what it leaves for later.
+//   mirrors.cc     M     a mirrored set's copies of every block in use agree (first)
 //   superblock.cc  0, J  superblock, backup, journal, group descriptors and bitmaps as read
 //   pass1.cc       1     inodes, extent trees, xattr blocks; block claims (parallel by group)
 //   pass1b.cc      1B    blocks with several owners
@@ -277,6 +278,19 @@ class Checker {
   bool claimed(uint64_t b) const { return (claimed_[b / 64] >> (b % 64)) & 1; }
   void claim(uint64_t first, uint64_t n);
 
+  // --- pass M: the copies of a mirrored set (mirrors.cc)
+  // >= 1: block `b`'s data verifies as what it is (higher: more of it verified, e.g. inodes
+  // in use: of two verifying copies the source is the one with more), 0: it does not, -1:
+  // nothing to verify by.
+  using MirrorVerify = std::function<int(uint64_t b, const uint8_t* data)>;
+  void pass_mirrors();
+  // Compares blocks [first, first + n) on every kept copy; reports and (repair) rewrites
+  // the differing ones from the source; `keep` (may be null) gets the source's blocks.
+  // `data_area`: a data-area block, whose differing copies are a notice (file data may differ
+  // after a crash), not a problem.
+  bool mirror_range(uint64_t first, uint64_t n, const std::string& what, bool data_area,
+                    const MirrorVerify& verify, std::vector<uint8_t>* keep);
+  static int self_check(const uint8_t* b, uint64_t seed);
   // --- pass 0 and the journal (superblock.cc)
   bool load_superblock();
   bool use_backup(const std::string& why);
@@ -370,6 +384,8 @@ class Checker {
   FsckResult res_;
   uint64_t uncorrected_ = 0, orphans_freed_ = 0;
   bool written_ = false;
+  bool mirror_written_ = false;  // pass M rewrote a copy
+  bool mirror_crashed_ = false;  // pass M: the superblock says it was not cleanly unmounted
   std::string error_;
 
   std::unique_ptr<Superblock> sb_ = std::make_unique<Superblock>();

@@ -80,6 +80,12 @@ FsckResult Checker::run() {
     fail("the device's block size is " + num(dev_.block_bytes()) + " bytes; warpfs needs 4096");
     return finish();
   }
+  // Pass M first: every later pass then reads the same filesystem from any copy. A full
+  // check only (it reads every block in use once per copy): not for a clean skip.
+  if (dev_.copies() > 1 && !o_.skip_if_clean) {
+    pass_mirrors();
+    if (failed()) return finish();
+  }
   if (!load_superblock() || !check_journal()) return finish();
   if (skip_clean()) return finish();
   if (!replay()) return finish();
@@ -168,7 +174,8 @@ void Checker::summarize() {
 FsckResult Checker::finish() {
   int code = kFsckClean;
   if (o_.repair) {
-    if (res_.corrected > 0 || written_ || orphans_freed_ > 0) code |= kFsckCorrected;
+    if (res_.corrected > 0 || written_ || mirror_written_ || orphans_freed_ > 0)
+      code |= kFsckCorrected;
     if (uncorrected_ > 0) code |= kFsckUncorrected;
   } else if (res_.problems > 0) {
     code |= kFsckUncorrected;

@@ -63,6 +63,23 @@ class BlockDevice {
   virtual Status alloc_io_buffer(size_t bytes, void** out);
   virtual void free_io_buffer(void* p, size_t bytes);
 
+  // Copies, for a checker that compares them (a mirrored RAID set keeps 2 or more of each
+  // block; a plain device one). The defaults describe one copy: the device itself.
+  virtual uint32_t copies() const { return 1; }
+  // How many blocks from `block` (at most `count`) keep their copies on the same devices.
+  virtual uint64_t copy_run(uint64_t, uint64_t count) const { return count; }
+  // Who holds copy `c` of `block`, for reports ("member 1 (b.img)"); "" when that copy is
+  // not kept (a failed member's): it is neither read nor written.
+  virtual std::string copy_holder(uint64_t, uint32_t c) const { return c == 0 ? "the device" : ""; }
+  // Copy `c` alone of blocks [block, block + count): no failover to another copy, and a
+  // write reaches that copy only (flush() makes it durable as any write).
+  virtual Status read_copy(uint64_t block, uint32_t count, uint32_t, void* buf) {
+    return read(block, count, buf);
+  }
+  virtual Status write_copy(uint64_t block, uint32_t count, uint32_t, const void* buf) {
+    return write(block, count, buf);
+  }
+
  protected:
   // One bulk-class transfer through submit(): read() and write() of the devices whose
   // submit() is their real path. (Never from a submit() that calls read() or write().)

@@ -122,6 +122,35 @@ bool check_raid_set(const std::vector<RaidMemberSeen>& seen, RaidLabel* newest, 
 Status write_member_labels(const std::vector<BlockDevice*>& members, RaidLabel l,
                            std::string* error);
 
+// What resync_raid_set did.
+struct RaidResyncReport {
+  uint32_t rebuilt = 0;  // bit k: member k was rebuilt (0: the set was not degraded)
+  uint64_t blocks_copied = 0;
+  uint64_t generation = 0;  // the set's label generation afterwards
+};
+
+// Rebuilds members of a mirrored set offline (fs/FORMAT.md "Resync"): `members` are the
+// set's devices in position order, each either a member (its label read from block 0) or, in
+// a position, a blank device (no label: no RAID magic in block 0) that replaces it. The
+// targets are the members the newest label marks failed and the blank devices. From every
+// group's surviving copy each target gets every data row, then a label that names it (a
+// blank's identity from `seen`, whose names and identities the caller filled in) with its
+// failed bit clear. Order, so that a cut leaves a set that opens degraded as before: the
+// survivors' labels (generation + 1, the targets failed, a blank's identity recorded), the
+// targets' label areas, the data, a flush of the targets, then the final labels (generation
+// + 1, not failed) on the targets and then on the survivors. `progress` (may be empty)
+// hears (blocks done, blocks total). Refuses, naming the device or position: RAID 0, a
+// device of another set, a damaged label, a wrong order or count, a blank in a position
+// whose group has no other copy, a target smaller than the set's members. Without
+// `replace`, also: a blank whose block 0 is not all zero (another filesystem, a typo in the
+// list: it would be overwritten), and a blank in the place of a member the newest label among
+// the devices given does not mark failed (that member's own device may hold newer data than
+// the labels given know of: a rebuild from them would roll the set back).
+// REQUIRES: nothing else uses the members meanwhile (an offline tool).
+Status resync_raid_set(const std::vector<BlockDevice*>& members, std::vector<RaidMemberSeen> seen,
+                       const std::function<void(uint64_t, uint64_t)>& progress,
+                       RaidResyncReport* report, std::string* error, bool replace = false);
+
 // A few threads that run the parts of requests spanning several members. run() takes the
 // caller's parts back from the queue when no thread has started them, so it never waits on
 // a busy pool. Thread-safety: run() from any number of threads; q_ under mu_.
@@ -188,6 +217,14 @@ class RaidBlockDevice final : public BlockDevice {
     return m_[0]->alloc_io_buffer(bytes, out);
   }
   void free_io_buffer(void* p, size_t bytes) override { m_[0]->free_io_buffer(p, bytes); }
+  // Copy c of a block is the c-th member of its stripe group (fsck compares them).
+  uint32_t copies() const override { return map_.copies; }
+  uint64_t copy_run(uint64_t block, uint64_t count) const override {
+    return map_.piece(block, count).count;
+  }
+  std::string copy_holder(uint64_t block, uint32_t c) const override;
+  Status read_copy(uint64_t block, uint32_t count, uint32_t c, void* buf) override;
+  Status write_copy(uint64_t block, uint32_t count, uint32_t c, const void* buf) override;
   const RaidMap& map() const { return map_; }
   bool member_failed(uint32_t k) const { return (failed_.load() >> k) & 1; }
   Stats stats() const;

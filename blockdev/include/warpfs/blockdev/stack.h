@@ -94,6 +94,14 @@ struct RaidCreate {
 bool create_raid_set(const std::vector<std::string>& devices, const RaidCreate& rc,
                      const StackOptions& o, bool force, std::string* error);
 
+// Opens each DEVICE of `list` on its own (no cache) and rebuilds the set's failed members
+// and blank replacements from their mirrors (resync_raid_set, fs/FORMAT.md "Resync"). False
+// with a message naming the device or position on failure; the set then opens degraded as
+// before.
+bool resync_raid_devices(const std::string& list, const StackOptions& o,
+                         const std::function<void(uint64_t, uint64_t)>& progress,
+                         RaidResyncReport* report, std::string* error, bool replace = false);
+
 // A field of /proc/self/mountinfo with its octal escapes (\040 for a space, \134 for a
 // backslash, ...) undone.
 std::string unescape_mountinfo(const std::string& s);

@@ -4,6 +4,10 @@
 // FORMAT.md's invariants 1-10 (and of the orphan list) as one line naming the object
 // ("inode 12: link count 2, but 1 directory entry names it", "block 5678: owned by inode 12
 // and inode 40"), and with `repair` fixes them the way e2fsck -y would. Passes, in order:
+//   M  a mirrored set's copies (BlockDevice::copies() > 1, full checks only): every block in
+//      use on every kept copy; differing copies are reported and, with repair, rewritten
+//      from the copy whose checksum verifies (metadata), else the lowest-numbered member's
+//      (fs/src/fsck/mirrors.cc)
 //   0  superblock: the primary, else the backup (the last block of the filesystem)
 //   J  journal: header; committed transactions are replayed first (repair) or reported
 //   1  inodes: checksums, fields, extent trees, xattr blocks; block ownership
@@ -74,6 +78,7 @@ struct [[nodiscard]] FsckResult {
   uint64_t inodes_used = 0, inode_count = 0, directories = 0;
   uint64_t blocks_used = 0, block_count = 0;
   uint64_t journal_transactions = 0;  // committed transactions replayed (or pending)
+  uint64_t copies_differing = 0;      // pass M: blocks of a mirrored set whose copies differed
 };
 
 // Checks (and with o.repair, repairs) the warpfs on `dev`. Every problem line and, with

@@ -75,8 +75,13 @@ struct EmulatedConfig {
   bool wrr = true;                    // CAP.AMS: weighted round robin with urgent class
   uint32_t latency_ns = 0;            // completion posted this long after the fetch
   uint32_t latency_jitter_ns = 0;     // plus uniform 0..jitter: completions reorder
-  bool shuffle_completions = false;   // post each batch of completions in random order
-  bool volatile_write_cache = true;   // Identify VWC; Flush and FUA honour it
+  // The media's bandwidth in bytes per second (0: unlimited). One channel per controller:
+  // each Read and Write occupies it for its bytes / bandwidth, in the order they are
+  // fetched, and completes latency_ns after its transfer ends. No CPU is spent waiting, so
+  // devices that share few cores each still show their own bandwidth (benchmarks of sets).
+  uint64_t bandwidth_bytes_per_s = 0;
+  bool shuffle_completions = false;  // post each batch of completions in random order
+  bool volatile_write_cache = true;  // Identify VWC; Flush and FUA honour it
   uint64_t write_cache_bytes = 64ull << 20;
   // Where written data waits until a Flush. false: the model's own cache of 4 KiB units
   // (write_cache_bytes), which power_cut() loses at random: for tests that cut power. true:
@@ -111,6 +116,7 @@ struct EmulatedCounters {
   uint64_t errors = 0;
   uint64_t doorbell_kicks = 0;  // futex wake-ups of parked workers
   uint32_t parked_workers = 0;  // workers asleep on their futex right now
+  uint64_t transfer_ns = 0;     // bandwidth_bytes_per_s: channel time the transfers took
   // Host time the worker threads spent in arbitration rounds that found work (fetching,
   // executing, posting): the device model's cost, without its idle polling. Rounds run
   // inline by a doorbell ringer (inline_io) are not counted.
