@@ -25,7 +25,8 @@ deb=$(ls "$work"/pkg/warpfs_*.deb 2>/dev/null | head -1)
 # Its control data: the name, the version, and dependencies this Debian satisfies.
 [[ $(dpkg-deb -f "$deb" Package) == warpfs ]] || fail "package name $(dpkg-deb -f "$deb" Package)"
 depends=$(dpkg-deb -f "$deb" Depends)
-for need in fuse3 libfuse3-3 libxxhash0; do
+# (xxHash is compiled in, header-only: fs/src/xxh.h; no libxxhash0.)
+for need in fuse3 libfuse3-3 libtbb12; do
   grep -qw "$need" <<<"$depends" || fail "Depends lacks $need: $depends"
 done
 for dep in $(tr ',' '\n' <<<"$depends" | sed 's/(.*)//; s/|.*//' | tr -d ' '); do
