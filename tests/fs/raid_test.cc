@@ -105,6 +105,27 @@ TEST(RaidProgram, MkfsMakesSetsThatOpenOnlyWhole) {
 #endif
 }
 
+// A RAID 1 of images a, b (`mib` MiB each) as a failed member leaves it: b's label records
+// member 0 failed one generation later, and a's data area is zeroed.
+void fail_member0(const std::string& a, const std::string& b, uint64_t mib) {
+  FILE* f = std::fopen(b.c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  std::vector<uint8_t> block(kBlockSize);
+  ASSERT_EQ(std::fread(block.data(), 1, block.size(), f), block.size());
+  blockdev::RaidLabel l;
+  std::string why;
+  ASSERT_TRUE(blockdev::RaidLabel::decode(block.data(), &l, &why)) << why;
+  l.failed = 1;
+  l.flags |= blockdev::RaidLabel::kDegraded;
+  l.generation = 2;
+  l.encode(block.data());
+  ASSERT_EQ(std::fseek(f, 0, SEEK_SET), 0);
+  ASSERT_EQ(std::fwrite(block.data(), 1, block.size(), f), block.size());
+  std::fclose(f);
+  ASSERT_EQ(truncate(a.c_str(), blockdev::RaidLabel::kDataOffset * kBlockSize), 0);
+  ASSERT_EQ(truncate(a.c_str(), static_cast<off_t>(mib) << 20), 0);
+}
+
 // A set whose newest label marks a member failed: fsck and the stack say so, and the
 // failed member's blocks are not read (here: its data area is zeroed, and the set checks
 // clean all the same).
@@ -118,24 +139,7 @@ TEST(RaidProgram, ADegradedSetIsReportedAndItsFailedMemberUnused) {
   std::string out;
   ASSERT_EQ(run(kMkfs + " -q --raid 1 --size 64M " + a + " " + b, &out), 0) << out;
   // Member 1 (b) records member 0 (a) failed, one generation later; a's data is gone.
-  {
-    FILE* f = std::fopen(b.c_str(), "r+b");
-    ASSERT_NE(f, nullptr);
-    std::vector<uint8_t> block(kBlockSize);
-    ASSERT_EQ(std::fread(block.data(), 1, block.size(), f), block.size());
-    blockdev::RaidLabel l;
-    std::string why;
-    ASSERT_TRUE(blockdev::RaidLabel::decode(block.data(), &l, &why)) << why;
-    l.failed = 1;
-    l.flags |= blockdev::RaidLabel::kDegraded;
-    l.generation = 2;
-    l.encode(block.data());
-    ASSERT_EQ(std::fseek(f, 0, SEEK_SET), 0);
-    ASSERT_EQ(std::fwrite(block.data(), 1, block.size(), f), block.size());
-    std::fclose(f);
-    ASSERT_EQ(truncate(a.c_str(), blockdev::RaidLabel::kDataOffset * kBlockSize), 0);
-    ASSERT_EQ(truncate(a.c_str(), 64 << 20), 0);
-  }
+  ASSERT_NO_FATAL_FAILURE(fail_member0(a, b, 64));
   EXPECT_EQ(run(kFsck + " -f -n " + a + "," + b, &out), 0) << out;
   EXPECT_NE(out.find("is degraded: member 0 (" + a + ") failed and is not used"), std::string::npos)
       << out;
@@ -163,24 +167,8 @@ TEST(RaidProgram, ResyncRebuildsFailedAndBlankMembers) {
                     y = t.img("y.img");
   std::string out;
   ASSERT_EQ(run(kMkfs + " -q --raid 1 --size 32M " + a + " " + b, &out), 0) << out;
-  {  // b records a failed, one generation later; a's data is gone.
-    FILE* f = std::fopen(b.c_str(), "r+b");
-    ASSERT_NE(f, nullptr);
-    std::vector<uint8_t> block(kBlockSize);
-    ASSERT_EQ(std::fread(block.data(), 1, block.size(), f), block.size());
-    blockdev::RaidLabel l;
-    std::string why;
-    ASSERT_TRUE(blockdev::RaidLabel::decode(block.data(), &l, &why)) << why;
-    l.failed = 1;
-    l.flags |= blockdev::RaidLabel::kDegraded;
-    l.generation = 2;
-    l.encode(block.data());
-    ASSERT_EQ(std::fseek(f, 0, SEEK_SET), 0);
-    ASSERT_EQ(std::fwrite(block.data(), 1, block.size(), f), block.size());
-    std::fclose(f);
-    ASSERT_EQ(truncate(a.c_str(), blockdev::RaidLabel::kDataOffset * kBlockSize), 0);
-    ASSERT_EQ(truncate(a.c_str(), 32 << 20), 0);
-  }
+  // b records a failed, one generation later; a's data is gone.
+  ASSERT_NO_FATAL_FAILURE(fail_member0(a, b, 32));
   auto data_of = [](const std::string& img) {
     std::string s;
     FILE* f = std::fopen(img.c_str(), "rb");
