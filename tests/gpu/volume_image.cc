@@ -12,6 +12,7 @@
 #include "warpfs/fs/filesystem.h"
 #include "warpfs/fs/fsck.h"
 #include "warpfs/fs/mkfs.h"
+#include "warpfs/gpu/file_map.h"
 
 namespace warpfs::gpu::test {
 
@@ -141,19 +142,6 @@ std::string fsck_image(const std::string& image) {
   return out;
 }
 
-// Looks `path` up (plain names, no links) from the root.
-int walk(fs::Filesystem& f, const std::string& path, fs::Attr* a) {
-  fs::Ino at = fs::kRootInode;
-  size_t pos = 1;
-  while (pos <= path.size()) {
-    const size_t end = std::min(path.find('/', pos), path.size());
-    if (int rc = f.lookup(at, path.substr(pos, end - pos), a); rc) return rc;
-    at = a->ino;
-    pos = end + 1;
-  }
-  return 0;
-}
-
 // A read-only mount of the core on `image` and the attributes of `path` in it.
 std::string mount_and_walk(const std::string& image, const std::string& path,
                            std::unique_ptr<blockdev::DeviceStack>* stack,
@@ -163,7 +151,7 @@ std::string mount_and_walk(const std::string& image, const std::string& path,
   fs::MountOptions mo;
   mo.read_only = true;
   if (!(*f = fs::Filesystem::mount((*stack)->device(), mo, &error))) return "mount: " + error;
-  if (int rc = walk(**f, path, a); rc) return path + ": " + std::strerror(rc);
+  if (gpu::resolve_path(**f, path, a, &error) != 0) return error;
   return "";
 }
 
