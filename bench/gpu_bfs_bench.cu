@@ -276,9 +276,10 @@ __global__ void bfs_level(Offsets off, Edges edges, uint64_t n, uint32_t* level,
     atomicAdd(lookups, static_cast<unsigned long long>(warp_looked));
 }
 
-// Warm-up for the warm runs: one element of every line of both arrays, through the cache.
-__global__ void touch_lines(gpu::array<uint64_t> off, uint64_t off_lines,
-                            gpu::array<uint32_t> edges, uint64_t edge_lines) {
+// Warm-up for the warm runs: one element of every line of both arrays, through the cache
+// (gpu::array<T>, or gpu::file_array<T>: one element of every file block).
+template <typename Offsets, typename Edges>
+__global__ void touch_lines(Offsets off, uint64_t off_lines, Edges edges, uint64_t edge_lines) {
   const uint64_t t = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x;
   if (t < off_lines) {
     (void)off.read(t * (kLine / sizeof(uint64_t)));
@@ -286,19 +287,6 @@ __global__ void touch_lines(gpu::array<uint64_t> off, uint64_t off_lines,
     (void)edges.read((t - off_lines) * (kLine / sizeof(uint32_t)));
   }
 }
-
-#ifdef WARPFS_BFS_FILES
-// The same warm-up over file arrays: one element of every file block.
-__global__ void touch_file_lines(gpu::file_array<uint64_t> off, uint64_t off_blocks,
-                                 gpu::file_array<uint32_t> edges, uint64_t edge_blocks) {
-  const uint64_t t = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x;
-  if (t < off_blocks) {
-    (void)off.read(t * (kLine / sizeof(uint64_t)));
-  } else if (t < off_blocks + edge_blocks) {
-    (void)edges.read((t - off_blocks) * (kLine / sizeof(uint32_t)));
-  }
-}
-#endif
 
 // Waits for the GPU without sleeping between looks (BFS levels are short: a sleep would be
 // measured); gives up after `seconds` like sync_or_die.
@@ -634,9 +622,9 @@ int run_graph(Kind kind, const Options& op, const std::string& dev) {
       if (mode == kFileWarm) {
         file_cache->invalidate();
         const uint64_t threads = file_off_blocks + file_adj_blocks;
-        touch_file_lines<<<static_cast<uint32_t>((threads + 255) / 256), 256>>>(
+        touch_lines<<<static_cast<uint32_t>((threads + 255) / 256), 256>>>(
             file_off, file_off_blocks, file_adj, file_adj_blocks);
-        gpu::sync_or_die("touch_file_lines", 120);
+        gpu::sync_or_die("touch_lines (files)", 120);
       }
 #endif
       std::vector<double> times;
