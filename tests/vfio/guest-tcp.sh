@@ -267,14 +267,8 @@ bench_steps() {
 
 # ------------------------------------------------------------------------------------------
 
-if [ "$1" = --run ]; then  # one step: its status goes to $state/step.rc
-  shift
-  echo $$ >"$state/step.pgid"
-  ("$@")
-  rc=$?
-  echo "$rc" >"$state/step.rc.tmp"
-  mv "$state/step.rc.tmp" "$state/step.rc"
-  exit "$rc"
+if [ "$1" = --run ]; then  # one step (guest-tests.sh's run_one_step)
+  run_one_step "$@"
 fi
 
 OUTAGE_S=3

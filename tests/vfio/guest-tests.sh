@@ -536,7 +536,9 @@ do_raid_faults() {
 
 # ------------------------------------------------------------------------------------------
 
-if [ "$1" = --run ]; then  # one step: its status goes to $state/step.rc
+# One step, as step() starts it (SCRIPT --run FUNCTION ARGS...): its status goes to
+# $state/step.rc. guest-tcp.sh's entry point calls it too.
+run_one_step() {
   shift
   echo $$ >"$state/step.pgid"
   ("$@")
@@ -544,6 +546,10 @@ if [ "$1" = --run ]; then  # one step: its status goes to $state/step.rc
   echo "$rc" >"$state/step.rc.tmp"
   mv "$state/step.rc.tmp" "$state/step.rc"
   exit "$rc"
+}
+
+if [ "$1" = --run ]; then  # one step: its status goes to $state/step.rc
+  run_one_step "$@"
 fi
 
 if [ "$2" = nfs ]; then
