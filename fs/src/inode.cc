@@ -319,13 +319,21 @@ void FsImpl::maybe_reclaim(Ino ino) {
   (void)reclaim(n);
 }
 
-void FsImpl::keep_sync_state(const Node& n) {
+void FsImpl::keep_sync_state(Node& n) {
   WARPFS_DCHECK(held_by_me(table_mu_), "keep_sync_state: table_mu_");
-  // No lock of n's: nobody else holds it, and whoever last changed it let go of it first.
+  // Nobody else holds `n` now, but the last writer's release of its reference is no
+  // happens-before edge to this thread (use_count() is a relaxed load): written_mu (a leaf
+  // lock) is, for the fields it guards.
+  bool data;
+  uint64_t flush_gen;
+  {
+    std::lock_guard<std::mutex> g(n.written_mu);
+    data = n.written_all || !n.written.empty();
+    flush_gen = n.flush_gen;
+  }
   const Journal& j = *journal_;
-  const bool data = n.written_all || !n.written.empty();
   const uint64_t meta = n.meta_txn.load(std::memory_order_acquire);
-  if (!data && j.flusher().durable(n.flush_gen) && meta <= j.durable_txn()) return;
+  if (!data && j.flusher().durable(flush_gen) && meta <= j.durable_txn()) return;
   if (sync_leftovers_.size() >= 4096) {  // forget those that became durable meanwhile
     for (auto it = sync_leftovers_.begin(); it != sync_leftovers_.end();) {
       const SyncLeftover& l = it->second;
@@ -334,7 +342,7 @@ void FsImpl::keep_sync_state(const Node& n) {
       it = done ? sync_leftovers_.erase(it) : std::next(it);
     }
   }
-  sync_leftovers_[n.ino] = SyncLeftover{data, n.flush_gen, meta, n.data_txn.load()};
+  sync_leftovers_[n.ino] = SyncLeftover{data, flush_gen, meta, n.data_txn.load()};
 }
 
 void FsImpl::adopt_sync_state(Node& n) {

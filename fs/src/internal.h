@@ -555,7 +555,7 @@ class FsImpl final : public Filesystem {
   };
   std::unordered_map<Ino, SyncLeftover> sync_leftovers_;
   // REQUIRES: table_mu_, and nobody else holds `n` (it is leaving the table).
-  void keep_sync_state(const Node& n);
+  void keep_sync_state(Node& n);
   void adopt_sync_state(Node& n);  // REQUIRES: table_mu_, `n` not yet in the table
   // Leaf locks over the inode slots of the inode-table buffers: store() writes a slot while
   // get_node() may be reading another inode's of the same block, or (in the window where a
