@@ -29,14 +29,18 @@ enum : uint32_t {
   // Extended attributes beyond one block (FORMAT.md "Extended attributes"): xattr blocks
   // chained through XattrHeader::next and values in value blocks. Code that predates it
   // would take those blocks for leaked ones and free them, so it must refuse such an image.
-  kFeatureXattrChain = 16
+  kFeatureXattrChain = 16,
+  // Data blocks shared by several extents, counted in per-group reference-count tables
+  // (FORMAT.md "Shared blocks"). Code that predates it would free a shared block at the
+  // first owner's truncate while another file still maps it, so it must refuse such an image.
+  kFeatureSharedBlocks = 32
 };
 inline constexpr uint32_t kFeaturesV1 = kFeatureHashedDirs | kFeatureExtents | kFeatureJournal;
 // Feature sets this code reads: v1, and v1 with a descriptor table that keeps room to grow
 // (Superblock::gdt_blocks; FORMAT.md "Layout"), each with or without chained xattrs; code
 // that predates either must refuse it.
 inline bool features_supported(uint32_t f) {
-  f &= ~uint32_t{kFeatureXattrChain};
+  f &= ~uint32_t{kFeatureXattrChain | kFeatureSharedBlocks};
   return f == kFeaturesV1 || f == (kFeaturesV1 | kFeatureGdtRoom);
 }
 
@@ -102,12 +106,16 @@ struct GroupDesc {
   uint32_t free_blocks;
   uint32_t free_inodes;
   uint32_t used_dirs;
-  uint32_t flags;
+  // The group's reference-count table (kFeatureSharedBlocks; FORMAT.md "Shared blocks"): the
+  // group-relative block of the first of its kRefcountBlocks contiguous blocks, 0 = none
+  // (no block of the group is shared). 0 without the feature.
+  uint32_t refcount_table;
   uint64_t block_bitmap_checksum;
   uint64_t inode_bitmap_checksum;
   uint64_t checksum;
 };
 static_assert(sizeof(GroupDesc) == 64);
+static_assert(offsetof(GroupDesc, refcount_table) == 36);
 static_assert(offsetof(GroupDesc, block_bitmap_checksum) == 40);
 static_assert(offsetof(GroupDesc, checksum) == 56);
 inline constexpr uint32_t kGroupDescsPerBlock = kBlockSize / sizeof(GroupDesc);
@@ -296,6 +304,25 @@ inline constexpr uint32_t kXattrValuePayload = kBlockSize - sizeof(XattrValueHea
 inline constexpr uint32_t kXattrMaxValueBlocks =
     (kXattrValueMax + kXattrValuePayload - 1) / kXattrValuePayload;
 
+// FORMAT.md "Shared blocks": a block of a group's reference-count table. Entry k of table
+// block i (u16, after the header) counts the references to the group's block
+// i * kRefcountsPerBlock + k: 0 = not shared (one owner at most: the bitmap says whether
+// any), n >= 2 = mapped by n written extents; 1 never appears.
+struct RefcountHeader {
+  uint32_t magic;  // "WFRC"
+  uint32_t group;
+  uint32_t index;  // this block's position in the table, 0 .. kRefcountBlocks - 1
+  uint32_t reserved0;
+  uint64_t reserved1;
+  uint64_t checksum;
+};
+static_assert(sizeof(RefcountHeader) == 32);
+inline constexpr uint32_t kRefcountMagic = 0x43524657;  // "WFRC"
+inline constexpr uint32_t kRefcountsPerBlock = (kBlockSize - sizeof(RefcountHeader)) / 2;
+inline constexpr uint32_t kRefcountBlocks =
+    (kBlocksPerGroup + kRefcountsPerBlock - 1) / kRefcountsPerBlock;
+inline constexpr uint32_t kMaxRefcount = 65535;
+
 // Every header-carrying metadata block (directory index and leaf, extent node, xattr block)
 // keeps its checksum at byte 24 of the block.
 inline constexpr size_t kHeaderChecksumOffset = 24;
@@ -304,6 +331,7 @@ static_assert(offsetof(DirLeafHeader, checksum) == kHeaderChecksumOffset);
 static_assert(offsetof(ExtentNodeHeader, checksum) == kHeaderChecksumOffset);
 static_assert(offsetof(XattrHeader, checksum) == kHeaderChecksumOffset);
 static_assert(offsetof(XattrValueHeader, checksum) == kHeaderChecksumOffset);
+static_assert(offsetof(RefcountHeader, checksum) == kHeaderChecksumOffset);
 
 // The owner inode of a header block: at byte 16 in index-shaped headers (directory index,
 // extent node), at byte 8 in the others (directory leaf, xattr block, xattr value block).
