@@ -75,6 +75,8 @@ struct Options {
   int remount = 0;          // -o remount: mount(8) runs the helper again for mount -o remount
   int discard = -1;         // -1: neither discard nor nodiscard given (the superblock's, else on)
   int writeback_cache = 0;  // -o writeback_cache (nowriteback_cache: off, the default)
+  int dedup = 0;            // -o dedup: a deduplication pass in the background after mount
+  unsigned dedup_table_mb = 64;
   int help = 0;
   int list_devices = 0;
   int version = 0;
@@ -110,6 +112,8 @@ const fuse_opt kOpts[] = {WARPFS_OPT("cache_mb=%u", cache_mb),
                           WARPFS_OPT("inline_io=%u", inline_io),
                           WARPFS_OPT("vwc_model=%u", vwc_model),
                           WARPFS_OPT("meta_cache_mb=%u", meta_cache_mb),
+                          WARPFS_OPT("dedup", dedup),
+                          WARPFS_OPT("dedup_table_mb=%u", dedup_table_mb),
                           WARPFS_OPT("-h", help),
                           WARPFS_OPT("--help", help),
                           WARPFS_OPT("--list-devices", list_devices),
@@ -220,14 +224,16 @@ enum OpId : unsigned {
   kOp_fallocate,
   kOp_lseek,
   kOp_ioctl,
+  kOp_copy_file_range,
   kOpCount
 };
 constexpr const char* kOpNames[kOpCount] = {
-    "lookup",     "forget",    "forget_multi", "getattr",  "setattr",  "readlink",  "mknod",
-    "mkdir",      "unlink",    "rmdir",        "symlink",  "rename",   "link",      "open",
-    "read",       "write",     "release",      "fsync",    "opendir",  "readdir",   "readdirplus",
-    "releasedir", "fsyncdir",  "statfs",       "setxattr", "getxattr", "listxattr", "removexattr",
-    "create",     "fallocate", "lseek",        "ioctl"};
+    "lookup",   "forget",   "forget_multi",   "getattr",     "setattr",  "readlink",
+    "mknod",    "mkdir",    "unlink",         "rmdir",       "symlink",  "rename",
+    "link",     "open",     "read",           "write",       "release",  "fsync",
+    "opendir",  "readdir",  "readdirplus",    "releasedir",  "fsyncdir", "statfs",
+    "setxattr", "getxattr", "listxattr",      "removexattr", "create",   "fallocate",
+    "lseek",    "ioctl",    "copy_file_range"};
 
 // Read buffers in memory the device moves data to without a copy (DMA memory on NVMe): a
 // large read lands there straight from the device, not through a bounce buffer, and reaches
@@ -318,6 +324,10 @@ struct Daemon {
   // The live view's counters: each its own atomics, written by every worker (latency.h).
   warpfs::nvme::LatencyHistogram latency[kOpCount];
   std::atomic<uint64_t> read_bytes{0}, written_bytes{0};
+  // -o dedup's pass: its state and, once done, its report (dedup_mu, leaf).
+  mutable std::mutex dedup_mu;
+  std::string dedup_state;  // "", "running", "done", "stopped" or "failed: ..."
+  warpfs::fs::DedupReport dedup_report;
 };
 
 Daemon* daemon_of(fuse_req_t req) {
@@ -729,6 +739,36 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
       req, fs_of(req).fallocate(ino, mode, static_cast<uint64_t>(off), static_cast<uint64_t>(len)));
 }
 
+// copy_file_range(2) (cp, since coreutils 9): whole blocks are shared, not copied
+// (Filesystem::copy_file_range). The kernel wrote back both ranges' dirty pages before the
+// request and drops the destination's after the reply; cached opens of this daemon's own
+// page-cache modes are told here, as after a write.
+void op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in, fuse_file_info*,
+                        fuse_ino_t ino_out, off_t off_out, fuse_file_info*, size_t len, int flags) {
+  if (flags != 0) {
+    fuse_reply_err(req, EINVAL);
+    return;
+  }
+  if (off_in < 0 || off_out < 0) {
+    fuse_reply_err(req, EINVAL);
+    return;
+  }
+  const warpfs::fs::CallerScope as(caller(req));  // the root reserve is not every caller's
+  uint64_t copied = 0;
+  const int rc = fs_of(req).copy_file_range(ino_in, static_cast<uint64_t>(off_in), ino_out,
+                                            static_cast<uint64_t>(off_out), len, &copied);
+  if (rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  Daemon* d = daemon_of(req);
+  if (copied > 0) {
+    fuse_lowlevel_notify_inval_inode(d->se, ino_out, off_out, static_cast<off_t>(copied));
+  }
+  d->written_bytes.fetch_add(copied, std::memory_order_relaxed);
+  fuse_reply_write(req, copied);
+}
+
 void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info*) {
   if (off >= 0 && daemon_of(req)->writeback_cache.load(std::memory_order_relaxed)) {
     // The kernel writes no dirty page back before FUSE_LSEEK: the pages from `off` on are
@@ -890,6 +930,7 @@ fuse_lowlevel_ops make_ops() {
   o.removexattr = Timed<kOp_removexattr, op_removexattr>::call;
   o.create = Timed<kOp_create, op_create>::call;
   o.fallocate = Timed<kOp_fallocate, op_fallocate>::call;
+  o.copy_file_range = Timed<kOp_copy_file_range, op_copy_file_range>::call;
   o.lseek = Timed<kOp_lseek, op_lseek>::call;
   o.ioctl = Timed<kOp_ioctl, op_ioctl>::call;
   return o;
@@ -919,6 +960,22 @@ std::string stats_json(const Daemon& d) {
              {"read_only", s.read_only},
              {"discard", s.discard},
              {"meta_cache_mb", s.meta_cache_mb}};
+  j["shared"] = {{"shared_blocks", s.shared_blocks},
+                 {"saved_bytes", s.saved_blocks * warpfs::fs::kBlockSize},
+                 {"clones", s.clones},
+                 {"cloned_blocks", s.cloned_blocks},
+                 {"cow_blocks", s.cow_blocks},
+                 {"deduped_blocks", s.deduped_blocks}};
+  {
+    std::lock_guard<std::mutex> g(d.dedup_mu);
+    if (!d.dedup_state.empty()) {
+      const warpfs::fs::DedupReport& r = d.dedup_report;
+      j["dedup"] = {{"state", d.dedup_state},           {"files", r.files},
+                    {"blocks_hashed", r.blocks_hashed}, {"candidates", r.candidates},
+                    {"blocks_shared", r.blocks_shared}, {"not_shared", r.not_shared},
+                    {"table_full", r.table_full},       {"seconds", r.seconds}};
+    }
+  }
   const warpfs::blockdev::StackStats st = d.stack->stats();
   if (st.cached) {
     const warpfs::cache::CacheStats& c = st.cache;
@@ -1293,6 +1350,9 @@ void usage(const char* prog) {
       "  meta_cache_mb=N cap of the metadata cache in MiB (default: the filesystem's, else 32;\n"
       "                  0: no cap); blocks of inodes the kernel has forgotten are dropped\n"
       "                  whatever the size\n"
+      "  dedup           after mounting, share the identical data blocks of all files (one\n"
+      "                  pass in the background; needs the shared_blocks feature)\n"
+      "  dedup_table_mb=N the pass's hash table bound in MiB (default 64)\n"
       "  timeout=SECONDS how long the kernel may cache names and attributes (default 86400;\n"
       "                  0: ask the daemon every time)\n"
       "  io_timeout=N    reset the controller when a busy queue completes nothing for N\n"
@@ -1571,6 +1631,27 @@ int main(int argc, char** argv) {
           if (live_fd >= 0 && follow_stop >= 0) serve_live_view(d, live_fd, follow_stop);
         });
         std::atomic<bool> done{false};
+        // -o dedup: one pass beside the requests, stopped by the unmount.
+        std::thread deduper([&] {
+          if (!o.dedup) return;
+          {
+            std::lock_guard<std::mutex> g(d.dedup_mu);
+            d.dedup_state = "running";
+          }
+          warpfs::fs::DedupOptions dopt;
+          dopt.table_mb = o.dedup_table_mb;
+          dopt.stop = [&] { return done.load() || d.fs->read_only(); };
+          warpfs::fs::DedupReport r;
+          const int drc = d.fs->dedup(dopt, &r);
+          std::lock_guard<std::mutex> g(d.dedup_mu);
+          d.dedup_report = r;
+          d.dedup_state = drc           ? std::string("failed: ") + std::strerror(drc)
+                          : done.load() ? "stopped"
+                                        : "done";
+          log_line("dedup " + d.dedup_state + ": " + std::to_string(r.files) + " files, " +
+                   std::to_string(r.blocks_shared) + " blocks shared in " +
+                   std::to_string(r.seconds) + " s");
+        });
         std::thread dumper([&] {
           uint64_t n = 0;
           while (::read(g_dump_fd, &n, sizeof n) == sizeof n || errno == EINTR) {
@@ -1610,6 +1691,7 @@ int main(int argc, char** argv) {
         }
         if (follow_stop >= 0) ::close(follow_stop);
         done = true;
+        deduper.join();
         const uint64_t one = 1;
         if (::write(g_dump_fd, &one, sizeof one) != sizeof one) {
           dumper.detach();  // cannot happen with an eventfd; never block the unmount on it

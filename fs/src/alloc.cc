@@ -124,6 +124,7 @@ int FsImpl::load_groups() {
     gr.free_blocks = gd->free_blocks;
     gr.free_inodes = gd->free_inodes;
     gr.held.assign(kWords, 0);
+    if (int rc = load_refcounts(g); rc) return rc;
     data_blocks_total_ += group_size(g) - meta_bits();
   }
   meta_reserve_ = std::clamp<uint64_t>(data_blocks_total_ / 1024, 64, 8192);
@@ -282,6 +283,13 @@ void FsImpl::free_blocks(uint64_t first, uint64_t count) {
       if (i > run) gr.freed.emplace_back(run, i - run);
     };
     for (uint32_t i = bit; i < bit + n;) {
+      if (const uint32_t refs = refs_locked(gr, i); refs >= 2) {
+        // Shared (FORMAT.md "Shared blocks"): one reference fewer, the block stays.
+        end_run(i);
+        set_refs_locked(gr, i, refs == 2 ? 0 : refs - 1);
+        run = ++i;
+        continue;
+      }
       if (test_bit(bm, i)) {
         clear_bit(bm, i);
         gr.held[i / 64] |= uint64_t{1} << (i % 64);
@@ -384,6 +392,7 @@ void FsImpl::finish_commit(std::vector<MetaBuf*>& dirty) {
         gdt_touched[b->block - sb_.gdt_start] = true;
         break;
       case MetaKind::kHeader:  // checksummed in the commit's copy (journal.cc)
+      case MetaKind::kRefcount:
       case MetaKind::kSuper:
       case MetaKind::kInodeTable:
         break;  // the superblock below; inodes carry their own checksums (store())

@@ -15,8 +15,7 @@ namespace warpfs::fs {
 
 namespace {
 
-constexpr uint64_t kMaxFileSize = uint64_t{1} << 44;  // 2^32 blocks of 4 KiB: 16 TiB
-constexpr uint32_t kBlocksPerTxn = 256;               // a write transaction maps at most 1 MiB
+constexpr uint32_t kBlocksPerTxn = 256;  // a write transaction maps at most 1 MiB
 
 }  // namespace
 
@@ -93,23 +92,30 @@ int FsImpl::write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* wr
   }
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return EFBIG;
   const uint32_t privs = n->disk.mode & (S_ISUID | S_ISGID);  // write_locked clears them
+  const int rc = write_all_locked(*n, off, len, buf, written, from);
+  if (dropped_privs) *dropped_privs = (privs & ~n->disk.mode) != 0;
+  return rc;
+}
+
+int FsImpl::write_all_locked(Node& n, uint64_t off, size_t len, const char* buf, size_t* written,
+                             WriteFrom from) {
+  *written = 0;
   int rc = 0;
   while (*written < len && rc == 0) {
     const uint64_t pos = off + *written;
     const size_t chunk = static_cast<size_t>(std::min<uint64_t>(
         len - *written, uint64_t{kBlocksPerTxn} * kBlockSize - pos % kBlockSize));
     size_t done = 0;
-    rc = write_locked(*n, pos, chunk, buf + *written, &done, from);
+    rc = write_locked(n, pos, chunk, buf + *written, &done, from);
     *written += done;
     for (int i = 0; rc == ENOSPC && i < kEnospcRetries && free_held_blocks(); ++i) {
       // Blocks freed by the running transaction are free now: the rest of the piece again.
       done = 0;
-      rc = write_locked(*n, off + *written, chunk - (off + *written - pos), buf + *written, &done,
+      rc = write_locked(n, off + *written, chunk - (off + *written - pos), buf + *written, &done,
                         from);
       *written += done;
     }
   }
-  if (dropped_privs) *dropped_privs = (privs & ~n->disk.mode) != 0;
   return *written > 0 ? 0 : rc;  // a short write reports what it wrote
 }
 
@@ -151,6 +157,10 @@ bool FsImpl::overwrite(Node& n, uint64_t off, size_t len, const char* buf, size_
     const Mapping m = map_lookup(n, static_cast<uint32_t>(b));
     if (m.hole || m.unwritten || nruns == std::size(runs)) return false;
     const uint64_t run = std::min<uint64_t>(m.length, end - b);
+    // A shared block is copied first (the ordinary path). A block this file maps becomes
+    // shared only under its rw exclusive (clone, dedup: share.cc), which the shared lock
+    // excludes until the write is done.
+    if (any_shared(m.physical, run)) return false;
     runs[nruns++] = {b, m.physical, run};
     b += run;
   }
@@ -221,6 +231,22 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
     uint64_t run = std::min<uint64_t>(m.length, last - b + 1);
     bool fresh = m.hole || m.unwritten;  // the blocks' old contents read as zeroes
     uint64_t phys = m.physical;
+    // Copy-on-write (FORMAT.md "Shared blocks"): a run of shared blocks is written to new
+    // blocks, its partial edges merged with the old contents (read from cow_from), and the
+    // extent then points at them.
+    uint64_t cow_from = 0;
+    if (!fresh) {
+      bool shared;
+      run = std::min(run, shared_prefix(m.physical, run, &shared));
+      if (shared) {
+        uint32_t got;
+        if ((rc = alloc_blocks(alloc_goal(n, static_cast<uint32_t>(b)), static_cast<uint32_t>(run),
+                               &phys, &got)))
+          break;
+        run = got;
+        cow_from = m.physical;
+      }
+    }
     if (m.hole) {
       uint32_t got;
       if ((rc = alloc_blocks(alloc_goal(n, static_cast<uint32_t>(b)), static_cast<uint32_t>(run),
@@ -253,7 +279,8 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
       }
       if (fresh) {
         std::memset(block.data(), 0, kBlockSize);
-      } else if (st = dev_.read(phys + (blk - b), 1, block.data()); !st.is_ok()) {
+      } else if (st = dev_.read((cow_from ? cow_from : phys) + (blk - b), 1, block.data());
+                 !st.is_ok()) {
         goto io_error;
       }
       std::memcpy(block.data() + (s - bs), buf + (s - off), e - s);
@@ -267,7 +294,14 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
       rc = errno_of(st);  // ENOSPC from a thin-provisioned namespace out of space
       break;
     }
-    if (rc) break;
+    if (rc) {
+      if (cow_from) free_blocks(phys, run);  // the copies: the old blocks stay mapped
+      break;
+    }
+    if (cow_from) {
+      if ((rc = remap(n, static_cast<uint32_t>(b), run, phys, cow_from)) != 0) break;
+      cow_blocks_.fetch_add(run, std::memory_order_relaxed);
+    }
     if (m.unwritten) {
       // The fallocated range now holds data: split off a written extent.
       std::vector<Extent> removed;
@@ -292,10 +326,27 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
   return rc;
 }
 
+// Points [l, l + count) of n's mapping at `to` instead of `from` (a copy-on-write's new
+// blocks), dropping the old blocks' references (FORMAT.md "Shared blocks"); on failure the
+// new blocks are freed and the mapping stays. REQUIRES: rw exclusive, in a transaction.
+int FsImpl::remap(Node& n, uint32_t l, uint64_t count, uint64_t to, uint64_t from) {
+  std::vector<Extent> removed;
+  int rc = map_remove(n, l, count, &removed);
+  if (rc == 0) rc = map_insert(n, Extent{l, static_cast<uint32_t>(count), to});
+  if (rc) {
+    free_blocks(to, count);
+    return rc;
+  }
+  free_blocks(from, count);
+  return 0;
+}
+
 // Zeroes [off, off + len) where it is mapped and written (the partial edge blocks of a
-// truncate or punch). REQUIRES: rw exclusive, in a transaction or not (data only).
+// truncate or punch); a shared block is copied first, in a transaction of its own.
+// REQUIRES: rw exclusive, not in a transaction.
 int FsImpl::zero_range(Node& n, uint64_t off, uint64_t len) {
   WARPFS_DCHECK(changeable_by_me(n), "zero_range: rw exclusive");
+  WARPFS_DCHECK(!journal_->in_transaction(), "zero_range: not in a transaction");
   if (len == 0) return 0;
   std::vector<uint8_t> block(kBlockSize);
   for (uint64_t pos = off; pos < off + len;) {
@@ -305,8 +356,24 @@ int FsImpl::zero_range(Node& n, uint64_t off, uint64_t len) {
     if (!m.hole && !m.unwritten) {
       if (auto st = dev_.read(m.physical, 1, block.data()); !st.is_ok()) return errno_of(st);
       std::memset(block.data() + (pos - bs), 0, e - pos);
-      if (auto st = dev_.write(m.physical, 1, block.data()); !st.is_ok()) return errno_of(st);
-      note_written(n, m.physical, 1);
+      if (any_shared(m.physical, 1)) {
+        Journal::Txn t(*journal_);
+        uint64_t copy;
+        uint32_t got;
+        if (int rc = alloc_blocks(alloc_goal(n, static_cast<uint32_t>(blk)), 1, &copy, &got); rc)
+          return rc;
+        if (auto st = dev_.write(copy, 1, block.data()); !st.is_ok()) {
+          free_blocks(copy, 1);
+          return errno_of(st);
+        }
+        note_written(n, copy, 1);
+        if (int rc = remap(n, static_cast<uint32_t>(blk), 1, copy, m.physical); rc) return rc;
+        cow_blocks_.fetch_add(1, std::memory_order_relaxed);
+        if (int rc = map_store(n); rc) return rc;
+      } else {
+        if (auto st = dev_.write(m.physical, 1, block.data()); !st.is_ok()) return errno_of(st);
+        note_written(n, m.physical, 1);
+      }
     }
     pos = e;
   }

@@ -39,6 +39,12 @@ struct Group {
   // Exact under mu; read without it (relaxed) as a hint and for statfs.
   std::atomic<uint32_t> free_blocks{0}, free_inodes{0};
   uint32_t next_inode_hint = 0, next_block_hint = 0;  // mu
+  // The reference-count table (FORMAT.md "Shared blocks"): its buffers, loaded at mount or
+  // made by the first sharing, then pinned; all null while the group has none (mu).
+  MetaBuf* refs[kRefcountBlocks] = {};
+  // Whether `refs` is set (written under mu, once): read without mu, false means that no
+  // block of the group is shared, so the write and free paths need not look.
+  std::atomic<bool> has_refs{false};
 };
 
 // Inode flags immutable (chattr +i) and append-only (chattr +a), FORMAT.md "Inode": the VFS
@@ -64,7 +70,8 @@ inline bool pinned(const Inode& d) {
 }
 
 // The POSIX ACLs' names in the system. namespace (kXattrSystem; acl.cc).
-inline constexpr uint64_t kNoBlock = uint64_t{1} << 32;  // one past the last logical block
+inline constexpr uint64_t kNoBlock = uint64_t{1} << 32;      // one past the last logical block
+inline constexpr uint64_t kMaxFileSize = uint64_t{1} << 44;  // 2^32 blocks of 4 KiB: 16 TiB
 inline constexpr std::string_view kAclAccess = "posix_acl_access";
 inline constexpr std::string_view kAclDefault = "posix_acl_default";
 
@@ -240,6 +247,12 @@ class FsImpl final : public Filesystem {
   [[nodiscard]] int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) override;
   [[nodiscard]] int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) override;
   [[nodiscard]] int inspect(Ino ino, InodeReport* out) override;
+  [[nodiscard]] int copy_file_range(Ino in, uint64_t off_in, Ino out, uint64_t off_out,
+                                    uint64_t len, uint64_t* copied) override;
+  [[nodiscard]] int dedupe_range(Ino in, uint64_t off_in, Ino out, uint64_t off_out, uint64_t len,
+                                 uint64_t* deduped) override;
+  [[nodiscard]] int dedup(const DedupOptions& o, DedupReport* out) override;
+  uint32_t block_refs(uint64_t block) override;
   [[nodiscard]] int get_flags(Ino ino, uint32_t* fs_flags) override;
   [[nodiscard]] int set_flags(Ino ino, uint32_t fs_flags) override;
   [[nodiscard]] int opendir(Ino ino) override;
@@ -351,6 +364,34 @@ class FsImpl final : public Filesystem {
   std::string check_block_bitmap(uint32_t g) const;
   [[nodiscard]] int load_groups();
   void finish_commit(std::vector<MetaBuf*>& dirty);
+
+  // --- shared blocks (refcount.cc; FORMAT.md "Shared blocks")
+  bool shared_blocks_enabled() const { return (sb_.features & kFeatureSharedBlocks) != 0; }
+  // Group g's table, if its descriptor names one, read and verified (mount).
+  [[nodiscard]] int load_refcounts(uint32_t g);
+  // Raises the counts of the leading blocks of [first, first + count) (one group's run of
+  // allocated data blocks) as a new extent comes to map them: *shared of them (fewer where a
+  // block is at kMaxRefcount). Makes the group's table if it has none. ENOSPC: no room for a
+  // table in the group. In a transaction.
+  [[nodiscard]] int share_blocks(uint64_t first, uint32_t count, uint32_t* shared);
+  // Of [first, first + count) (one extent's run): how many leading blocks are alike in being
+  // shared or not, and which (*shared).
+  uint64_t shared_prefix(uint64_t first, uint64_t count, bool* shared);
+  // Whether any block of [first, first + count) is shared (count ≥ 2).
+  bool any_shared(uint64_t first, uint64_t count) {
+    bool shared;
+    return shared_prefix(first, count, &shared) < count || shared;
+  }
+  // The count of group g's block `bit` (0: not shared). REQUIRES: the group's mu.
+  uint32_t refs_locked(Group& gr, uint32_t bit) const;
+  // Sets it and the statistics. REQUIRES: the group's mu, its table, in a transaction.
+  void set_refs_locked(Group& gr, uint32_t bit, uint32_t v);
+  // Makes group g's table: 17 free contiguous blocks of its data area. REQUIRES: its mu, in
+  // a transaction. ENOSPC: no such run.
+  [[nodiscard]] int make_refcount_table(uint32_t g);
+  // Blocks whose count is at least 2, and the sum of (count - 1) over them: the blocks that
+  // sharing saved.
+  std::atomic<uint64_t> shared_blocks_{0}, saved_blocks_{0};
   void take_freed();
   void release_freed();
 
@@ -385,6 +426,26 @@ class FsImpl final : public Filesystem {
   [[nodiscard]] int write_locked(Node& n, uint64_t off, size_t len, const char* buf,
                                  size_t* written, WriteFrom from = WriteFrom::kWriter);
   [[nodiscard]] int zero_range(Node& n, uint64_t off, uint64_t len);  // within mapped blocks
+  [[nodiscard]] int remap(Node& n, uint32_t l, uint64_t count, uint64_t to, uint64_t from);
+  // write()'s body: [off, off + len) in transactions of at most kBlocksPerTxn blocks, each
+  // retried after a commit on ENOSPC. REQUIRES: rw exclusive, mapping loaded.
+  [[nodiscard]] int write_all_locked(Node& n, uint64_t off, size_t len, const char* buf,
+                                     size_t* written, WriteFrom from);
+
+  // --- clones and deduplication (share.cc)
+  // Bytes of `in` copied to `out` through a buffer. REQUIRES: both rw exclusive, mapped.
+  [[nodiscard]] int copy_bytes(Node& in, uint64_t off_in, Node& out, uint64_t off_out, uint64_t len,
+                               uint64_t* copied);
+  // Whole blocks [l_in, +count) of `in` mapped into `out` at l_out, sharing in's written
+  // blocks (in's holes and unwritten ranges become holes); what cannot be shared is copied.
+  // REQUIRES: both rw exclusive, mapped, not in a transaction.
+  [[nodiscard]] int clone_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out,
+                                 uint64_t count);
+  // The whole blocks of `out` at l_out that equal in's at l_in (both written, not yet the same
+  // block) come to share in's: *shared of `count`. REQUIRES: both rw exclusive, mapped.
+  [[nodiscard]] int dedupe_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out,
+                                  uint32_t count, uint64_t* shared);
+  std::atomic<uint64_t> clones_{0}, cloned_blocks_{0}, cow_blocks_{0}, deduped_blocks_{0};
   // A write wholly over mapped, written blocks inside the size of a file with no privilege
   // to drop (kPageCache: none to drop here), with n.rw shared and no transaction: true if it
   // took it (*rc its result), false if the write must take the ordinary path. REQUIRES: no

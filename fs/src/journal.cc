@@ -25,6 +25,8 @@ const char* kind_name(MetaKind k) {
       return "an inode table block";
     case MetaKind::kHeader:
       return "a directory, extent-tree or xattr block";
+    case MetaKind::kRefcount:
+      return "a reference-count table block";
   }
   return "?";
 }
@@ -81,7 +83,7 @@ int Journal::get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
     return EIO;
   }
   std::string bad;
-  if (kind == MetaKind::kHeader) {
+  if (header_checksummed(kind)) {
     uint64_t stored;
     std::memcpy(&stored, b->data + kHeaderChecksumOffset, 8);
     if (stored != block_checksum(b->data, kHeaderChecksumOffset, sb_.checksum_seed)) {
@@ -274,7 +276,7 @@ int Journal::commit() {
       std::lock_guard<std::mutex> g(dirty_mu_);
       dirty[i]->home_seq = seq_;  // this transaction's: home once its checkpoint is written
     }
-    if (dirty[i]->kind == MetaKind::kHeader) {
+    if (header_checksummed(dirty[i]->kind)) {
       // In the copy, not the buffer: operations outside a transaction (lookups, readdir)
       // read the buffers' headers meanwhile. The buffer's own checksum field is stale until
       // the block is read from the device again.

@@ -31,12 +31,18 @@ enum class MetaKind : uint8_t {
   kInodeBitmap,
   kInodeTable,  // a checksum per inode
   kHeader,      // directory, extent-tree and xattr blocks: checksum at byte 24
+  kRefcount,    // a group's reference-count table: checksum at byte 24, pinned once read
 };
+// Kinds whose block carries its checksum at byte 24 (FORMAT.md "Checksums of header blocks").
+inline bool header_checksummed(MetaKind k) {
+  return k == MetaKind::kHeader || k == MetaKind::kRefcount;
+}
 
 // One cached metadata block. Who may touch `data` (the rules eviction relies on, see
 // Journal::drop_if_clean):
 //   - superblock, group descriptors and bitmaps: pinned for the mount; bitmaps under their
 //     group's lock, the rest under the journal gate (in a transaction) or read-only;
+//   - reference-count tables (kRefcount): pinned once read, under their group's lock;
 //   - inode-table blocks: only under FsImpl::slot_mu(block), from the lookup in the cache
 //     to the last byte copied and the dirty() call;
 //   - directory, extent-tree and xattr blocks (kHeader): only under their owner inode's

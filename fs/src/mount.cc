@@ -430,6 +430,12 @@ FsStats FsImpl::stats() const {
   s.read_only = ro_.load();
   s.discard = opts_.discard;
   s.meta_cache_mb = opts_.meta_cache_mb;
+  s.shared_blocks = shared_blocks_.load(std::memory_order_relaxed);
+  s.saved_blocks = saved_blocks_.load(std::memory_order_relaxed);
+  s.clones = clones_.load(std::memory_order_relaxed);
+  s.cloned_blocks = cloned_blocks_.load(std::memory_order_relaxed);
+  s.cow_blocks = cow_blocks_.load(std::memory_order_relaxed);
+  s.deduped_blocks = deduped_blocks_.load(std::memory_order_relaxed);
   {
     std::lock_guard<Mutex> g(table_mu_);
     s.nodes = nodes_.size();

@@ -192,8 +192,8 @@ void Checker::check_descriptor(uint32_t g) {
                 num(d.inode_bitmap) + ", " + num(d.inode_table) + ", expected " + num(start) +
                 ", " + num(start + 1) + ", " + num(start + 2),
             "rewritten");
-  } else if (d.flags != 0) {
-    problem(where + ": descriptor flags " + num(d.flags) + " (reserved, 0)", "cleared");
+  } else if (d.refcount_table != 0) {
+    problem(where + ": descriptor flags " + num(d.refcount_table) + " (reserved, 0)", "cleared");
   }
 }
 

@@ -8,7 +8,8 @@
 // Thread-safety: every method may be called from any number of threads at once. Lock order
 // (outermost first), written once here:
 //   1. namespace_mu_     namespace changes (create, link, unlink, rename, inode freeing)
-//   2. Node::rw          one per inode; several only under namespace_mu_
+//   2. Node::rw          one per inode; several only under namespace_mu_, or two without
+//                        it, in inode-number order (copy_file_range, dedupe_range: share.cc)
 //   3. the journal gate  a running transaction (never held while waiting for 1 or 2)
 //   4. leaf locks        allocator groups, metadata cache, node table, Node::attr_mu,
 //                        Node::written_mu, FsImpl::times_mu_
@@ -131,8 +132,29 @@ struct FsStats {
   bool read_only = false;           // now (a remount changes it)
   bool discard = false;             // freed blocks are trimmed
   uint32_t meta_cache_mb = 0;       // the metadata cache's cap
+  // Shared blocks (FORMAT.md "Shared blocks"): blocks mapped more than once, and the blocks
+  // that saves (the sum of count - 1 over them).
+  uint64_t shared_blocks = 0, saved_blocks = 0;
+  uint64_t clones = 0, cloned_blocks = 0, cow_blocks = 0;  // since mount
+  uint64_t deduped_blocks = 0;                             // since mount
 };
 
+// The deduplication pass (Filesystem::dedup; FORMAT.md "Deduplication").
+struct DedupOptions {
+  size_t table_mb = 64;        // the hash table's bound: past it, new hashes are not kept
+  std::function<bool()> stop;  // asked between files: true ends the pass early
+};
+struct DedupReport {
+  uint64_t files = 0;          // regular files read
+  uint64_t blocks_hashed = 0;  // written blocks hashed
+  uint64_t candidates = 0;     // blocks whose hash was seen before at another block
+  uint64_t blocks_shared = 0;  // of those, now pointing at the earlier block
+  // Of those, not shared: unequal bytes (or changed since they were read), already one
+  // block, or a block at the highest count.
+  uint64_t not_shared = 0;
+  uint64_t table_full = 0;  // hashes not kept: the table was at its bound
+  double seconds = 0;
+};
 struct InodeReport {
   Inode disk{};
   std::vector<Extent> extents;
@@ -192,6 +214,27 @@ class Filesystem {
   [[nodiscard]] virtual int fsync(Ino ino, bool datasync) = 0;
   [[nodiscard]] virtual int fallocate(Ino ino, int mode, uint64_t off, uint64_t len) = 0;
   [[nodiscard]] virtual int lseek(Ino ino, uint64_t off, int whence, uint64_t* out) = 0;
+  // copy_file_range(2) from `in` to `out` (the same inode: the ranges may not overlap,
+  // EINVAL): up to `len` bytes, fewer at in's end (0 at or past it); *copied says how many.
+  // Whole blocks are shared, not copied (FORMAT.md "Shared blocks"), where both offsets lie
+  // alike in a block and the filesystem has the shared_blocks feature; the rest is copied.
+  // A last partial block at in's end is shared too when it becomes out's end. `out` grows to
+  // cover the range and loses set-user-ID as a write's target does. Not atomic: a failure or
+  // crash part way leaves a part copied, as a write of the same bytes would.
+  [[nodiscard]] virtual int copy_file_range(Ino in, uint64_t off_in, Ino out, uint64_t off_out,
+                                            uint64_t len, uint64_t* copied) = 0;
+  // FIDEDUPERANGE for one destination: the whole blocks of [off_out, off_out + len) of `out`
+  // that equal, byte for byte, those of `in` at off_in come to share in's blocks (both offsets
+  // block-aligned; len rounded down to blocks). *deduped: bytes now shared. EOPNOTSUPP without
+  // the shared_blocks feature.
+  [[nodiscard]] virtual int dedupe_range(Ino in, uint64_t off_in, Ino out, uint64_t off_out,
+                                         uint64_t len, uint64_t* deduped) = 0;
+  // The deduplication pass over every regular file (FORMAT.md "Deduplication"), beside any
+  // other operation. EOPNOTSUPP without the shared_blocks feature, EROFS read-only.
+  [[nodiscard]] virtual int dedup(const DedupOptions& o, DedupReport* out) = 0;
+  // The reference count of device block `block` (FORMAT.md "Shared blocks"): 0 where it is
+  // not shared (one owner or none), else the number of extents that map it.
+  virtual uint32_t block_refs(uint64_t block) = 0;
   // An inode as stored (dump.warpfs): its record, its extents in logical order and the
   // blocks of its extent tree (index and leaf blocks; none while the extents fit in the
   // inode), as of the last change. Read-only.

@@ -1,0 +1,394 @@
+// Clones and deduplication (fs/FORMAT.md "Shared blocks", "Deduplication"): copy_file_range
+// maps the source's blocks into the destination and counts them in the reference-count
+// tables (refcount.cc) instead of copying bytes; dedupe_range and the dedup pass do the same
+// for blocks that are equal byte for byte. Writes into a shared block copy it first
+// (file.cc write_locked, zero_range), and freeing one drops a reference (alloc.cc).
+//
+// Locks: both inodes' rw exclusive, taken in inode-number order without namespace_mu_
+// (filesystem.h level 2): every holder of several node locks takes them in that order, and
+// nobody waits for namespace_mu_ while holding one, so no cycle can form.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <unordered_map>
+
+#include "internal.h"
+#include "xxh.h"
+
+namespace warpfs::fs {
+
+namespace {
+
+constexpr uint32_t kCopyBlocks = 256;  // a copy's buffer: 1 MiB
+constexpr int kRunsPerTxn = 4;         // extents a clone maps per transaction
+
+// Exclusive locks on one or two nodes, in inode-number order.
+class PairLock {
+ public:
+  PairLock(Node& a, Node& b) {
+    Node* first = a.ino <= b.ino ? &a : &b;
+    Node* second = a.ino <= b.ino ? &b : &a;
+    l1_ = std::unique_lock<SharedMutex>(first->rw);
+    if (second != first) l2_ = std::unique_lock<SharedMutex>(second->rw);
+  }
+
+ private:
+  std::unique_lock<SharedMutex> l1_, l2_;
+};
+
+}  // namespace
+
+uint32_t FsImpl::block_refs(uint64_t block) {
+  if (block < group_start(0)) return 0;
+  const uint32_t g = group_of_block(block);
+  if (g >= sb_.group_count) return 0;
+  Group& gr = groups_[g];
+  if (!gr.has_refs.load(std::memory_order_acquire)) return 0;
+  std::lock_guard<std::mutex> lk(gr.mu);
+  return refs_locked(gr, static_cast<uint32_t>(block - group_start(g)));
+}
+
+int FsImpl::copy_bytes(Node& in, uint64_t off_in, Node& out, uint64_t off_out, uint64_t len,
+                       uint64_t* copied) {
+  std::vector<uint8_t> buf((kCopyBlocks + 1) * size_t{kBlockSize});
+  while (*copied < len) {
+    const uint64_t pos = off_in + *copied;
+    const uint64_t chunk = std::min<uint64_t>(len - *copied, uint64_t{kCopyBlocks} * kBlockSize);
+    const uint64_t first = pos / kBlockSize, last = (pos + chunk - 1) / kBlockSize;
+    if (int rc = read_blocks(in, first, last - first + 1, buf.data()); rc) return rc;
+    size_t done = 0;
+    const int rc = write_all_locked(out, off_out + *copied, chunk,
+                                    reinterpret_cast<const char*>(buf.data() + pos % kBlockSize),
+                                    &done, WriteFrom::kWriter);
+    *copied += done;
+    if (rc) return rc;
+    if (done < chunk) return ENOSPC;
+  }
+  return 0;
+}
+
+int FsImpl::clone_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out, uint64_t count) {
+  WARPFS_DCHECK(changeable_by_me(in) && changeable_by_me(out), "clone_blocks: rw exclusive");
+  WARPFS_DCHECK(!journal_->in_transaction(), "clone_blocks: not in a transaction");
+  uint64_t done = 0;
+  while (done < count) {
+    // What the transaction could not share (a group without room for a table, a block at
+    // kMaxRefcount): copied after it, outside it.
+    uint64_t copy_from = 0, copy_count = 0;
+    {
+      Journal::Txn t(*journal_);
+      for (int k = 0; k < kRunsPerTxn && done < count && copy_count == 0; ++k) {
+        const auto li = static_cast<uint32_t>(l_in + done),
+                   lo = static_cast<uint32_t>(l_out + done);
+        const Mapping m = map_lookup(in, li);
+        const uint64_t run = std::min<uint64_t>(m.length, count - done);
+        // out's blocks there go first (its old data, in this transaction with the new mapping).
+        if (int rc = punch(out, lo, run); rc) return rc;
+        if (m.hole || m.unwritten) {
+          done += run;
+          continue;
+        }
+        uint32_t shared = 0;
+        int rc = share_blocks(m.physical, static_cast<uint32_t>(run), &shared);
+        if (rc && rc != ENOSPC) return rc;
+        if (shared > 0) {
+          if ((rc = map_insert(out, Extent{lo, shared, m.physical}))) {
+            free_blocks(m.physical, shared);  // the references just taken
+            return rc;
+          }
+          out.disk.blocks += shared;
+          note_written(out, m.physical, shared);  // its fsync writes back what in had cached
+          cloned_blocks_.fetch_add(shared, std::memory_order_relaxed);
+          done += shared;
+        }
+        if (shared < run) {
+          copy_from = done;
+          copy_count = std::min<uint64_t>(run - shared, kCopyBlocks);
+        }
+      }
+      if (int rc = map_store(out); rc) return rc;
+    }
+    if (copy_count > 0) {
+      uint64_t copied = 0;
+      if (int rc = copy_bytes(in, (l_in + copy_from) * kBlockSize, out,
+                              (l_out + copy_from) * kBlockSize, copy_count * kBlockSize, &copied);
+          rc) {
+        return rc;
+      }
+      done += copy_count;
+    }
+  }
+  return 0;
+}
+
+int FsImpl::copy_file_range(Ino in_ino, uint64_t off_in, Ino out_ino, uint64_t off_out,
+                            uint64_t len, uint64_t* copied) {
+  *copied = 0;
+  if (int rc = check_writable(); rc) return rc;
+  NodeRef in, out;
+  if (int rc = get_node(in_ino, &in); rc) return rc;
+  if (int rc = get_node(out_ino, &out); rc) return rc;
+  PairLock locks(*in, *out);
+  if (S_ISDIR(in->disk.mode) || S_ISDIR(out->disk.mode)) return EISDIR;
+  if (!S_ISREG(in->disk.mode) || !S_ISREG(out->disk.mode)) return EINVAL;
+  if (pinned(out->disk)) return EPERM;  // immutable, or append-only (an O_APPEND fd: EBADF)
+  if (int rc = load_map(*in); rc) return rc;
+  if (int rc = load_map(*out); rc) return rc;
+  if (len == 0 || off_in >= in->disk.size) return 0;
+  len = std::min<uint64_t>(len, in->disk.size - off_in);
+  if (off_out >= kMaxFileSize || len > kMaxFileSize - off_out) return EFBIG;
+  if (in == out && off_in < off_out + len && off_out < off_in + len) return EINVAL;
+  const uint64_t end = off_out + len;
+  // Growing exposes out's old last block's tail and what lies past it: zeroes, as a write
+  // that extends the file makes them (write_locked).
+  if (const uint64_t old = out->disk.size; end > old) {
+    if (int rc = drop_past_eof(*out, old, end); rc) return rc;
+    if (off_out > old && old % kBlockSize) {
+      const uint64_t z = std::min<uint64_t>(off_out, (old / kBlockSize + 1) * kBlockSize);
+      if (int rc = zero_range(*out, old, z - old); rc) return rc;
+    }
+  }
+  int rc = 0;
+  if (!shared_blocks_enabled() || off_in % kBlockSize != off_out % kBlockSize) {
+    rc = copy_bytes(*in, off_in, *out, off_out, len, copied);
+  } else {
+    // The edges by bytes, the whole blocks between by sharing. The last partial block too
+    // when it ends both files: its bytes past the end are past out's end as well.
+    const uint64_t head = std::min<uint64_t>(len, (kBlockSize - off_in % kBlockSize) % kBlockSize);
+    uint64_t blocks = (len - head) / kBlockSize;
+    uint64_t tail = (len - head) % kBlockSize;
+    if (tail > 0 && off_in + len == in->disk.size && end >= out->disk.size) {
+      ++blocks;
+      tail = 0;
+    }
+    rc = copy_bytes(*in, off_in, *out, off_out, head, copied);
+    if (rc == 0 && blocks > 0) {
+      rc = clone_blocks(*in, static_cast<uint32_t>((off_in + head) / kBlockSize), *out,
+                        static_cast<uint32_t>((off_out + head) / kBlockSize), blocks);
+      if (rc == 0) *copied = std::min(len, head + blocks * kBlockSize);
+    }
+    if (rc == 0 && tail > 0) {
+      uint64_t t = 0;
+      rc = copy_bytes(*in, off_in + len - tail, *out, end - tail, tail, &t);
+      *copied += t;
+    }
+    if (*copied > 0) {
+      Journal::Txn t(*journal_);
+      Inode& d = out->disk;
+      d.size = std::max(d.size, off_out + *copied);
+      d.mtime_ns = d.ctime_ns = now_ns();
+      if (d.mode & (S_ISUID | S_ISGID)) {  // as a write (write_locked)
+        d.mode &= ~static_cast<uint32_t>(S_ISUID);
+        if (d.mode & S_IXGRP) d.mode &= ~static_cast<uint32_t>(S_ISGID);
+      }
+      if (int xrc = drop_capability_locked(*out); xrc && !rc) rc = xrc;
+      if (int src = store(*out); src && !rc) rc = src;
+      clones_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  return *copied > 0 ? 0 : rc;
+}
+
+int FsImpl::dedupe_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out, uint32_t count,
+                          uint64_t* shared) {
+  WARPFS_DCHECK(changeable_by_me(in) && changeable_by_me(out), "dedupe_blocks: rw exclusive");
+  *shared = 0;
+  constexpr uint32_t kMax = 64;
+  std::vector<uint8_t> a(kMax * size_t{kBlockSize}), b(kMax * size_t{kBlockSize});
+  for (uint32_t i = 0; i < count;) {
+    const Mapping mi = map_lookup(in, l_in + i), mo = map_lookup(out, l_out + i);
+    uint32_t run = std::min({mi.length, mo.length, count - i, kMax});
+    if (mi.hole || mi.unwritten || mo.hole || mo.unwritten || mi.physical == mo.physical) {
+      i += run;
+      continue;
+    }
+    if (auto st = dev_.read(mi.physical, run, a.data()); !st.is_ok()) return errno_of(st);
+    if (auto st = dev_.read(mo.physical, run, b.data()); !st.is_ok()) return errno_of(st);
+    uint32_t equal = 0;
+    while (equal < run && std::memcmp(a.data() + size_t{equal} * kBlockSize,
+                                      b.data() + size_t{equal} * kBlockSize, kBlockSize) == 0) {
+      ++equal;
+    }
+    if (equal == 0) {
+      ++i;  // this block differs; the next may not
+      continue;
+    }
+    {
+      Journal::Txn t(*journal_);
+      uint32_t got = 0;
+      int rc = share_blocks(mi.physical, equal, &got);
+      if (rc == ENOSPC || (rc == 0 && got == 0)) {
+        i += equal;
+        continue;
+      }
+      if (rc) return rc;
+      std::vector<Extent> removed;
+      rc = map_remove(out, l_out + i, got, &removed);
+      if (rc == 0) rc = map_insert(out, Extent{l_out + i, got, mi.physical});
+      if (rc) {
+        free_blocks(mi.physical, got);
+        return rc;
+      }
+      free_blocks(mo.physical, got);  // out's own copies: freed, or one reference fewer
+      if (int src = map_store(out); src) return src;
+      *shared += got;
+      deduped_blocks_.fetch_add(got, std::memory_order_relaxed);
+      i += got;
+    }
+  }
+  return 0;
+}
+
+int FsImpl::dedupe_range(Ino in_ino, uint64_t off_in, Ino out_ino, uint64_t off_out, uint64_t len,
+                         uint64_t* deduped) {
+  *deduped = 0;
+  if (int rc = check_writable(); rc) return rc;
+  if (!shared_blocks_enabled()) return EOPNOTSUPP;
+  if (off_in % kBlockSize || off_out % kBlockSize) return EINVAL;
+  NodeRef in, out;
+  if (int rc = get_node(in_ino, &in); rc) return rc;
+  if (int rc = get_node(out_ino, &out); rc) return rc;
+  PairLock locks(*in, *out);
+  if (S_ISDIR(in->disk.mode) || S_ISDIR(out->disk.mode)) return EISDIR;
+  if (!S_ISREG(in->disk.mode) || !S_ISREG(out->disk.mode)) return EINVAL;
+  if (immutable(out->disk)) return EPERM;
+  if (int rc = load_map(*in); rc) return rc;
+  if (int rc = load_map(*out); rc) return rc;
+  if (off_in + len > in->disk.size || off_out + len > out->disk.size) return EINVAL;
+  if (in == out && off_in < off_out + len && off_out < off_in + len) return EINVAL;
+  const uint64_t blocks = len / kBlockSize;
+  uint64_t shared = 0;
+  const int rc = dedupe_blocks(*in, static_cast<uint32_t>(off_in / kBlockSize), *out,
+                               static_cast<uint32_t>(off_out / kBlockSize),
+                               static_cast<uint32_t>(blocks), &shared);
+  *deduped = shared * kBlockSize;
+  return rc;
+}
+
+namespace {
+
+struct Hash128 {
+  uint64_t lo, hi;
+  bool operator==(const Hash128&) const = default;
+};
+struct Hash128Hasher {
+  size_t operator()(const Hash128& h) const { return static_cast<size_t>(h.lo); }
+};
+// Where a hash was first seen.
+struct Place {
+  Ino ino;
+  uint32_t lblk;
+};
+// A block of the file being read whose hash names an earlier block.
+struct Match {
+  Place from;
+  uint32_t lblk;
+};
+
+}  // namespace
+
+int FsImpl::dedup(const DedupOptions& o, DedupReport* r) {
+  *r = DedupReport{};
+  if (!shared_blocks_enabled()) return EOPNOTSUPP;
+  if (int rc = check_writable(); rc) return rc;
+  const auto t0 = std::chrono::steady_clock::now();
+  // About 48 bytes a node in the map: the bound in entries.
+  const size_t cap = std::max<size_t>(1024, o.table_mb * (size_t{1} << 20) / 48);
+  std::unordered_map<Hash128, Place, Hash128Hasher> table;
+  std::vector<uint8_t> buf(size_t{kCopyBlocks} * kBlockSize);
+  // A node taken for the pass leaves the table again when nobody else holds it.
+  auto done_with = [this](NodeRef& n) {
+    const Ino ino = n->ino;
+    n.reset();
+    maybe_reclaim(ino);
+  };
+  for (Ino ino = 1; ino <= sb_.inode_count; ++ino) {
+    if ((o.stop && o.stop()) || ro_) break;
+    {
+      const auto g = static_cast<uint32_t>(group_of_inode(ino, sb_.inodes_per_group));
+      const auto i = static_cast<uint32_t>((ino - 1) % sb_.inodes_per_group);
+      Group& gr = groups_[g];
+      std::lock_guard<std::mutex> lk(gr.mu);
+      if (!((gr.inode_bitmap->data[i / 8] >> (i % 8)) & 1)) continue;
+    }
+    NodeRef n;
+    if (get_node(ino, &n) != 0) continue;
+    std::vector<Match> matches;
+    {
+      std::shared_lock<SharedMutex> lk;
+      if (lock_mapped(*n, &lk) != 0 || !S_ISREG(n->disk.mode) || n->disk.links == 0) {
+        lk = {};
+        done_with(n);
+        continue;
+      }
+      ++r->files;
+      const uint64_t nblocks = (n->disk.size + kBlockSize - 1) / kBlockSize;
+      for (uint64_t b = 0; b < nblocks;) {
+        const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
+        const uint64_t run = std::min<uint64_t>({m.length, nblocks - b, kCopyBlocks});
+        if (m.hole || m.unwritten) {
+          b += run;
+          continue;
+        }
+        if (dev_.read(m.physical, static_cast<uint32_t>(run), buf.data()).is_ok()) {
+          for (uint64_t k = 0; k < run; ++k) {
+            const XXH128_hash_t h = XXH3_128bits(buf.data() + k * kBlockSize, kBlockSize);
+            ++r->blocks_hashed;
+            const auto lblk = static_cast<uint32_t>(b + k);
+            auto it = table.find(Hash128{h.low64, h.high64});
+            if (it == table.end()) {
+              if (table.size() < cap) {
+                table.emplace(Hash128{h.low64, h.high64}, Place{ino, lblk});
+              } else {
+                ++r->table_full;
+              }
+            } else if (!(it->second.ino == ino && it->second.lblk == lblk)) {
+              matches.push_back({it->second, lblk});
+            }
+          }
+        }
+        b += run;
+      }
+    }
+    r->candidates += matches.size();
+    // Runs of matches that continue each other (the next block of both files) go together.
+    for (size_t i = 0; i < matches.size();) {
+      size_t j = i + 1;
+      while (j < matches.size() && matches[j].from.ino == matches[i].from.ino &&
+             matches[j].from.lblk == matches[i].from.lblk + (j - i) &&
+             matches[j].lblk == matches[i].lblk + (j - i)) {
+        ++j;
+      }
+      const Place from = matches[i].from;
+      const uint32_t lblk = matches[i].lblk, count = static_cast<uint32_t>(j - i);
+      i = j;
+      NodeRef src;
+      if (from.ino == ino) {
+        src = n;
+      } else if (get_node(from.ino, &src) != 0) {
+        continue;
+      }
+      uint64_t shared = 0;
+      {
+        // Either may have changed since it was read: dedupe_blocks compares the bytes.
+        PairLock locks(*src, *n);
+        if (src->disk.mode != 0 && n->disk.mode != 0 && S_ISREG(src->disk.mode) &&
+            !immutable(n->disk) && load_map(*src) == 0 && load_map(*n) == 0) {
+          if (int rc = dedupe_blocks(*src, from.lblk, *n, lblk, count, &shared); rc) {
+            log("dedup: inode " + std::to_string(ino) + ": " + std::strerror(rc));
+          }
+        }
+      }
+      r->blocks_shared += shared;
+      r->not_shared += count - std::min<uint64_t>(count, shared);
+      if (src != n) done_with(src);
+    }
+    done_with(n);
+  }
+  r->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return 0;
+}
+
+}  // namespace warpfs::fs
