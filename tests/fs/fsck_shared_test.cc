@@ -462,6 +462,67 @@ TEST(FsckShared, SharingWithAnUnwrittenExtentOrATableIsADuplicate) {
   EXPECT_EQ(r->read(c, 0, 4096), std::string(4096, '\0'));
 }
 
+// One file mapping its block 65536 times (a depth-2 extent tree of one-block extents): one
+// reference more than a count holds. The last one gets a copy; the table counts 65535.
+TEST(FsckShared, ReferencesPastTheLimitGetCopies) {
+  auto r = Rig::make();
+  ASSERT_TRUE(r);
+  const Ino f = r->create(kRootInode, "many");
+  ASSERT_EQ(r->write(f, 0, pattern(7, 0, 4096)), 0);
+  ASSERT_EQ(r->fs->unmount(), 0) << r->log;
+  r->fs.reset();
+  Raw raw(*r->dev);
+  Inode d = raw.inode(f);
+  const uint64_t x = d.root.extents[0].physical;
+  constexpr uint32_t kRefs = kMaxRefcount + 1;
+  const uint32_t leaves = (kRefs + kExtentNodeCapacity - 1) / kExtentNodeCapacity;
+  const uint32_t uppers = (leaves + kExtentNodeCapacity - 1) / kExtentNodeCapacity;
+  ASSERT_LE(uppers, Inode::kInlineExtents);
+  const uint64_t tree = raw.free_run(0, leaves + uppers);
+  raw.mark(tree, leaves + uppers, true);
+  auto node = [&](uint64_t b, uint16_t depth, const void* entries, uint32_t count) {
+    std::vector<uint8_t> blk(kBlockSize, 0);
+    const ExtentNodeHeader h{
+        kExtentMagic, static_cast<uint16_t>(count), depth, kExtentNodeCapacity, 0, f, 0};
+    std::memcpy(blk.data(), &h, sizeof h);
+    std::memcpy(blk.data() + sizeof h, entries, size_t{count} * 16);
+    const uint64_t sum = block_checksum(blk.data(), kHeaderChecksumOffset, raw.L.seed);
+    std::memcpy(blk.data() + kHeaderChecksumOffset, &sum, 8);
+    raw.put(b, blk);
+  };
+  std::vector<ExtentIndex> idx;
+  for (uint32_t j = 0; j < leaves; ++j) {
+    std::vector<Extent> e;
+    for (uint32_t k = j * kExtentNodeCapacity; k < std::min(kRefs, (j + 1) * kExtentNodeCapacity);
+         ++k)
+      e.push_back(Extent{k, 1, x});
+    node(tree + j, 0, e.data(), static_cast<uint32_t>(e.size()));
+    idx.push_back(ExtentIndex{e[0].logical, 0, tree + j});
+  }
+  std::vector<ExtentIndex> root;
+  for (uint32_t u = 0; u < uppers; ++u) {
+    const uint32_t from = u * kExtentNodeCapacity;
+    const uint32_t n = std::min(leaves - from, kExtentNodeCapacity);
+    node(tree + leaves + u, 1, idx.data() + from, n);
+    root.push_back(ExtentIndex{idx[from].logical, 0, tree + leaves + u});
+  }
+  std::memcpy(d.root.extents, root.data(), root.size() * sizeof(ExtentIndex));
+  d.extent_count = uppers;
+  d.tree_depth = 2;
+  d.blocks = kRefs + leaves + uppers;
+  d.size = uint64_t{kRefs} * kBlockSize;
+  raw.put_inode(f, d);
+  found_repaired_clean(*r, {"block " + std::to_string(x) + ": 65536 references, more than 65535",
+                            "group 0: block " + std::to_string(x) +
+                                ": 65536 references, but the group has no reference-count table"});
+  EXPECT_EQ(raw.count(x), kMaxRefcount);
+  ASSERT_TRUE(r->mount()) << r->log;
+  const std::string want = pattern(7, 0, 4096);
+  EXPECT_EQ(r->read(f, 0, 4096), want);
+  EXPECT_EQ(r->read(f, uint64_t{kMaxRefcount - 1} * kBlockSize, 4096), want);
+  EXPECT_EQ(r->read(f, uint64_t{kMaxRefcount} * kBlockSize, 4096), want) << "the copy";
+}
+
 // Messages, their order and the repair are the same at one thread and at four.
 TEST(FsckShared, SameOutcomeAtOneAndFourThreads) {
   auto r = Rig::make(320);  // three groups
