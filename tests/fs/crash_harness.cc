@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <tuple>
 
 namespace warpfs::fs::crash {
 
@@ -658,9 +659,66 @@ std::string Op::describe() const {
              (via == Via::kDirect ? " direct"
               : via == Via::kMmap ? " mmap"
                                   : "");
+    case OpKind::kClone:
+    case OpKind::kDedupe:
+      return std::string(kind == OpKind::kClone ? "clone " : "dedupe ") + who() + " off " +
+             std::to_string(off) + " len " + std::to_string(len) + " to #" + std::to_string(id2) +
+             " off " + std::to_string(off2);
   }
   return "?";
 }
+
+namespace {
+
+// Two runs of whole written blocks that the model holds equal (of two files, or apart in
+// one), found by their contents: *op's id, off, id2, off2 and len. False if there are none.
+bool pick_equal_blocks(const Model& m, const std::vector<Id>& files, std::mt19937_64& rng, Op* op) {
+  struct Place {
+    size_t hash;
+    Id id;
+    uint64_t b;
+    bool operator<(const Place& o) const {
+      return std::tie(hash, id, b) < std::tie(o.hash, o.id, o.b);
+    }
+  };
+  auto whole = [&](Id id, uint64_t b) -> const Block* {
+    const MNode* n = m.node(id);
+    if ((b + 1) * kB > n->size || !n->blocks[b]) return nullptr;
+    return &n->blocks[b];
+  };
+  std::vector<Place> places;
+  for (Id id : files) {
+    for (uint64_t b = 0; (b + 1) * kB <= m.node(id)->size; ++b) {
+      if (const Block* blk = whole(id, b))
+        places.push_back({std::hash<std::string>{}(**blk), id, b});
+    }
+  }
+  std::sort(places.begin(), places.end());
+  std::vector<std::pair<Place, Place>> pairs;  // equal neighbours in that order
+  for (size_t i = 1; i < places.size(); ++i) {
+    const Place &a = places[i - 1], &b = places[i];
+    if (a.hash == b.hash && **whole(a.id, a.b) == **whole(b.id, b.b)) pairs.emplace_back(a, b);
+  }
+  if (pairs.empty()) return false;
+  const auto [a, b] = pairs[rng() % pairs.size()];
+  // As many of the blocks after them as are equal too (the runs apart in one file).
+  uint64_t n = 1;
+  while (n < 16) {
+    const Block *x = whole(a.id, a.b + n), *y = whole(b.id, b.b + n);
+    if (!x || !y || **x != **y) break;
+    if (a.id == b.id && a.b + n + 1 > b.b && b.b + n + 1 > a.b) break;
+    ++n;
+  }
+  const bool swap = rng() % 2 == 0;  // either one the source
+  op->id = swap ? b.id : a.id;
+  op->off = (swap ? b.b : a.b) * kB;
+  op->id2 = swap ? a.id : b.id;
+  op->off2 = (swap ? a.b : b.b) * kB;
+  op->len = n * kB;
+  return true;
+}
+
+}  // namespace
 
 Op next_op(const Model& m, std::mt19937_64& rng) {
   static const char* const kNames[] = {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"};
@@ -705,7 +763,39 @@ Op next_op(const Model& m, std::mt19937_64& rng) {
   Op op;
   for (int attempt = 0; attempt < 20; ++attempt) {
     op = Op{};
-    const uint64_t r = below(110);
+    const uint64_t r = below(118);
+    if (r >= 110 && r < 115) {  // copy_file_range: between files or within one
+      std::vector<Id> sources;
+      for (Id id : files) {
+        if (m.node(id)->size > 0) sources.push_back(id);
+      }
+      if (sources.empty()) continue;
+      op.kind = OpKind::kClone;
+      op.id = pick_id(sources);
+      op.id2 = below(4) == 0 ? op.id : pick_id(files);
+      const uint64_t size = m.node(op.id)->size, size2 = m.node(op.id2)->size;
+      op.off = below(size);
+      if (below(2) == 0) op.off -= op.off % kB;
+      const uint64_t how = below(8);
+      op.len = how == 0   ? size - op.off                      // to the end: its last block shared
+               : how == 1 ? size - op.off + 1 + below(8 * kB)  // past the end: copies fewer
+               : how == 2 ? 256 * 1024 + below(1280 * 1024)    // more than one journal piece
+               : how < 5  ? 16 * 1024 + below(240 * 1024)
+                          : 1 + below(16 * 1024);
+      const uint64_t where = below(3);
+      op.off2 = where == 0 ? size2 : where == 1 && size2 > 0 ? below(size2) : below(768 * 1024);
+      // Two in three alike in a block, so that whole blocks are shared; the rest copied.
+      if (below(3) != 0) op.off2 = op.off2 - op.off2 % kB + op.off % kB;
+      const uint64_t n = std::min(op.len, size - op.off);
+      if (op.id == op.id2 && op.off2 < op.off + n && op.off < op.off2 + n) continue;  // EINVAL
+      if (op.off2 + n > 3ull << 20 || total + n > 20ull << 20) continue;              // room left
+      return op;
+    }
+    if (r >= 115) {  // dedupe_range of ranges the model holds equal
+      if (!pick_equal_blocks(m, files, rng, &op)) continue;
+      op.kind = OpKind::kDedupe;
+      return op;
+    }
     if (r >= 100 && r < 104) {  // fallocate: allocate, keep size, punch a hole, zero a range
       static const int kModes[] = {0, FALLOC_FL_KEEP_SIZE,
                                    FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE,
@@ -793,6 +883,9 @@ Op next_op(const Model& m, std::mt19937_64& rng) {
       if (below(3) == 0) op.off -= op.off % kB;  // block-aligned: the direct path
       if (op.off + op.len > 3ull << 20 || total + op.len > 20ull << 20) continue;  // room left
       op.seed = rng();
+      // One write in five uses one of three patterns: the same bytes at the same offsets of
+      // several files (or of one file again), blocks that kDedupe finds equal.
+      if (op.seed % 5 == 0) op.seed = op.seed / 5 % 3;
       const uint64_t via = below(4);
       if (via == 0 && op.off % kB == 0) {
         op.len = kB * (1 + op.len / kB);  // O_DIRECT: whole blocks
@@ -952,6 +1045,12 @@ std::unique_ptr<Session> Session::make(uint64_t seed, uint64_t mib, std::string*
     *error = "format: " + st.to_string();
     return nullptr;
   }
+  // Clones share blocks (mkfs.warpfs may not set the feature yet).
+  if (std::string e = enable_shared_blocks(dev); !e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  s->model_.set_block_sharing(true);
   if (std::string e = s->mount(); !e.empty()) {
     *error = e;
     return nullptr;
@@ -1033,7 +1132,7 @@ void stamp_block(uint8_t* b, Ino ino, uint64_t lblk, uint64_t tag) {
   std::memcpy(b + kB - 8, &sum, 8);
 }
 
-std::string check_stamped_block(const uint8_t* b, Ino ino, uint64_t lblk) {
+std::string check_stamped_block(const uint8_t* b, Ino ino, uint64_t lblk, const MayHold& may_hold) {
   bool zero = true;
   for (size_t i = 0; i < kB && zero; ++i) zero = b[i] == 0;
   if (zero) return "";
@@ -1046,7 +1145,7 @@ std::string check_stamped_block(const uint8_t* b, Ino ino, uint64_t lblk) {
            " is torn or foreign (checksum mismatch; it claims inode " + std::to_string(got_ino) +
            " block " + std::to_string(got_lblk) + ")";
   }
-  if (got_ino != ino || got_lblk != lblk) {
+  if ((got_ino != ino && !(may_hold && may_hold(ino, got_ino))) || got_lblk != lblk) {
     return "block " + std::to_string(lblk) + " of inode " + std::to_string(ino) +
            " holds the data of inode " + std::to_string(got_ino) + " block " +
            std::to_string(got_lblk);
@@ -1054,7 +1153,7 @@ std::string check_stamped_block(const uint8_t* b, Ino ino, uint64_t lblk) {
   return "";
 }
 
-std::string check_invariants(const Observed& o, Ino stamped) {
+std::string check_invariants(const Observed& o, Ino stamped, const MayHold& may_hold) {
   std::map<Ino, uint32_t> names, subdirs;
   for (const auto& [ino, n] : o.nodes) {
     for (const auto& [name, ent] : n.entries) {
@@ -1092,7 +1191,7 @@ std::string check_invariants(const Observed& o, Ino stamped) {
       }
       for (uint64_t b = 0; b * kB < f.data.size(); ++b) {
         if (std::string e = check_stamped_block(
-                reinterpret_cast<const uint8_t*>(f.data.data()) + b * kB, ent.first, b);
+                reinterpret_cast<const uint8_t*>(f.data.data()) + b * kB, ent.first, b, may_hold);
             !e.empty())
           return "stamped file " + name + ": " + e;
       }
@@ -1193,17 +1292,101 @@ void model_release(Model& m, Id id) {
 }
 
 void model_write_pieces(Model& m, const Op& op, uint64_t piece) {
-  const std::string data = test::pattern(op.seed, op.off, op.len);
+  model_bytes_pieces(m, op.id, op.off, test::pattern(op.seed, op.off, op.len), piece);
+}
+
+void model_bytes_pieces(Model& m, Id id, uint64_t off, const std::string& data, uint64_t piece) {
   // Pieces are counted from the block the write begins in, as file.cc's write() cuts them:
   // a write at 395483 of 1354966 bytes commits [395483, 1441792) first, then the rest.
-  const uint64_t base = op.off - op.off % kB;
-  for (uint64_t done = 0; done < op.len;) {
-    const uint64_t pos = op.off + done;
-    const uint64_t n = std::min(op.len - done, piece - (pos - base) % piece);
-    model_write(m.edit(op.id), pos, data.substr(done, n));
+  const uint64_t base = off - off % kB;
+  for (uint64_t done = 0; done < data.size();) {
+    const uint64_t pos = off + done;
+    const uint64_t n = std::min(data.size() - done, piece - (pos - base) % piece);
+    model_write(m.edit(id), pos, data.substr(done, n));
     m.step();
     done += n;
   }
+}
+
+std::string model_read(const MNode& n, uint64_t off, uint64_t len) {
+  if (off >= n.size) return "";
+  std::string out(std::min(len, n.size - off), '\0');
+  for (uint64_t i = 0; i < out.size();) {
+    const uint64_t pos = off + i, b = pos / kB;
+    const uint64_t k = std::min<uint64_t>(out.size() - i, kB - pos % kB);
+    if (b < n.blocks.size() && n.blocks[b]) out.replace(i, k, *n.blocks[b], pos % kB, k);
+    i += k;
+  }
+  return out;
+}
+
+void model_clone(Model& m, const Op& op, const std::string& data, bool shares) {
+  if (!shares) {
+    // share.cc copy_bytes: a write of each 1 MiB of the source, in its journal pieces.
+    for (uint64_t done = 0; done < data.size(); done += kWritePiece) {
+      model_bytes_pieces(m, op.id2, op.off2 + done, data.substr(done, kWritePiece), kWritePiece);
+    }
+    return;
+  }
+  // The bytes before the first whole block: a write. Then the blocks are mapped (several
+  // transactions; a block a crash finds mapped is a later state's, as the data oracle allows),
+  // the size covering them, the bytes after them written as a write, the size set (where the
+  // core copies a block it cannot share, no table room or a count at its limit, the write
+  // changes the size at other points: neither happens on the harness's images).
+  const uint64_t head = std::min<uint64_t>(data.size(), (kB - op.off % kB) % kB);
+  const uint64_t whole = (data.size() - head) / kB * kB;
+  if (head > 0) model_bytes_pieces(m, op.id2, op.off2, data.substr(0, head), kWritePiece);
+  if (whole > 0) {
+    model_write(m.edit(op.id2), op.off2 + head, data.substr(head, whole));
+    m.step();
+  }
+  if (head + whole < data.size()) {
+    model_write(m.edit(op.id2), op.off2 + head + whole, data.substr(head + whole));
+    m.step();
+  }
+}
+
+std::string enable_shared_blocks(blockdev::BlockDevice& dev) {
+  Superblock sb;
+  if (auto st = dev.read(0, 1, &sb); !st.is_ok())
+    return "reading the superblock: " + st.to_string();
+  if (sb.features & kFeatureSharedBlocks) return "";
+  sb.features |= kFeatureSharedBlocks;
+  sb.checksum = superblock_checksum(sb);
+  for (uint64_t at : {uint64_t{0}, sb.block_count - 1}) {
+    if (auto st = dev.write(at, 1, &sb); !st.is_ok())
+      return "writing the superblock: " + st.to_string();
+  }
+  if (auto st = dev.flush(); !st.is_ok()) return "flush: " + st.to_string();
+  return "";
+}
+
+std::string check_shared_counts(Filesystem& fs, const Observed& o) {
+  std::map<uint64_t, uint32_t> refs;  // device block -> written extents' blocks mapping it
+  for (const auto& [ino, n] : o.nodes) {
+    if (!S_ISREG(n.mode)) continue;
+    InodeReport rep;
+    if (int rc = fs.inspect(ino, &rep); rc)
+      return "inspect of inode " + std::to_string(ino) + ": " + errno_name(rc);
+    for (const Extent& e : rep.extents) {
+      if (e.unwritten()) continue;
+      for (uint32_t i = 0; i < e.blocks(); ++i) ++refs[e.physical + i];
+    }
+  }
+  uint64_t shared = 0;
+  for (const auto& [b, n] : refs) {
+    const uint32_t want = n >= 2 ? n : 0, got = fs.block_refs(b);
+    if (got != want) {
+      return "block " + std::to_string(b) + ": reference count " + std::to_string(got) + ", " +
+             std::to_string(n) + " reference" + (n == 1 ? "" : "s") + " from the files' extents";
+    }
+    shared += n >= 2;
+  }
+  if (const uint64_t s = fs.stats().shared_blocks; s != shared) {
+    return "FsStats::shared_blocks " + std::to_string(s) + ", but " + std::to_string(shared) +
+           " blocks are mapped more than once";
+  }
+  return "";
 }
 
 void model_change(Model& m, const Op& op) {
@@ -1368,6 +1551,70 @@ std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut,
       if (std::string bad = check_read(n, op.off, buf); !bad.empty()) return "read back: " + bad;
       return "";
     }
+    case OpKind::kClone: {
+      const std::string data = model_read(*m.node(op.id), op.off, op.len);
+      uint64_t copied = 0;
+      *rc = fs.copy_file_range(ino_of(op.id), op.off, ino_of(op.id2), op.off2, op.len, &copied);
+      if (!happened()) return "";
+      if (!is_cut() && copied != data.size()) {
+        return "copied " + std::to_string(copied) + " of " + std::to_string(data.size()) + " bytes";
+      }
+      model_clone(m, op, data, m.block_sharing() && op.off % kB == op.off2 % kB);
+      if (is_cut()) return "";
+      // The copy reads back at once (a read of a cut device proves nothing).
+      std::string buf(data.size(), '\0');
+      size_t got = 0;
+      if ((*rc = fs.read(ino_of(op.id2), op.off2, buf.size(), buf.data(), &got)) || is_cut())
+        return "";
+      if (got != buf.size()) return "read " + std::to_string(got) + " bytes of the copy";
+      if (std::string bad = check_read(*m.node(op.id2), op.off2, buf); !bad.empty())
+        return "the copy read back: " + bad;
+      return "";
+    }
+    case OpKind::kDedupe: {
+      uint64_t deduped = 0;
+      *rc = fs.dedupe_range(ino_of(op.id), op.off, ino_of(op.id2), op.off2, op.len, &deduped);
+      if (*rc == EOPNOTSUPP && !m.block_sharing()) *rc = 0;  // no feature: nothing shared
+      if (*rc || is_cut()) return "";
+      if (deduped > op.len || deduped % kB)
+        return "deduped " + std::to_string(deduped) + " of " + std::to_string(op.len) + " bytes";
+      // Both ranges read as before.
+      for (const auto& [id, off] : {std::pair{op.id, op.off}, std::pair{op.id2, op.off2}}) {
+        std::string buf(op.len, '\0');
+        size_t got = 0;
+        *rc = fs.read(ino_of(id), off, op.len, buf.data(), &got);
+        if (*rc || is_cut()) return "";
+        if (got != op.len) return "read " + std::to_string(got) + " bytes after the dedupe";
+        if (std::string bad = check_read(*m.node(id), off, buf); !bad.empty())
+          return "after the dedupe, #" + std::to_string(id) + ": " + bad;
+      }
+      if (!m.block_sharing_alone()) return "";
+      // Every block both map written is now one block, counted (FORMAT.md "Shared blocks").
+      std::map<uint64_t, uint64_t> at[2];  // logical -> device block, of the two ranges
+      for (int k = 0; k < 2; ++k) {
+        InodeReport rep;
+        if ((*rc = fs.inspect(ino_of(k ? op.id2 : op.id), &rep))) return "";
+        const uint64_t first = (k ? op.off2 : op.off) / kB, count = op.len / kB;
+        for (const Extent& e : rep.extents) {
+          if (e.unwritten()) continue;
+          for (uint32_t i = 0; i < e.blocks(); ++i) {
+            if (e.logical + i >= first && e.logical + i < first + count)
+              at[k][e.logical + i - first] = e.physical + i;
+          }
+        }
+      }
+      for (const auto& [i, p] : at[0]) {
+        auto it = at[1].find(i);
+        if (it == at[1].end()) continue;
+        if (it->second != p || fs.block_refs(p) < 2) {
+          return "block " + std::to_string(op.off2 / kB + i) + " of #" + std::to_string(op.id2) +
+                 " is device block " + std::to_string(it->second) + ", the source's " +
+                 std::to_string(p) + " (" + std::to_string(fs.block_refs(p)) +
+                 " references): equal blocks not shared";
+        }
+      }
+      return "";
+    }
   }
   return "";
 }
@@ -1402,6 +1649,8 @@ std::string Session::recover(uint64_t cut_after, double persist) {
   if (std::string e = observe(*fs_, &o); !e.empty()) return "reading the recovered tree: " + e;
   size_t k = 0;
   if (std::string e = check(model_, model_.current(), o, &k); !e.empty()) return e;
+  if (std::string e = check_shared_counts(*fs_, o); !e.empty())
+    return "after recovery, the reference counts: " + e;
   matched_ = k;
   // Continue from what is there.
   std::vector<FileSeen> files;
@@ -1423,6 +1672,7 @@ std::string Session::clean_cycle() {
   model_.durable(model_.current());
   Observed o;
   if (std::string e = observe(*fs_, &o); !e.empty()) return "reading the tree: " + e;
+  if (std::string e = check_shared_counts(*fs_, o); !e.empty()) return "reference counts: " + e;
   return check(model_, model_.current(), o);
 }
 
@@ -1471,6 +1721,8 @@ CutReport run_cut(const CutOptions& o) {
     const uint64_t calls = s->device().mutations();
     std::string bad = s->apply(op);
     ++r.ops_run;
+    r.clones += op.kind == OpKind::kClone;
+    r.dedupes += op.kind == OpKind::kDedupe;
     trace("op " + std::to_string(i) + ": " + op.describe() + "  [device calls " +
           std::to_string(calls) + ".." + std::to_string(s->device().mutations()) + ", states " +
           std::to_string(s->model().lo()) + ".." + std::to_string(s->model().current()) + "]");
@@ -1481,6 +1733,8 @@ CutReport run_cut(const CutOptions& o) {
   }
   r.calls = s->device().mutations();
   r.flushes = s->device().flushes();
+  r.cloned_blocks = s->fs().stats().cloned_blocks;
+  r.deduped_blocks = s->fs().stats().deduped_blocks;
   r.cut_call = s->device().is_cut() ? r.calls : 0;
   r.cut_at_flush = where >= 1 && where <= 3 && r.cut_call;
   // How much of the volatile cache survives: none, all, half, any share, or nearly all
@@ -1520,6 +1774,8 @@ CutReport run_cut(const CutOptions& o) {
   for (int i = 0; i < more; ++i) {
     const Op op = next_op(s->model(), work);
     std::string bad = s->apply(op);
+    r.clones += op.kind == OpKind::kClone;
+    r.dedupes += op.kind == OpKind::kDedupe;
     trace("after recovery, op " + std::to_string(i) + ": " + op.describe());
     if (!bad.empty()) {
       r.failure = "after recovery, op " + std::to_string(i) + " (" + op.describe() + "): " + bad;

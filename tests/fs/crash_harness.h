@@ -14,7 +14,9 @@
 // contains whole operations (the gate waits until no operation is inside), except for the
 // operations that run as several transactions: a write commits per piece of at most 1 MiB
 // (file.cc kBlocksPerTxn), and a truncate sets the size in one transaction and frees blocks
-// in later ones (invisible here, as is freeing an unlinked inode). fsync, fdatasync (of any
+// in later ones (invisible here, as is freeing an unlinked inode), and a clone
+// (copy_file_range) copies its edges as writes and maps its whole blocks in transactions of a
+// few extents before it sets the size (model_clone). fsync, fdatasync (of any
 // file or directory) make that node durable: fsync its metadata (for a directory, its
 // names), fdatasync its size (or existence) and data; the journal commits in order, so what
 // came before the node's last such change is durable too. sync commits everything.
@@ -122,6 +124,16 @@ class Model {
     keep_ = keep;
     if (!keep) durable(current());
   }
+  // Whether the filesystem has the shared_blocks feature (clones share whole blocks: their
+  // states differ, model_clone); set by whoever formatted it. `alone`: nothing but this
+  // model's operations changes which blocks its files map (no dedup pass, no clones from
+  // them by others), so a kDedupe can check that the destination now maps the source's.
+  void set_block_sharing(bool on, bool alone = true) {
+    sharing_ = on;
+    sharing_alone_ = alone;
+  }
+  bool block_sharing() const { return sharing_; }
+  bool block_sharing_alone() const { return sharing_ && sharing_alone_; }
   // After a recovery: state k (dropping open-unlinked inodes), with each file's data
   // replaced by what the disk holds (`data`: id -> contents). The history restarts there.
   void restart(size_t k, const std::map<Id, std::string>& data);
@@ -147,6 +159,7 @@ class Model {
  private:
   Ino root_ino_;
   bool keep_ = true;
+  bool sharing_ = false, sharing_alone_ = false;
   State cur_;
   std::deque<State> hist_;  // states base_ .. base_ + size - 1
   size_t base_ = 0;
@@ -228,6 +241,11 @@ enum class OpKind : uint8_t {
   kRelease,
   kFallocate,  // flags: the mode (0, KEEP_SIZE, PUNCH_HOLE | KEEP_SIZE, ZERO_RANGE [| KEEP_SIZE])
   kRead,       // reads [off, off + len) and compares with the model (changes nothing)
+  kClone,      // copy_file_range of [off, off + len) of `id` to off2 of id2 (may be `id`, the
+               // ranges apart): whole blocks shared where the offsets lie alike in a block
+  kDedupe,     // dedupe_range of [off, off + len) of `id` and [off2, ...) of id2, equal in the
+               // model (changes nothing a read sees); through a mount, skipped (FIDEDUPERANGE
+               // does not reach a FUSE daemon)
 };
 // How a write or a read reaches the file through a mount (the in-process runner ignores
 // it): pwrite/pread, O_DIRECT (block-aligned offsets and lengths only), or a shared mapping
@@ -236,12 +254,15 @@ enum class Via : uint8_t { kPlain, kDirect, kMmap };
 struct Op {
   OpKind kind = OpKind::kSync;
   Id id = 0;                // the inode operated on (write, truncate, chmod, xattr, fsync,
-                            // open, release, link's source)
+                            // open, release, link's source; clone and dedupe: the source)
+  Id id2 = 0;               // clone, dedupe: the destination
+  uint64_t off2 = 0;        // clone, dedupe: the destination's offset
   std::string path, path2;  // create/mkdir/symlink/unlink/rmdir: path; burst: the directory;
                             // rename, exchange: path -> path2; link: path2; symlink: path2
                             // is the target
   uint64_t off = 0, len = 0, seed = 0;  // write: pattern(seed, off, len); truncate: size off;
-                                        // burst: len files, names from seed
+                                        // burst: len files, names from seed; clone, dedupe:
+                                        // the source's range
   uint32_t perm = 0;                    // create, mkdir, chmod
   unsigned flags = 0;                   // rename: RENAME_NOREPLACE; fallocate: the mode
   Via via = Via::kPlain;                // write, read
@@ -268,6 +289,25 @@ void model_release(Model& m, Id id);
 // start of the block the write begins in): how much a crash may find written (the core
 // commits 1 MiB pieces so counted; the kernel sends 4 KiB pages).
 void model_write_pieces(Model& m, const Op& op, uint64_t piece);
+// The same for any bytes: `data` written at `off` of `id`.
+void model_bytes_pieces(Model& m, Id id, uint64_t off, const std::string& data, uint64_t piece);
+// The bytes [off, off + len) of a regular file as the model holds them, cut at its end (what
+// copy_file_range copies: fewer at the source's end).
+std::string model_read(const MNode& n, uint64_t off, uint64_t len);
+// A kClone's states in the core (share.cc), `data` being the source's bytes it copies: where
+// `shares` (the shared_blocks feature, and both offsets alike in a block) the edge before the
+// first whole block is written as a write is, then the blocks are mapped without a size
+// change and the size set in one transaction at the end (one state for all of it); else the
+// bytes are written as writes of 1 MiB each.
+void model_clone(Model& m, const Op& op, const std::string& data, bool shares);
+// The image on `dev` (unmounted) gets the shared_blocks feature if it lacks it (both copies
+// of the superblock rewritten), as mkfs.warpfs may not set it yet; "" or the failure.
+std::string enable_shared_blocks(blockdev::BlockDevice& dev);
+// The core's reference counts against the references that the regular files of `o` make
+// (Filesystem::inspect): a block mapped by n >= 2 written extents counts n, any other 0, and
+// FsStats::shared_blocks counts the former. Only exact when `o` holds every inode that maps a
+// block (no open unlinked files). "" or the first mismatch.
+std::string check_shared_counts(Filesystem& fs, const Observed& o);
 // The attribute and xattr changes: kTruncate, kChmod, kSetXattr, kRemoveXattr.
 void model_change(Model& m, const Op& op);
 // Splitmix64 (seeds for one purpose each), and a 4 KiB block stamped with an inode and a
@@ -275,12 +315,16 @@ void model_change(Model& m, const Op& op);
 // zero or stamped for itself, never torn, never another file's).
 uint64_t mix(uint64_t x);
 void stamp_block(uint8_t* b, Ino ino, uint64_t lblk, uint64_t tag);
-std::string check_stamped_block(const uint8_t* b, Ino ino, uint64_t lblk);  // "" or what is wrong
+// `may_hold` (may be null): whether a block of `ino` may hold one stamped for another inode
+// (stamp), at the same block number: a clone's destination holds its source's blocks.
+using MayHold = std::function<bool(Ino ino, Ino stamp)>;
+std::string check_stamped_block(const uint8_t* b, Ino ino, uint64_t lblk,
+                                const MayHold& may_hold = nullptr);  // "" or what is wrong
 // The invariants of a tree whatever its history: every inode's link count equals its names
 // (a directory's: 2 + its subdirectories), and every regular file under directory `stamped`
 // (0: none) has a size of whole blocks, each zero or stamped for itself. "" or the first
 // violation.
-std::string check_invariants(const Observed& o, Ino stamped);
+std::string check_invariants(const Observed& o, Ino stamped, const MayHold& may_hold = nullptr);
 
 // Runs `op` on the filesystem (in-process) and on the model. The model changes when the call
 // succeeded, or when `cut` (may be null) was cut while it ran: then the operation may or may
@@ -360,7 +404,10 @@ struct CutReport {
   double persist = 0;         // power_cut's probability
   uint64_t recovery_cut = 0;  // > 0: recovery itself was cut at this call
   size_t lo = 0, hi = 0, matched = 0;  // the states allowed and the one found
-  std::vector<std::string> trace;      // the operations, with their results (verbose)
+  int clones = 0, dedupes = 0;         // kClone and kDedupe operations run (after recovery too)
+  // Blocks the workload's clones shared and its dedupes made one (FsStats, before the cut).
+  uint64_t cloned_blocks = 0, deduped_blocks = 0;
+  std::vector<std::string> trace;  // the operations, with their results (verbose)
 };
 CutReport run_cut(const CutOptions& o);
 

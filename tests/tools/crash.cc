@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
   if (ops == 0 || ops > 100000 || threads == 0 || threads > 64) return usage();
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t passed = 0, failed = 0, in_workload = 0, recovery_cuts = 0;
+  // copy_file_range and dedupe_range operations run, and the blocks they shared.
+  uint64_t clones = 0, dedupes = 0, cloned_blocks = 0, deduped_blocks = 0;
   for (uint64_t i = 0; i < cuts && threads > 1; ++i) {
     warpfs::fs::stress::Options o;
     o.seed = seed + i;
@@ -100,6 +102,10 @@ int main(int argc, char** argv) {
     const warpfs::fs::crash::CutReport r = warpfs::fs::crash::run_cut(o);
     in_workload += r.cut_call != 0;
     recovery_cuts += r.recovery_cut != 0;
+    clones += static_cast<uint64_t>(r.clones);
+    dedupes += static_cast<uint64_t>(r.dedupes);
+    cloned_blocks += r.cloned_blocks;
+    deduped_blocks += r.deduped_blocks;
     if (r.passed) {
       ++passed;
       if (verbose) {
@@ -128,6 +134,12 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(cuts), secs,
               static_cast<unsigned long long>(in_workload),
               static_cast<unsigned long long>(recovery_cuts));
+  if (threads == 1) {
+    std::printf(
+        "%llu clones (%llu blocks shared), %llu dedupes (%llu blocks shared)\n",
+        static_cast<unsigned long long>(clones), static_cast<unsigned long long>(cloned_blocks),
+        static_cast<unsigned long long>(dedupes), static_cast<unsigned long long>(deduped_blocks));
+  }
   std::printf("%llu passed, %llu failed\n", static_cast<unsigned long long>(passed),
               static_cast<unsigned long long>(failed));
   return failed ? 1 : 0;

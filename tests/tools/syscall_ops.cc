@@ -387,6 +387,45 @@ std::string SyscallRunner::exec(const Op& op, int* rc) {
         return "read back: " + bad;
       return "";
     }
+    case OpKind::kClone: {
+      // copy_file_range(2): the kernel sends FUSE_COPY_FILE_RANGE (after writing back both
+      // ranges' cached pages) and the daemon clones; a short count means the source ended.
+      const std::string data = crash::model_read(*m.node(op.id), op.off, op.len);
+      bool temp_in = false, temp_out = false;
+      const int in = open_id(op.id, O_RDONLY, false, &temp_in);
+      const int out = in < 0 ? in : open_id(op.id2, O_WRONLY, false, &temp_out);
+      uint64_t done = 0;
+      if (in < 0 || out < 0) {
+        *rc = in < 0 ? -in : -out;
+      } else {
+        loff_t off_in = static_cast<loff_t>(op.off), off_out = static_cast<loff_t>(op.off2);
+        while (done < data.size()) {
+          const ssize_t n = copy_file_range(in, &off_in, out, &off_out, data.size() - done, 0);
+          if (n <= 0) {
+            *rc = n < 0 ? errno : 0;
+            break;
+          }
+          done += static_cast<uint64_t>(n);
+        }
+      }
+      if (temp_in) close(in);
+      if (temp_out) close(out);
+      if (happened()) crash::model_bytes_pieces(m, op.id2, op.off2, data, kB);  // as a write
+      if (*rc != 0 || killed()) return "";
+      if (done != data.size()) {
+        return "copy_file_range copied " + std::to_string(done) + " of " +
+               std::to_string(data.size()) + " bytes";
+      }
+      // The copy reads back at once.
+      Op rd;
+      rd.kind = OpKind::kRead;
+      rd.id = op.id2;
+      rd.off = op.off2;
+      rd.len = data.size();
+      return exec(rd, rc);
+    }
+    case OpKind::kDedupe:  // FIDEDUPERANGE does not reach a FUSE daemon: nothing to do
+      return "";
   }
   return "";
 }

@@ -1,7 +1,9 @@
 // crash_harness.h's operations as real syscalls on a mounted filesystem, with the model
 // following: what warpfs-kill9 runs from one thread, and warpfs-stress-mount from many
 // processes at once. Writes and reads go through pwrite/pread, O_DIRECT descriptors or a
-// shared mapping (Op::via), fallocate through fallocate(2), and so on.
+// shared mapping (Op::via), fallocate through fallocate(2), clones through
+// copy_file_range(2) (a dedupe is skipped: FIDEDUPERANGE does not reach a FUSE daemon), and
+// so on.
 //
 // Thread-safety: a SyscallRunner is used by one thread; several runners may work on one
 // mount at once, each on a subtree of its own. A mapping that faults against a dead daemon
