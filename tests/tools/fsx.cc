@@ -1,10 +1,12 @@
 // warpfs-fsx: a randomized file-operation checker in the style of fsx.
 //
 // It drives one file through a random mix of pwrite/pread, ftruncate, mmap reads and
-// writes, fallocate (allocate, keep-size, punch hole), fsync/fdatasync, close+reopen and
-// lseek(SEEK_DATA/SEEK_HOLE), and checks every result against an in-memory model of the
-// file (its bytes and its size). Written data is a pattern derived from the op number and
-// the file offset, so stale or misplaced data can be told apart from correct data.
+// writes, fallocate (allocate, keep-size, punch hole), fsync/fdatasync, close+reopen,
+// lseek(SEEK_DATA/SEEK_HOLE) and copy_file_range (within the file, the ranges apart, and to
+// and from a second file, FILE.copy, that has a model too; on warpfs whole blocks are then
+// shared where both offsets lie alike in a page), and checks every result against an
+// in-memory model of the file (its bytes and its size). Written data is a pattern derived from the
+// op number and the file offset, so stale or misplaced data can be told apart from correct data.
 //
 // Exit status: 0 every check passed (one JSON line on stdout); 1 the file disagreed with
 // the model: data, size, short read or an lseek result (report on stderr); 2 a system call
@@ -53,21 +55,26 @@ enum Op : int {
   kReopen,
   kSeekData,
   kSeekHole,
+  kCopy,     // copy_file_range within the file
+  kCopyIn,   // from FILE.copy into the file
+  kCopyOut,  // from the file into FILE.copy
   kNumRandomOps,
   kInject = kNumRandomOps,  // --inject-fault: the file is corrupted behind the model's back
   kNumOps,
 };
 
 const char* const kOpNames[kNumOps] = {
-    "write", "read",  "truncate",  "mapread", "mapwrite",  "falloc",    "falloc_keep",
-    "punch", "fsync", "fdatasync", "reopen",  "seek_data", "seek_hole", "inject",
+    "write",       "read",  "truncate", "mapread",   "mapwrite", "falloc",
+    "falloc_keep", "punch", "fsync",    "fdatasync", "reopen",   "seek_data",
+    "seek_hole",   "copy",  "copy_in",  "copy_out",  "inject",
 };
 
 // Relative frequencies of the randomly chosen operations.
 constexpr unsigned kWeights[kNumRandomOps] = {
-    /*write*/ 20, /*read*/ 18,     /*truncate*/ 4,  /*mapread*/ 7, /*mapwrite*/ 7,
-    /*falloc*/ 3, /*keep*/ 3,      /*punch*/ 5,     /*fsync*/ 1,   /*fdatasync*/ 1,
-    /*reopen*/ 1, /*seek_data*/ 4, /*seek_hole*/ 4,
+    /*write*/ 20,   /*read*/ 18,     /*truncate*/ 4,  /*mapread*/ 7, /*mapwrite*/ 7,
+    /*falloc*/ 3,   /*keep*/ 3,      /*punch*/ 5,     /*fsync*/ 1,   /*fdatasync*/ 1,
+    /*reopen*/ 1,   /*seek_data*/ 4, /*seek_hole*/ 4, /*copy*/ 4,    /*copy_in*/ 3,
+    /*copy_out*/ 3,
 };
 
 constexpr size_t kLogShown = 20;      // ops printed on failure
@@ -87,6 +94,7 @@ struct Options {
   bool no_falloc = false;
   bool no_punch = false;
   bool no_seek = false;
+  bool no_copy = false;
   std::string path;
 };
 
@@ -170,6 +178,7 @@ struct Record {
   uint64_t size_before = 0;
   uint64_t size_after = 0;
   int64_t result = 0;  // lseek result (-errno on failure)
+  uint64_t src = 0;    // copy, copy_in: where the bytes came from (in the file, FILE.copy)
   int op = 0;
 };
 
@@ -178,6 +187,7 @@ class Fsx {
   explicit Fsx(const Options& o) : opt_(o), rng_{o.seed}, inj_rng_{o.seed ^ 0x1BADC0DEFACEFEEDull} {
     page_ = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     model_.assign(opt_.maxlen + page_, 0);
+    cmodel_.assign(opt_.maxlen + page_, 0);
     scratch_.assign(std::max(opt_.maxlen, opt_.maxop) + 2 * page_, 0);
     history_.resize(kHistory);
     for (int i = 0; i < kNumRandomOps; ++i) {
@@ -186,6 +196,7 @@ class Fsx {
       if (opt_.no_falloc && (i == kFalloc || i == kFallocKeep)) w = 0;
       if (opt_.no_punch && i == kPunch) w = 0;
       if (opt_.no_seek && (i == kSeekData || i == kSeekHole)) w = 0;
+      if (opt_.no_copy && (i == kCopy || i == kCopyIn || i == kCopyOut)) w = 0;
       weights_[i] = w;
       total_weight_ += w;
     }
@@ -235,10 +246,14 @@ class Fsx {
 
   // --- I/O helpers -------------------------------------------------------------------
   void open_file(bool create);
-  uint64_t pread_full(uint8_t* buf, uint64_t len, uint64_t off);
+  uint64_t pread_full(uint8_t* buf, uint64_t len, uint64_t off) {
+    return pread_fd(fd_, buf, len, off);
+  }
+  uint64_t pread_fd(int fd, uint8_t* buf, uint64_t len, uint64_t off);
   void pwrite_full(const uint8_t* buf, uint64_t len, uint64_t off);
   void check_size(const char* when);
   void full_check();
+  void check_copy_file(const char* when, uint64_t off, uint64_t len);  // FILE.copy
 
   // --- operations ----------------------------------------------------------------------
   void do_write();
@@ -251,6 +266,7 @@ class Fsx {
   void do_sync(int op);
   void do_reopen();
   void do_seek(int op);
+  void do_copy(int op);
   void do_inject();
 
   const Options& opt_;
@@ -261,6 +277,11 @@ class Fsx {
   std::vector<uint8_t> scratch_;  // read/write buffer
   uint64_t size_ = 0;
   int fd_ = -1;
+  // FILE.copy, the other end of copy_in and copy_out: its descriptor, contents and size.
+  std::string copy_path_;
+  int cfd_ = -1;
+  std::vector<uint8_t> cmodel_;
+  uint64_t csize_ = 0;
   uint64_t opnum_ = 0;
   const char* cur_op_ = "open";
   std::vector<Record> history_;
@@ -287,6 +308,7 @@ std::string Fsx::replay_line() const {
   if (opt_.no_falloc) s += " --no-fallocate";
   if (opt_.no_punch) s += " --no-punch";
   if (opt_.no_seek) s += " --no-seek";
+  if (opt_.no_copy) s += " --no-copy-range";
   if (opt_.inject_at) s += " --inject-fault " + std::to_string(opt_.inject_at);
   return s + " " + opt_.path;
 }
@@ -393,6 +415,18 @@ void Fsx::explain_byte(FILE* f, uint64_t x, const uint8_t* actual, uint64_t avai
                        static_cast<unsigned long long>(r.opnum),
                        static_cast<unsigned long long>(r.off),
                        static_cast<unsigned long long>(r.len));
+          found = true;
+        }
+        break;
+      case kCopy:
+      case kCopyIn:
+        if (covers) {
+          std::fprintf(
+              f, "  expected byte was copied by op %llu (%s from 0x%llx%s to 0x%llx len 0x%llx)\n",
+              static_cast<unsigned long long>(r.opnum), kOpNames[r.op],
+              static_cast<unsigned long long>(r.src + (x - r.off)),
+              r.op == kCopyIn ? " of FILE.copy" : "", static_cast<unsigned long long>(x),
+              static_cast<unsigned long long>(r.len));
           found = true;
         }
         break;
@@ -561,10 +595,10 @@ void Fsx::open_file(bool create) {
   if (fd_ < 0) fail_errno("open", errno);
 }
 
-uint64_t Fsx::pread_full(uint8_t* buf, uint64_t len, uint64_t off) {
+uint64_t Fsx::pread_fd(int fd, uint8_t* buf, uint64_t len, uint64_t off) {
   uint64_t got = 0;
   while (got < len) {
-    const ssize_t r = pread(fd_, buf + got, len - got, static_cast<off_t>(off + got));
+    const ssize_t r = pread(fd, buf + got, len - got, static_cast<off_t>(off + got));
     if (r < 0) {
       if (errno == EINTR) continue;
       fail_errno("pread", errno);
@@ -614,6 +648,7 @@ void Fsx::full_check() {
     fail_mismatch(buf);
   }
   check_data("full-file read", 0, scratch_.data(), size_);
+  if (cfd_ >= 0) check_copy_file("full check of FILE.copy", 0, csize_);
   ++full_checks_;
   cur_op_ = saved;
 }
@@ -860,6 +895,104 @@ void Fsx::do_seek(int op) {
   }
 }
 
+// FILE.copy's size and bytes [off, off + len) against its model.
+void Fsx::check_copy_file(const char* when, uint64_t off, uint64_t len) {
+  struct stat st;
+  if (fstat(cfd_, &st) != 0) fail_errno("fstat (FILE.copy)", errno);
+  char buf[200];
+  if (static_cast<uint64_t>(st.st_size) != csize_) {
+    std::snprintf(buf, sizeof buf, "%s: FILE.copy has size 0x%llx, its model 0x%llx", when,
+                  static_cast<unsigned long long>(st.st_size),
+                  static_cast<unsigned long long>(csize_));
+    fail_mismatch(buf);
+  }
+  const uint64_t got = pread_fd(cfd_, scratch_.data(), len, off);
+  uint64_t at = 0;
+  while (at < got && scratch_[at] == cmodel_[off + at]) ++at;
+  if (got != len || at < got) {
+    std::snprintf(buf, sizeof buf,
+                  "%s: FILE.copy read 0x%llx of 0x%llx bytes at 0x%llx; first difference at "
+                  "0x%llx",
+                  when, static_cast<unsigned long long>(got), static_cast<unsigned long long>(len),
+                  static_cast<unsigned long long>(off), static_cast<unsigned long long>(off + at));
+    fail_mismatch(buf);
+  }
+}
+
+// copy_file_range(2) of a range of the file to another range of it (apart: overlapping ones
+// are EINVAL), from FILE.copy into the file, or from the file into FILE.copy. The length
+// asked for may reach past the source's end: fewer bytes are copied, and the count must say
+// so. Half the time the offsets lie alike in a page, so that warpfs shares whole blocks.
+void Fsx::do_copy(int op) {
+  const bool from_file = op != kCopyIn, to_file = op != kCopyOut;
+  const uint64_t src_size = from_file ? size_ : csize_;
+  const uint64_t len = pick_len(std::min(opt_.maxop, opt_.maxlen));
+  uint64_t off_in = rng_.below(src_size);
+  if (rng_.below(4) == 0) off_in &= ~(page_ - 1);
+  const uint64_t n = std::min(len, src_size - off_in);  // what is copied
+  uint64_t off_out = pick_off(n, opt_.maxlen);
+  if (rng_.below(2) == 0) {
+    const uint64_t alike = (off_out & ~(page_ - 1)) + off_in % page_;
+    if (alike + n <= opt_.maxlen) off_out = alike;
+  }
+  if (op == kCopy && off_out < off_in + n && off_in < off_out + n) {
+    // Apart: after the source if there is room, else before it, else not at all.
+    if (off_in + n + n <= opt_.maxlen) {
+      off_out = off_in + n;
+    } else if (off_in >= n) {
+      off_out = off_in - n;
+    } else {
+      read_at(off_in, n);
+      return;
+    }
+  }
+  Record& r = note(op, to_file ? off_out : off_in, n);
+  r.src = off_in;
+  const int in = from_file ? fd_ : cfd_, out = to_file ? fd_ : cfd_;
+  loff_t oi = static_cast<loff_t>(off_in), oo = static_cast<loff_t>(off_out);
+  uint64_t done = 0;
+  while (done < n) {
+    const ssize_t got = copy_file_range(in, &oi, out, &oo, len - done, 0);
+    if (got < 0) {
+      const int err = errno;
+      if (err == EOPNOTSUPP || err == ENOSYS || err == EXDEV)
+        std::fprintf(stderr,
+                     "warpfs-fsx: copy_file_range is not supported here; rerun with "
+                     "--no-copy-range\n");
+      fail_errno("copy_file_range", err);
+    }
+    if (got == 0) break;
+    done += static_cast<uint64_t>(got);
+  }
+  if (done != n) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "copy_file_range(0x%llx -> 0x%llx, len 0x%llx) copied 0x%llx bytes, expected "
+                  "0x%llx (source size 0x%llx)",
+                  static_cast<unsigned long long>(off_in), static_cast<unsigned long long>(off_out),
+                  static_cast<unsigned long long>(len), static_cast<unsigned long long>(done),
+                  static_cast<unsigned long long>(n), static_cast<unsigned long long>(src_size));
+    fail_mismatch(buf);
+  }
+  // The model: the source's bytes (a copy first: the same buffer when within the file).
+  const std::vector<uint8_t>& src = from_file ? model_ : cmodel_;
+  const std::vector<uint8_t> bytes(src.begin() + static_cast<long>(off_in),
+                                   src.begin() + static_cast<long>(off_in + n));
+  std::vector<uint8_t>& dst = to_file ? model_ : cmodel_;
+  std::memcpy(dst.data() + off_out, bytes.data(), n);
+  uint64_t& dst_size = to_file ? size_ : csize_;
+  dst_size = std::max(dst_size, off_out + n);
+  if (to_file) r.size_after = size_;
+  // The copy reads back at once.
+  if (to_file) {
+    const uint64_t got = pread_full(scratch_.data(), n, off_out);
+    if (got != n) fail_mismatch("the copy read back short");
+    check_data("read back of the copy", off_out, scratch_.data(), n);
+  } else {
+    check_copy_file("read back of the copy", off_out, n);
+  }
+}
+
 // Corrupts one byte of the file through a second descriptor, behind the model's back,
 // and arranges for the next op to read it back through the normal read path.
 void Fsx::do_inject() {
@@ -890,6 +1023,11 @@ int Fsx::run() {
   const auto t0 = std::chrono::steady_clock::now();
   open_file(true);
   check_size("after create");
+  if (!opt_.no_copy) {
+    copy_path_ = opt_.path + ".copy";
+    cfd_ = open(copy_path_.c_str(), O_RDWR | O_CLOEXEC | O_CREAT | O_TRUNC, 0644);
+    if (cfd_ < 0) fail_errno("open (FILE.copy)", errno);
+  }
   const uint64_t progress_every = std::max<uint64_t>(opt_.nops / 10, 1);
 
   for (opnum_ = 1; opnum_ <= opt_.nops; ++opnum_) {
@@ -907,6 +1045,8 @@ int Fsx::run() {
     } else {
       int op = pick_op();
       if ((op == kMapRead || op == kMapWrite) && size_ == 0) op = kWrite;
+      if ((op == kCopy || op == kCopyOut) && size_ == 0) op = kWrite;
+      if (op == kCopyIn && csize_ == 0) op = size_ > 0 ? kCopyOut : kWrite;
       cur_op_ = kOpNames[op];
       switch (op) {
         case kWrite:
@@ -940,6 +1080,11 @@ int Fsx::run() {
         case kSeekHole:
           do_seek(op);
           break;
+        case kCopy:
+        case kCopyIn:
+        case kCopyOut:
+          do_copy(op);
+          break;
         default:
           break;
       }
@@ -957,6 +1102,11 @@ int Fsx::run() {
   full_check();
   if (close(fd_) != 0) fail_errno("close", errno);
   fd_ = -1;
+  if (cfd_ >= 0) {
+    if (close(cfd_) != 0) fail_errno("close (FILE.copy)", errno);
+    if (unlink(copy_path_.c_str()) != 0) fail_errno("unlink (FILE.copy)", errno);
+    cfd_ = -1;
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   std::string json = "{\"tool\":\"fsx\",\"ops\":" + std::to_string(opt_.nops) +
@@ -995,6 +1145,7 @@ int Fsx::run() {
       "  --no-fallocate    no fallocate (mode 0 and KEEP_SIZE)\n"
       "  --no-punch        no FALLOC_FL_PUNCH_HOLE\n"
       "  --no-seek         no lseek SEEK_DATA/SEEK_HOLE checks\n"
+      "  --no-copy-range   no copy_file_range (within FILE, and to and from FILE.copy)\n"
       "  --inject-fault N  self-test: corrupt the file behind the model's back at op N\n"
       "                    (or the first op after it with a non-empty file); must exit 1\n"
       "exit status: 0 ok, 1 data/size mismatch, 2 unexpected syscall error or bad usage\n");
@@ -1045,6 +1196,7 @@ int main(int argc, char** argv) {
     kOptNoFalloc,
     kOptNoPunch,
     kOptNoSeek,
+    kOptNoCopy,
     kOptInject,
     kOptCheckEvery,
     kOptHelp
@@ -1054,6 +1206,7 @@ int main(int argc, char** argv) {
       {"no-fallocate", no_argument, nullptr, kOptNoFalloc},
       {"no-punch", no_argument, nullptr, kOptNoPunch},
       {"no-seek", no_argument, nullptr, kOptNoSeek},
+      {"no-copy-range", no_argument, nullptr, kOptNoCopy},
       {"inject-fault", required_argument, nullptr, kOptInject},
       {"check-every", required_argument, nullptr, kOptCheckEvery},
       {"help", no_argument, nullptr, kOptHelp},
@@ -1092,6 +1245,9 @@ int main(int argc, char** argv) {
         break;
       case kOptNoSeek:
         opt.no_seek = true;
+        break;
+      case kOptNoCopy:
+        opt.no_copy = true;
         break;
       case kOptInject:
         opt.inject_at = parse_num(optarg, false, "inject-fault op");
