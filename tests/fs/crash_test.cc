@@ -340,6 +340,22 @@ TEST(Crash, ReferenceCountsTheFilesDoNotExplainAreReported) {
       << e;
 }
 
+// A stamped block of another inode is reported unless that inode was cloned into this one;
+// the block number must be right either way.
+TEST(Crash, StampedBlocksOfAnotherInodeOnlyWhereCloned) {
+  std::vector<uint8_t> b(4096);
+  stamp_block(b.data(), 5, 3, 77);
+  EXPECT_EQ(check_stamped_block(b.data(), 5, 3), "");
+  const MayHold from5 = [](Ino ino, Ino stamp) { return ino == 6 && stamp == 5; };
+  EXPECT_NE(check_stamped_block(b.data(), 6, 3).find("holds the data of inode 5"),
+            std::string::npos);
+  EXPECT_EQ(check_stamped_block(b.data(), 6, 3, from5), "");
+  EXPECT_NE(check_stamped_block(b.data(), 7, 3, from5), "");
+  EXPECT_NE(check_stamped_block(b.data(), 6, 4, from5), "");
+  b[100] ^= 1;
+  EXPECT_NE(check_stamped_block(b.data(), 5, 3, from5).find("torn"), std::string::npos);
+}
+
 TEST(Crash, SameSeedSameRun) {
   CutOptions o;
   o.seed = 977;

@@ -118,8 +118,22 @@ struct Machine {
     fs.reset();
     std::string l = logged();
     if (rc != 0) return std::string("unmount ") + when + ": " + errno_name(rc) + "\n" + l;
-    if (!l.empty()) return std::string("the filesystem logged ") + when + ":\n" + l;
+    if (std::string w = warnings(l); !w.empty())
+      return std::string("the filesystem logged ") + when + ":\n" + w;
     return "";
+  }
+  // The lines of `l` that tell of trouble: all but a group's first reference-count table
+  // being made (refcount.cc), which any first clone of a group logs.
+  static std::string warnings(const std::string& l) {
+    std::string out;
+    for (size_t at = 0; at < l.size();) {
+      const size_t end = std::min(l.find('\n', at), l.size());
+      const std::string line = l.substr(at, end - at);
+      if (line.find(": reference-count table made at block ") == std::string::npos)
+        out += line + "\n";
+      at = end + 1;
+    }
+    return out;
   }
   void power_cut(double persist) {
     cut->cut();
@@ -164,6 +178,9 @@ struct Worker {
   std::deque<std::pair<size_t, uint64_t>> pending;  // (state reached, commits when it was)
   std::deque<std::string> trace;                    // the last operations (verbose)
   uint64_t ops = 0;
+  Ino sink = 0;          // /clones/wK: where its clones of other workers' files go
+  std::mt19937_64 xrng;  // those clones' draws (next_op's stay as they were)
+  uint64_t clones = 0, dedupes = 0;
 };
 
 class Run {
@@ -178,18 +195,33 @@ class Run {
   void worker_loop(Worker& w, uint64_t ops, bool allow_cut);
   void sharer_loop(int index, uint64_t seed);
   void observer_loop(uint64_t seed);
+  // A range of another worker's file (found by readdir) cloned into w's sink; "" or why not.
+  std::string clone_across(Worker& w);
+  // Whether a stamped block of `ino` may carry `stamp`'s stamp: `stamp` was cloned into it,
+  // or into a file cloned into it, and so on (cloned_from_).
+  bool may_hold(Ino ino, Ino stamp);
+  void cloned(Ino from, Ino to) {
+    std::lock_guard<std::mutex> g(clones_mu_);
+    cloned_from_[to].insert(from);
+  }
   bool stop() const { return done_.load() || failure_.failed(); }
   bool cut() const { return m_.cut && m_.cut->is_cut(); }
   // Every worker's held opens released (the model follows).
   std::string release_all();
   // The tree's invariants and each worker's subtree against its model (`hi`: the states up
   // to the last reached are allowed, from its lower bound; exact when lo == hi).
-  std::string check_all(const char* when, bool after_crash);
+  // `fresh_mount`: nothing ran since the mount, so the shared blocks' counts are checked too.
+  std::string check_all(const char* when, bool after_crash, bool fresh_mount);
 
   const Options& o_;
   Machine m_;
   std::vector<Worker> workers_;
   Ino shared_ = 0;
+  // The sharers' clones: each destination inode, the inodes cloned into it. Entries are
+  // made before the clone and never dropped (an inode number reused only loosens the check).
+  std::mutex clones_mu_;
+  std::map<Ino, std::set<Ino>> cloned_from_;  // clones_mu_
+  std::atomic<uint64_t> sharer_clones_{0}, sharer_dedupes_{0}, dedup_passes_{0};
   std::atomic<bool> done_{false};
   std::atomic<int> workers_running_{0};
   std::atomic<uint64_t> other_ops_{0};
@@ -206,8 +238,14 @@ std::string Run::setup() {
   if (!plan_geometry(m_.cut->block_count(), mo, &g, &err)) return err;
   if (blockdev::Status st = format(*m_.cut, mo, g, nullptr); !st.is_ok())
     return "format: " + st.to_string();
+  if (std::string e = crash::enable_shared_blocks(*m_.cut); !e.empty()) return e;
   if (std::string e = m_.mount(o_); !e.empty()) return e;
   Attr a;
+  Ino clones_dir = 0;
+  if (int rc = m_.fs->mkdir(kRootInode, "clones", 0755, Caller{}, &a); rc)
+    return "mkdir /clones: " + errno_name(rc);
+  m_.fs->forget(a.ino, 1);
+  clones_dir = a.ino;
   for (int k = 0; k < o_.workers; ++k) {
     if (int rc = m_.fs->mkdir(kRootInode, "w" + std::to_string(k), 0755, Caller{}, &a); rc)
       return "mkdir /w" + std::to_string(k) + ": " + errno_name(rc);
@@ -216,9 +254,17 @@ std::string Run::setup() {
     w.index = k;
     w.dir = a.ino;
     w.model = std::make_unique<Model>(a.ino);
+    // Shared blocks, and others move them: the dedup pass, clones of its files by others.
+    w.model->set_block_sharing(true, false);
     std::seed_seq ss{static_cast<uint32_t>(o_.seed), static_cast<uint32_t>(o_.seed >> 32),
                      static_cast<uint32_t>(k), 0x5eedu};
     w.rng.seed(ss);
+    w.xrng.seed(crash::mix(o_.seed * 131 + static_cast<uint64_t>(k)));
+    if (int rc = m_.fs->mknod(clones_dir, "w" + std::to_string(k), S_IFREG | 0644, 0, Caller{}, &a);
+        rc)
+      return "create /clones/w" + std::to_string(k) + ": " + errno_name(rc);
+    m_.fs->forget(a.ino, 1);
+    w.sink = a.ino;
     workers_.push_back(std::move(w));
   }
   if (int rc = m_.fs->mkdir(kRootInode, "shared", 0755, Caller{}, &a); rc)
@@ -243,11 +289,20 @@ void Run::worker_loop(Worker& w, uint64_t ops, bool allow_cut) {
         w.pending.pop_front();
       }
     }
+    if (workers_.size() > 1 && w.xrng() % 16 == 0) {
+      if (std::string e = clone_across(w); !e.empty()) {
+        failure_.set("worker " + std::to_string(w.index) + ", a clone of another's file: " + e +
+                     "\n" + m_.logged());
+        return;
+      }
+    }
     const Op op = crash::next_op(m, w.rng);
     const bool was_cut = cut();
     int rc = 0;
     const std::string bad = crash::run_op(fs, m, op, m_.cut.get(), &rc);
     ++w.ops;
+    w.clones += op.kind == OpKind::kClone;
+    w.dedupes += op.kind == OpKind::kDedupe;
     if (o_.verbose) {
       w.trace.push_back(op.describe() + " -> " + errno_name(rc));
       if (w.trace.size() > 40) w.trace.pop_front();
@@ -260,6 +315,51 @@ void Run::worker_loop(Worker& w, uint64_t ops, bool allow_cut) {
     }
     if (allow_cut) w.pending.emplace_back(m.current(), fs.stats().commits);
   }
+}
+
+std::string Run::clone_across(Worker& w) {
+  Filesystem& fs = *m_.fs;
+  const Worker& v = workers_[(static_cast<size_t>(w.index) + 1 + w.xrng() % (workers_.size() - 1)) %
+                             workers_.size()];
+  std::vector<std::string> names;
+  int rc = fs.readdir(v.dir, 0, [&](const DirEntry& e) {
+    if (e.type == DT_REG) names.push_back(e.name);
+    return true;
+  });
+  if (rc) return cut() ? "" : "readdir: " + errno_name(rc);
+  if (names.empty()) return "";
+  Attr a;
+  rc = fs.lookup(v.dir, names[w.xrng() % names.size()], &a);
+  if (rc) return rc == ENOENT || cut() ? "" : "lookup: " + errno_name(rc);  // removed since
+  std::vector<Ino> held{a.ino};
+  HeldRefs forget{fs, held};
+  if (!S_ISREG(a.mode) || a.size == 0) return "";  // the name went to another inode
+  // Anywhere in the source, alike in a block or not, to the sink's first 4 MiB.
+  uint64_t off = w.xrng() % a.size, off2 = w.xrng() % (4 << 20);
+  if (w.xrng() % 3 != 0) off2 = off2 - off2 % kB + off % kB;
+  const uint64_t len = 1 + w.xrng() % (256 * 1024);
+  uint64_t copied = 0;
+  ++w.clones;
+  rc = fs.copy_file_range(a.ino, off, w.sink, off2, len, &copied);
+  if (rc && !cut()) return "copy_file_range returned " + errno_name(rc);
+  if (copied > len) return "copied " + std::to_string(copied) + " of " + std::to_string(len);
+  return "";
+}
+
+bool Run::may_hold(Ino ino, Ino stamp) {
+  std::lock_guard<std::mutex> g(clones_mu_);
+  std::set<Ino> seen{ino};
+  std::vector<Ino> todo{ino};
+  while (!todo.empty()) {
+    auto it = cloned_from_.find(todo.back());
+    todo.pop_back();
+    if (it == cloned_from_.end()) continue;
+    for (Ino from : it->second) {
+      if (from == stamp) return true;
+      if (seen.insert(from).second) todo.push_back(from);
+    }
+  }
+  return false;
 }
 
 // The errors a racing call in /shared may legitimately return.
@@ -311,7 +411,7 @@ void Run::sharer_loop(int index, uint64_t seed) {
   while (!stop() && !cut()) {
     forget_refs.release();
     other_ops_.fetch_add(1, std::memory_order_relaxed);
-    const uint64_t r = below(100);
+    const uint64_t r = below(106);
     Ino dir;
     if (int rc = pick_dir(&dir); rc) {
       if (!expected(rc, {ENOENT, ENOTDIR})) return fail("lookup of a shared directory", rc);
@@ -374,7 +474,9 @@ void Run::sharer_loop(int index, uint64_t seed) {
           rc = fs.read(ino, blk * kB, nb * kB, reinterpret_cast<char*>(buf.data()), &got);
           if (rc == 0 && !cut()) {
             for (uint64_t i = 0; i * kB < got; ++i) {
-              if (std::string e = crash::check_stamped_block(buf.data() + i * kB, ino, blk + i);
+              if (std::string e = crash::check_stamped_block(
+                      buf.data() + i * kB, ino, blk + i,
+                      [this](Ino file, Ino stamp) { return may_hold(file, stamp); });
                   !e.empty()) {
                 fs.forget(ino, 1);
                 failure_.set("sharer " + std::to_string(index) + ": read of " + n + ": " + e);
@@ -429,6 +531,31 @@ void Run::sharer_loop(int index, uint64_t seed) {
     } else if (r < 97) {
       rc = fs.fsync(dir, false);
       if (rc && !cut()) return fail("fsync", rc);
+    } else if (r >= 100) {
+      // Whole blocks of one file cloned to the same offset of another (the stamps stay
+      // right for their offset; the destination may now hold the source's), or a dedupe of
+      // two ranges, which shares only equal blocks and changes no byte.
+      Ino dir2;
+      if (pick_dir(&dir2) != 0) continue;
+      Attr b;
+      if (fs.lookup(dir, n, &a) != 0) continue;
+      refs.push_back(a.ino);  // given back with pick_dir's at the next turn
+      if (fs.lookup(dir2, name(), &b) != 0) continue;
+      refs.push_back(b.ino);
+      if (!S_ISREG(a.mode) || !S_ISREG(b.mode) || a.ino == b.ino) continue;
+      const uint64_t blk = below(48), nb = 1 + below(8);
+      uint64_t done = 0;
+      if (r < 104) {
+        cloned(a.ino, b.ino);  // before: a reader may see the blocks as soon as they are mapped
+        sharer_clones_.fetch_add(1, std::memory_order_relaxed);
+        rc = fs.copy_file_range(a.ino, blk * kB, b.ino, blk * kB, nb * kB, &done);
+        if (rc && !cut()) return fail("clone of " + n, rc);
+      } else {
+        sharer_dedupes_.fetch_add(1, std::memory_order_relaxed);
+        rc = fs.dedupe_range(a.ino, blk * kB, b.ino, below(48) * kB, nb * kB, &done);
+        // EINVAL: a range past the end of a file that a truncate just shortened.
+        if (!expected(rc, {EINVAL}) && !cut()) return fail("dedupe of " + n, rc);
+      }
     } else {
       struct statvfs sv;
       rc = fs.statfs(&sv);
@@ -491,6 +618,17 @@ void Run::observer_loop(uint64_t seed) {
     }
     struct statvfs sv;
     (void)fs.statfs(&sv);
+    if (rng() % 64 == 0) {  // a deduplication pass among all of it
+      dedup_passes_.fetch_add(1, std::memory_order_relaxed);
+      DedupOptions d;
+      d.table_mb = 1;
+      d.stop = [this] { return stop() || cut(); };
+      DedupReport rep;
+      if (int rc = fs.dedup(d, &rep); rc && !cut()) {
+        failure_.set("observer: the dedup pass returned " + errno_name(rc) + "\n" + m_.logged());
+        return;
+      }
+    }
   }
 }
 
@@ -508,7 +646,10 @@ void Run::phase(uint64_t ops, bool allow_cut) {
   for (auto& t : ws) t.join();
   done_ = true;
   for (auto& t : others) t.join();
-  if (!cut()) r_.commits += m_.fs->stats().commits - c0;
+  const FsStats st = m_.fs->stats();
+  if (!cut()) r_.commits += st.commits - c0;
+  r_.cloned_blocks += st.cloned_blocks;  // since this mount: one phase per mount
+  r_.deduped_blocks += st.deduped_blocks;
 }
 
 std::string Run::release_all() {
@@ -532,7 +673,7 @@ std::string Run::release_all() {
   return "";
 }
 
-std::string Run::check_all(const char* when, bool after_crash) {
+std::string Run::check_all(const char* when, bool after_crash, bool fresh_mount) {
   Observed o;
   if (std::string e = crash::observe(*m_.fs, &o); !e.empty())
     return std::string("reading the tree ") + when + ": " + e;
@@ -549,8 +690,15 @@ std::string Run::check_all(const char* when, bool after_crash) {
       w.pending.clear();
     }
   }
-  if (std::string e = crash::check_invariants(o, shared_); !e.empty())
+  if (std::string e = crash::check_invariants(
+          o, shared_, [this](Ino file, Ino stamp) { return may_hold(file, stamp); });
+      !e.empty())
     return std::string(when) + ": " + e;
+  // Right after a mount every inode that maps a block is in the tree (orphans are freed).
+  if (fresh_mount) {
+    if (std::string e = crash::check_shared_counts(*m_.fs, o); !e.empty())
+      return std::string("the reference counts ") + when + ": " + e;
+  }
   return "";
 }
 
@@ -568,6 +716,16 @@ Report Run::go() {
   phase(o_.ops, o_.cut);
   for (const Worker& w : workers_) r_.ops += w.ops;
   r_.ops += other_ops_.load();
+  auto count_shares = [&] {
+    r_.clones = sharer_clones_.load();
+    r_.dedupes = sharer_dedupes_.load();
+    r_.dedup_passes = dedup_passes_.load();
+    for (const Worker& w : workers_) {
+      r_.clones += w.clones;
+      r_.dedupes += w.dedupes;
+    }
+  };
+  count_shares();
   auto fail = [&](const std::string& e) {
     r_.failure = e;
     for (const Worker& w : workers_) {
@@ -585,11 +743,12 @@ Report Run::go() {
     m_.clear_log();
     if (std::string e = m_.fsck("of the crashed image"); !e.empty()) return fail(e);
     if (std::string e = m_.mount(o_); !e.empty()) return fail("recovery: " + e);
-    if (std::string e = check_all("after the power cut", true); !e.empty()) return fail(e);
+    if (std::string e = check_all("after the power cut", true, true); !e.empty()) return fail(e);
     // The recovered filesystem takes the same load again.
     m_.clear_log();
     phase(std::max<uint64_t>(o_.ops / 4, 10), false);
     if (failure_.failed()) return fail("after recovery: " + failure_.what());
+    count_shares();
   }
   if (std::string e = release_all(); !e.empty()) return fail(e);
   if (o_.tamper_model && !workers_.empty()) {
@@ -613,11 +772,12 @@ Report Run::go() {
     m.step();
     m.durable(m.current());
   }
-  if (std::string e = check_all("at the end of the workload", false); !e.empty()) return fail(e);
+  if (std::string e = check_all("at the end of the workload", false, false); !e.empty())
+    return fail(e);
   if (std::string e = m_.unmount("at the end"); !e.empty()) return fail(e);
   if (std::string e = m_.fsck("after the unmount"); !e.empty()) return fail(e);
   if (std::string e = m_.mount(o_); !e.empty()) return fail(e);
-  if (std::string e = check_all("after a remount", false); !e.empty()) return fail(e);
+  if (std::string e = check_all("after a remount", false, true); !e.empty()) return fail(e);
   if (std::string e = m_.unmount("after the remount"); !e.empty()) return fail(e);
   if (std::string e = m_.fsck("at last"); !e.empty()) return fail(e);
   r_.passed = true;

@@ -4,25 +4,31 @@
 //   workers   Each owns a directory /wK and runs crash_harness.h's workload in it (creates,
 //             writes, reads, truncates, fallocate in every mode, renames, exchanges, links,
 //             unlinks, mkdir/rmdir, xattrs, fsync/fdatasync/sync, files held open and
-//             unlinked) with a crash::Model of that subtree: nobody else changes it, so every
-//             read must return exactly what the model holds, and the subtree must equal the
-//             model at the end.
+//             unlinked, clones and dedupes among its files) with a crash::Model of that
+//             subtree: nobody else changes what it reads, so every read must return exactly
+//             what the model holds, and the subtree must equal the model at the end. Now and
+//             then a worker also clones a range of another worker's file (found by readdir)
+//             into a file of its own outside every model, /clones/wK: the source's owner
+//             goes on writing it (copy-on-write), truncating and reading it against its model.
 //   sharers   Work on /shared together: create, mkdir, unlink, rmdir, rename (plain,
 //             noreplace, exchange), link, open/release, and data through looked-up inodes
-//             (whole stamped blocks, truncates and punches at block boundaries). Nothing
+//             (whole stamped blocks, truncates and punches at block boundaries), clones of
+//             whole blocks from one file to the same offset of another, and dedupes. Nothing
 //             there is anyone's own, so only invariants are checked: a call fails only with
 //             the errors its races explain (ENOENT, EEXIST, ENOTEMPTY, ...); a block reads as
-//             zeroes or as a block stamped for this inode and offset (never another file's
-//             data, never torn); every name resolves; link counts equal the names.
+//             zeroes or as a block stamped for this offset and for this inode or one that was
+//             cloned into it, directly or not (never another file's data, never torn); every
+//             name resolves; link counts equal the names.
 //   observer  Reads the others' directories while they change: readdir, lookup of what it
-//             lists (0 or ENOENT, never EIO), getattr, statfs.
+//             lists (0 or ENOENT, never EIO), getattr, statfs; now and then a deduplication
+//             pass over the whole filesystem (Filesystem::dedup), beside everything else.
 // The filesystem's committer thread commits every few milliseconds among all of this.
 //
 // After the workload: the whole tree is read back (crash::observe: every directory reached
 // once, readdir agrees with lookup, ".." right), each worker's subtree must be its model's
 // last state, the invariants above must hold, the filesystem must have logged nothing, the
 // unmount must succeed and fsck must find the image clean; then it is mounted again and
-// checked again.
+// checked again, the reference counts of shared blocks too (crash::check_shared_counts).
 //
 // With `cut`, the power goes at a drawn device call in the middle of it all (a torn write,
 // a flush, a trim; or after the workload), the controller loses its volatile write cache,
@@ -69,6 +75,9 @@ struct Report {
   uint64_t ops = 0;       // operations run by every thread together
   uint64_t commits = 0;   // journal commits during the workload
   uint64_t cut_call = 0;  // cut: the device call that was cut (0: after the workload)
+  // copy_file_range and dedupe_range calls of all threads, dedup passes begun, and the blocks
+  // they shared (FsStats, summed over the mounts).
+  uint64_t clones = 0, dedupes = 0, dedup_passes = 0, cloned_blocks = 0, deduped_blocks = 0;
   size_t durable_states = 0, reached_states = 0, matched_states = 0;  // summed over workers
   std::vector<std::string> trace;
 };

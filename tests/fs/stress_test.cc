@@ -58,6 +58,21 @@ TEST(Stress, PowerCutAmongThreadsComesBackInAStateEachWorkerAllows) {
   EXPECT_GT(cut_inside, 0u) << "no cut landed inside the workload";
 }
 
+// Clones and dedupes among all of it: each worker's among its own files and from the others'
+// files into a file of its own, the sharers' between shared files, dedup passes by the
+// observer; the blocks are really shared, and the counts match the extents after the
+// remount (check_all).
+TEST(Stress, ClonesDedupesAndDedupPassesAmongThreads) {
+  for (uint64_t seed = 21; seed <= 22; ++seed) {
+    const stress::Report r = stress::run(small(seed));
+    EXPECT_TRUE(r.passed) << "seed " << seed << ": " << r.failure;
+    EXPECT_GT(r.clones, 0u);
+    EXPECT_GT(r.dedupes, 0u);
+    EXPECT_GT(r.dedup_passes, 0u);
+    EXPECT_GT(r.cloned_blocks, 0u) << "no clone shared a block";
+  }
+}
+
 // The harness's own check can fail: a worker's model that claims a byte the filesystem never
 // saw is reported.
 TEST(Stress, AModelThatDisagreesWithTheFilesystemIsReported) {

@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
     o.verbose = verbose;
     const warpfs::fs::stress::Report r = warpfs::fs::stress::run(o);
     in_workload += r.cut_call != 0;
+    clones += r.clones;
+    dedupes += r.dedupes;
+    cloned_blocks += r.cloned_blocks;
+    deduped_blocks += r.deduped_blocks;
     if (r.passed) {
       ++passed;
       if (verbose) {
@@ -134,12 +138,10 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(cuts), secs,
               static_cast<unsigned long long>(in_workload),
               static_cast<unsigned long long>(recovery_cuts));
-  if (threads == 1) {
-    std::printf(
-        "%llu clones (%llu blocks shared), %llu dedupes (%llu blocks shared)\n",
-        static_cast<unsigned long long>(clones), static_cast<unsigned long long>(cloned_blocks),
-        static_cast<unsigned long long>(dedupes), static_cast<unsigned long long>(deduped_blocks));
-  }
+  std::printf(
+      "%llu clones (%llu blocks shared), %llu dedupes (%llu blocks shared)\n",
+      static_cast<unsigned long long>(clones), static_cast<unsigned long long>(cloned_blocks),
+      static_cast<unsigned long long>(dedupes), static_cast<unsigned long long>(deduped_blocks));
   std::printf("%llu passed, %llu failed\n", static_cast<unsigned long long>(passed),
               static_cast<unsigned long long>(failed));
   return failed ? 1 : 0;

@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   uint64_t passed = 0, failed = 0, total_ops = 0, commits = 0, in_workload = 0;
+  uint64_t clones = 0, dedupes = 0, passes = 0, cloned_blocks = 0, deduped_blocks = 0;
   for (uint64_t i = 0; seconds ? elapsed() < static_cast<double>(seconds) : i < runs; ++i) {
     warpfs::fs::stress::Options o;
     o.seed = seed + i;
@@ -79,6 +80,11 @@ int main(int argc, char** argv) {
     total_ops += r.ops;
     commits += r.commits;
     in_workload += r.cut_call != 0;
+    clones += r.clones;
+    dedupes += r.dedupes;
+    passes += r.dedup_passes;
+    cloned_blocks += r.cloned_blocks;
+    deduped_blocks += r.deduped_blocks;
     if (r.passed) {
       ++passed;
       if (verbose) {
@@ -109,6 +115,12 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(passed + failed), elapsed(),
               static_cast<unsigned long long>(total_ops), static_cast<unsigned long long>(commits),
               cut ? (", " + std::to_string(in_workload) + " cut inside the workload").c_str() : "");
+  std::printf(
+      "%llu clones (%llu blocks shared), %llu dedupes and %llu dedup passes (%llu blocks "
+      "shared)\n",
+      static_cast<unsigned long long>(clones), static_cast<unsigned long long>(cloned_blocks),
+      static_cast<unsigned long long>(dedupes), static_cast<unsigned long long>(passes),
+      static_cast<unsigned long long>(deduped_blocks));
   std::printf("%llu passed, %llu failed\n", static_cast<unsigned long long>(passed),
               static_cast<unsigned long long>(failed));
   return failed ? 1 : 0;
