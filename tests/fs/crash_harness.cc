@@ -1328,18 +1328,16 @@ void model_clone(Model& m, const Op& op, const std::string& data, bool shares) {
     }
     return;
   }
-  // The bytes before the first whole block: a write. Then the blocks are mapped (several
-  // transactions; a block a crash finds mapped is a later state's, as the data oracle allows),
-  // the size covering them, the bytes after them written as a write, the size set (where the
-  // core copies a block it cannot share, no table room or a count at its limit, the write
-  // changes the size at other points: neither happens on the harness's images).
+  // The bytes before the first whole block: a write. Then the blocks are mapped, in several
+  // transactions (a block a crash finds mapped is a later state's, as the data oracle
+  // allows), the bytes after them written as a write, the size set. The size may cover the
+  // mapped blocks as they come (a state per block: whichever transaction raises it; where
+  // the core copies a block it cannot share, no table room or a count at its limit, its
+  // write raises it too), or only at the end.
   const uint64_t head = std::min<uint64_t>(data.size(), (kB - op.off % kB) % kB);
   const uint64_t whole = (data.size() - head) / kB * kB;
   if (head > 0) model_bytes_pieces(m, op.id2, op.off2, data.substr(0, head), kWritePiece);
-  if (whole > 0) {
-    model_write(m.edit(op.id2), op.off2 + head, data.substr(head, whole));
-    m.step();
-  }
+  if (whole > 0) model_bytes_pieces(m, op.id2, op.off2 + head, data.substr(head, whole), kB);
   if (head + whole < data.size()) {
     model_write(m.edit(op.id2), op.off2 + head + whole, data.substr(head + whole));
     m.step();
