@@ -446,6 +446,7 @@ class FsImpl final : public Filesystem {
   [[nodiscard]] int dedupe_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out,
                                   uint32_t count, uint64_t* shared);
   std::atomic<uint64_t> clones_{0}, cloned_blocks_{0}, cow_blocks_{0}, deduped_blocks_{0};
+  std::atomic<bool> copy_notice_{false};  // the notice that clones need the feature: logged once
   // A write wholly over mapped, written blocks inside the size of a file with no privilege
   // to drop (kPageCache: none to drop here), with n.rw shared and no transaction: true if it
   // took it (*rc its result), false if the write must take the ordinary path. REQUIRES: no

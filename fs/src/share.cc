@@ -152,6 +152,10 @@ int FsImpl::copy_file_range(Ino in_ino, uint64_t off_in, Ino out_ino, uint64_t o
   }
   int rc = 0;
   if (!shared_blocks_enabled() || off_in % kBlockSize != off_out % kBlockSize) {
+    if (!shared_blocks_enabled() && !copy_notice_.exchange(true)) {
+      log("copy_file_range copies bytes: this filesystem has no shared_blocks feature (an "
+          "image made before it); `tune.warpfs -O shared_blocks` lets it clone");
+    }
     rc = copy_bytes(*in, off_in, *out, off_out, len, copied);
   } else {
     // The edges by bytes, the whole blocks between by sharing. The last partial block too

@@ -236,6 +236,7 @@ TEST(Share, WithoutTheFeatureCopyFileRangeCopies) {
   EXPECT_EQ(copied, data.size());
   EXPECT_EQ(r->read(b, 0, data.size()), data);
   EXPECT_EQ(before - free_blocks(*r), 20u);
+  EXPECT_NE(r->log.find("tune.warpfs -O shared_blocks"), std::string::npos) << r->log;
   uint64_t d = 0;
   EXPECT_EQ(r->fs->dedupe_range(a, 0, b, 0, data.size(), &d), EOPNOTSUPP);
   DedupReport rep;
