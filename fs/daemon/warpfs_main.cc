@@ -754,6 +754,9 @@ void op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in, fuse_fi
     return;
   }
   const warpfs::fs::CallerScope as(caller(req));  // the root reserve is not every caller's
+  // The reply's count is 32 bits (fuse_write_out.size): a longer copy answers short, and the
+  // caller (cp, the kernel's splice fallback) asks for the rest.
+  len = std::min<size_t>(len, UINT32_MAX & ~size_t{warpfs::fs::kBlockSize - 1});
   uint64_t copied = 0;
   const int rc = fs_of(req).copy_file_range(ino_in, static_cast<uint64_t>(off_in), ino_out,
                                             static_cast<uint64_t>(off_out), len, &copied);
