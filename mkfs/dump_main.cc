@@ -112,6 +112,7 @@ json groups_json(blockdev::BlockDevice& dev, const fs::Superblock& sb) {
                    {"free_blocks", gd.free_blocks},
                    {"free_inodes", gd.free_inodes},
                    {"used_dirs", gd.used_dirs},
+                   {"refcount_table", gd.refcount_table},
                    {"checksum_ok", gd.checksum == fs::group_checksum(gd, sb.checksum_seed)}});
   }
   return out;

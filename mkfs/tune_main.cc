@@ -1,6 +1,6 @@
 // tune.warpfs: shows or changes the adjustable fields of an unmounted warpfs (fs/tune.h):
 // label, blocks kept for root and who may use them, default journal commit interval, default
-// mount options.
+// mount options, the xattr_chain and shared_blocks features.
 // Exit codes: 0 done, 1 refused or failed (nothing changed), 2 usage.
 #include <getopt.h>
 
@@ -37,6 +37,7 @@ void usage(FILE* f) {
                "                      line's own options win\n"
                "  -E mount_opts=OPTS  the same, as tune2fs spells it\n"
                "  -O xattr_chain      enable extended attributes beyond one block (one way)\n"
+               "  -O shared_blocks    enable data blocks shared by several files (one way)\n"
                "  -V, --version       print the version\n");
 }
 
@@ -62,6 +63,8 @@ void list(const fs::Superblock& sb) {
   std::printf("mount count:           %" PRIu64 "\n", sb.mount_count);
   std::printf("xattr_chain:           %s\n",
               (sb.features & fs::kFeatureXattrChain) ? "on" : "off (one xattr block per inode)");
+  std::printf("shared_blocks:         %s\n",
+              (sb.features & fs::kFeatureSharedBlocks) ? "on" : "off (no block shared by files)");
 }
 
 }  // namespace
@@ -146,11 +149,14 @@ int main(int argc, char** argv) {
         break;
       }
       case 'O':
-        if (std::string(optarg) != "xattr_chain") {
-          std::fprintf(stderr, "tune.warpfs: -O knows xattr_chain only\n");
+        if (std::string(optarg) == "xattr_chain") {
+          r.enable_xattr_chain = true;
+        } else if (std::string(optarg) == "shared_blocks") {
+          r.enable_shared_blocks = true;
+        } else {
+          std::fprintf(stderr, "tune.warpfs: -O knows xattr_chain and shared_blocks only\n");
           return 2;
         }
-        r.enable_xattr_chain = true;
         break;
       default:  // -h, -V, or not an option
         return tools::help_version_or_usage(c, "tune.warpfs", usage, 0, 2);
@@ -166,7 +172,8 @@ int main(int argc, char** argv) {
   }
   const std::string device = argv[optind];
   const bool change = r.label || r.reserved_percent || r.reserved_blocks || r.reserved_uid ||
-                      r.reserved_gid || r.commit_interval_s || r.mount_opts || r.enable_xattr_chain;
+                      r.reserved_gid || r.commit_interval_s || r.mount_opts ||
+                      r.enable_xattr_chain || r.enable_shared_blocks;
   blockdev::StackOptions so;
   so.log = [](const std::string& s) { std::fprintf(stderr, "tune.warpfs: %s\n", s.c_str()); };
   so.block_bytes = fs::kBlockSize;

@@ -86,7 +86,7 @@ std::string verify_fresh(blockdev::BlockDevice& dev) {
   std::memcpy(&backup, b.data(), sizeof backup);
   if (std::memcmp(&sb, &backup, sizeof sb) != 0) return "backup differs from primary";
   if (sb.state != kStateClean ||
-      sb.features != (kFeaturesV1 | kFeatureGdtRoom | kFeatureXattrChain))
+      sb.features != (kFeaturesV1 | kFeatureGdtRoom | kFeatureXattrChain | kFeatureSharedBlocks))
     return "state/features";
   if (sb.gdt_blocks < (sb.group_count + kGroupDescsPerBlock - 1) / kGroupDescsPerBlock)
     return "gdt_blocks";

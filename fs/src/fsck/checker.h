@@ -10,14 +10,17 @@
 // pass1.c ... pass5.c: each says at its top what it assumes and what it leaves for later.
 //   mirrors.cc     M     a mirrored set's copies of every block in use agree (first)
 //   superblock.cc  0, J  superblock, backup, journal, group descriptors and bitmaps as read
+//                        (refcounts.cc: the reference-count tables as read)
 //   pass1.cc       1     inodes, extent trees, xattr blocks; block claims (parallel by group)
-//   pass1b.cc      1B    blocks with several owners
+//   pass1b.cc      1B    blocks with several owners (refcounts.cc: shared blocks counted,
+//                        tables planned)
 //   pass2.cc       2     directories' entries, names and targets (pass2_dir.cc: one directory,
 //                        directories read in parallel)
 //   pass3.cc       3     reachability, the root, /lost+found, parent fields
 //   pass4.cc       4     link counts; the orphan list (read after pass 1, freed after pass 3)
-//   pass5.cc       5     bitmaps, descriptor and superblock counts (parallel by group)
-//   repair_*.cc          allocation and the write phase
+//   pass5.cc       5     bitmaps, descriptor and superblock counts, reference counts
+//                        (parallel by group)
+//   repair_*.cc          allocation and the write phase (refcounts.cc: the tables)
 //
 // Thread-safety: a Checker is used by one thread. The passes that fan out (1, 2 and 5) hand
 // their workers only what is immutable while they run (the Layout, the device, the model
@@ -176,15 +179,32 @@ struct Finding {
 };
 using Findings = std::vector<Finding>;
 
-// Calls f(first, count) for every block range `n` owns, in a fixed order: the xattr block,
-// the other xattr blocks, the extent-tree blocks, the extents.
+// Calls f(first, count, sharable) for every block range `n` owns, in a fixed order: the xattr
+// block, the other xattr blocks, the extent-tree blocks, the extents. `sharable`: a written
+// extent of a regular file, the only claim that may share a block with others of its kind
+// (FORMAT.md "Shared blocks": clones and dedup map regular files' written blocks; a
+// directory's blocks are rewritten in place by a rebuild, so they are never shared).
+template <typename F>
+void for_each_claim_kind(const Info& n, F f) {
+  if (n.xattr) f(n.xattr, uint64_t{1}, false);
+  for (uint64_t b : n.xblocks) f(b, uint64_t{1}, false);
+  for (uint64_t b : n.tree) f(b, uint64_t{1}, false);
+  const bool regular = S_ISREG(n.mode);
+  for (const Extent& e : n.ext) f(e.physical, uint64_t{e.blocks()}, regular && !e.unwritten());
+}
 template <typename F>
 void for_each_claim(const Info& n, F f) {
-  if (n.xattr) f(n.xattr, uint64_t{1});
-  for (uint64_t b : n.xblocks) f(b, uint64_t{1});
-  for (uint64_t b : n.tree) f(b, uint64_t{1});
-  for (const Extent& e : n.ext) f(e.physical, uint64_t{e.blocks()});
+  for_each_claim_kind(n, [&](uint64_t first, uint64_t count, bool) { f(first, count); });
 }
+
+// A group's reference-count table (FORMAT.md "Shared blocks") as pass 0 read it, and where
+// the repairs put it.
+struct RefTable {
+  uint32_t at = 0;       // group-relative first block; 0: none (absent, or dropped by a repair)
+  bool fresh = false;    // allocated by this run: nothing on the device to compare with
+  std::vector<bool> ok;  // per table block: its header verified (its counts are known)
+  std::vector<uint16_t> count;  // kRefcountBlocks * kRefcountsPerBlock counts as read
+};
 
 // The threads passes 1, 2 and 5 fan out to (parallel.cc): a oneTBB arena of `threads`
 // (0: all hardware threads) made once per check, or the calling thread alone (1).
@@ -276,6 +296,7 @@ class Checker {
 
   // --- block claims (pass1.cc)
   bool claimed(uint64_t b) const { return (claimed_[b / 64] >> (b % 64)) & 1; }
+  bool claimed_found(uint64_t b) const { return (found_claims_[b / 64] >> (b % 64)) & 1; }
   void claim(uint64_t first, uint64_t n);
 
   // --- pass M: the copies of a mirrored set (mirrors.cc)
@@ -300,6 +321,15 @@ class Checker {
   bool discard_journal(const std::string& what, bool clean);
   void load_groups();
   void check_descriptor(uint32_t g);
+  // --- reference-count tables (refcounts.cc: passes 0, 1B, 5 and the write phase)
+  void load_refcount_table(uint32_t g);
+  bool table_block(uint64_t b) const;        // a block of a kept table
+  std::string owner_name(uint64_t b) const;  // who owns a block the metadata area claims
+  void split_shared(std::vector<std::vector<uint64_t>>& owners, const std::vector<bool>& sharable,
+                    std::vector<uint32_t>& keep);
+  bool alloc_table(uint32_t g);
+  void check_refcounts(uint32_t g, Findings* f) const;
+  void write_refcounts();
   // --- pass 1 (pass1.cc)
   void pass1();
   void claim_metadata();
@@ -307,13 +337,14 @@ class Checker {
   void pass1_summary();
   // --- pass 1B (pass1b.cc)
   void pass1b();
-  std::vector<std::vector<uint64_t>> dup_owners();
-  void report_dups(const std::vector<std::vector<uint64_t>>& owners);
-  void move_shared(Info& n, std::vector<bool>& taken);
-  void move_xattr_blocks(Info& n, std::vector<bool>& taken);
+  std::vector<std::vector<uint64_t>> dup_owners(std::vector<bool>* sharable);
+  void report_dups(const std::vector<std::vector<uint64_t>>& owners,
+                   const std::vector<uint32_t>& keep);
+  void move_shared(Info& n, std::vector<uint32_t>& keep);
+  void move_xattr_blocks(Info& n, std::vector<uint32_t>& keep);
   void xattr_block_moved(Info& n, uint64_t from, uint64_t to);
-  bool must_move(uint64_t b, std::vector<bool>& taken);
-  bool move_extent(Info& n, const Extent& e, std::vector<bool>& taken, std::vector<Extent>* out);
+  bool must_move(uint64_t b, std::vector<uint32_t>& keep);
+  bool move_extent(Info& n, const Extent& e, std::vector<uint32_t>& keep, std::vector<Extent>* out);
   bool copy_run(Info& n, const Extent& e, uint64_t from, uint64_t to, std::vector<Extent>* out);
   // --- pass 2 (pass2.cc, pass2_dir.cc)
   void pass2();
@@ -400,6 +431,12 @@ class Checker {
   std::vector<std::vector<uint8_t>> bb_, ib_;
 
   std::vector<uint64_t> claimed_, dups_;
+  // kFeatureSharedBlocks: [shared] by pass 5: each group's table, and the blocks written
+  // extents of regular files share as pass 1 found them (sorted), with their references
+  // (at most kMaxRefcount: pass 1B copies the rest).
+  bool shared_blocks_ = false;
+  std::vector<RefTable> rt_;
+  std::vector<std::pair<uint64_t, uint32_t>> refs_;
   std::vector<uint64_t> found_claims_;  // [shared] by pass 5: claims as pass 1 found them
   std::vector<Info>
       infos_;               // [shared] by pass 5; pass 2's workers set one directory's rebuild each

@@ -16,6 +16,11 @@
 //    freed. Inodes with a bad checksum are cleared, and the entries naming them removed.
 //  - A block claimed twice is kept by its first owner (the metadata area, then the lowest
 //    inode); with repair each later owner gets a copy of the data.
+//  - With shared blocks (feature bit 5) a block that only written extents of regular files
+//    map is shared, not claimed twice, and its group's reference-count table must count
+//    them (refcounts.cc). A group that needs a table and has none, or whose table is dropped
+//    (misplaced), gets one in 17 free blocks of its own; with no room there its shared
+//    blocks are copied as blocks claimed twice are. A table whose counts are all 0 stays.
 //  - Any structural fault in a directory (bad index, bad leaf, entries out of order or out
 //    of range, unreferenced blocks) is repaired by rebuilding the whole directory from the
 //    entries that survive: leaves whose checksum fails still yield the entries whose hash
@@ -143,6 +148,8 @@ void Checker::write_phase() {
       if (!write(b, 1, data.data())) return;
     }
   }
+  write_refcounts();
+  if (failed()) return;
   write_inodes();
   if (!failed()) write_groups();
   if (!failed() && journal_header_bad_) reset_journal();

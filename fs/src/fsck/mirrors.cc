@@ -17,7 +17,8 @@
 // checksum speaks for. With repair each differing copy is rewritten from the *source*:
 //   - metadata whose own checksum tells (superblocks, descriptors, bitmaps through their
 //     descriptor, inodes, journal header/descriptor/commit blocks, and the self-describing
-//     blocks: extent-tree, directory and xattr blocks): the first copy that verifies;
+//     blocks: extent-tree, directory, xattr and reference-count table blocks): the first copy
+//     that verifies;
 //   - anything else (file data, journal payload, or no copy verifies): the lowest-numbered
 //     member's copy (copy 0 of the group, else the next kept one).
 // A copy that cannot be read counts as differing and is rewritten from the source too.
@@ -55,6 +56,7 @@ int Checker::self_check(const uint8_t* b, uint64_t seed) {
     case kExtentMagic:
     case kXattrMagic:
     case kXattrValueMagic:
+    case kRefcountMagic:
       return at<uint64_t>(b, kHeaderChecksumOffset) ==
              block_checksum(b, kHeaderChecksumOffset, seed);
     case kJournalHeaderMagic:

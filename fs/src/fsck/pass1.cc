@@ -564,10 +564,13 @@ void Checker::pass1() {
   pass1_summary();
 }
 
-// The metadata area owns its blocks first.
+// The metadata area owns its blocks first, and so do the reference-count tables kept.
 void Checker::claim_metadata() {
   claim(0, L_.first_group);
-  for (uint32_t g = 0; g < L_.groups; ++g) claim(L_.group_start(g), 2 + uint64_t{L_.itb});
+  for (uint32_t g = 0; g < L_.groups; ++g) {
+    claim(L_.group_start(g), 2 + uint64_t{L_.itb});
+    if (rt_[g].at != 0) claim(L_.group_start(g) + rt_[g].at, kRefcountBlocks);
+  }
   claim(L_.block_count - 1, 1);
 }
 

@@ -1,9 +1,10 @@
 // Pass 5: group summaries, as e2fsck's pass5.c. Assumes pass 1's claims as found
 // (found_claims_: the repairs of later passes are the write phase's to account for) and
-// pass 1's inodes. Compares each trusted bitmap with what the model says, each trusted
-// descriptor's counts with its bitmaps, and, after a clean unmount, the superblock's free
-// counts with the sum. Repairs are not made here: the write phase rebuilds bitmaps,
-// descriptors and superblock from the model.
+// pass 1's inodes, and the references pass 1B counted (refs_). Compares each trusted bitmap
+// with what the model says, each trusted descriptor's counts with its bitmaps, each
+// reference-count table's counts with the references (refcounts.cc), and, after a clean
+// unmount, the superblock's free counts with the sum. Repairs are not made here: the write phase
+// rebuilds bitmaps, descriptors and superblock from the model.
 //
 // The groups are compared side by side (Workers::for_each_index): each worker reads the model,
 // which nothing writes during this pass, and writes only its GroupCheck; the calling thread reports
@@ -91,6 +92,7 @@ void Checker::check_group(uint32_t g, GroupCheck* out) const {
   }
   out->ifree = zero_bits(ib_ok_[g] ? ib_[g] : want);
   if (gd_ok_[g]) check_descriptor_counts(g, *out, dirs, &out->findings);
+  if (shared_blocks_) check_refcounts(g, &out->findings);
 }
 
 // A trusted block bitmap against `want`, the model's.

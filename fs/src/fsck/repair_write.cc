@@ -1,8 +1,8 @@
 // Repair: the write phase's mappings, inodes, bitmaps, descriptors, journal and superblock.
 // Runs after every pass, with repair only, and writes exactly what the model says changed:
-// extent trees (Info::remap), inodes (dirty, fresh or no longer live), the bitmaps and
-// descriptors that differ from the model's, the journal header when it was bad, then the
-// superblock, clean, primary and backup.
+// extent trees (Info::remap), inodes (dirty, fresh or no longer live), the reference-count
+// tables (refcounts.cc), the bitmaps and descriptors that differ from the model's, the journal
+// header when it was bad, then the superblock, clean, primary and backup.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -211,6 +211,7 @@ void Checker::build_bitmaps(std::vector<std::vector<uint8_t>>* bb,
     uint8_t* b = (*bb)[g].data();
     for (uint64_t i = 0; i < 2 + uint64_t{L_.itb}; ++i) set_bit(b, i);
     for (uint64_t i = L_.group_size(g); i < kBlocksPerGroup; ++i) set_bit(b, i);
+    if (rt_[g].at != 0) set_bits(b, rt_[g].at, uint64_t{rt_[g].at} + kRefcountBlocks);
     for (uint64_t i = L_.ipg; i < kBlockSize * 8; ++i) set_bit((*ib)[g].data(), i);
   }
   for (const Info& n : infos_) {
@@ -245,6 +246,7 @@ void Checker::write_groups() {
     d.free_blocks = static_cast<uint32_t>(zero_bits(bb[g]));
     d.free_inodes = static_cast<uint32_t>(zero_bits(ib[g]));
     d.used_dirs = dirs[g];
+    d.refcount_table = rt_[g].at;
     d.block_bitmap_checksum = checksum(bb[g].data(), kBlockSize, L_.seed);
     d.inode_bitmap_checksum = checksum(ib[g].data(), kBlockSize, L_.seed);
     d.checksum = group_checksum(d, L_.seed);

@@ -1,8 +1,9 @@
 // Pass 0 and the journal: which superblock to trust (the primary, else the backup at the
 // filesystem's last block), the journal header and its committed transactions (replayed
 // into the device with repair, into the overlay without), then the group descriptors and the
-// bitmaps as found. Assumes nothing; leaves a Layout every later pass may trust, and the
-// bitmaps' trust (bb_ok_, ib_ok_) for pass 5 and the allocator.
+// bitmaps as found, and each group's reference-count table (refcounts.cc). Assumes nothing;
+// leaves a Layout every later pass may trust, the bitmaps' trust (bb_ok_, ib_ok_) for pass 5
+// and the allocator, and the tables kept (rt_) for pass 1's claims.
 #include <cstring>
 
 #include "fsck/checker.h"
@@ -159,6 +160,8 @@ void Checker::load_groups() {
   ib_ok_.assign(G, false);
   bb_.assign(G, std::vector<uint8_t>(kBlockSize));
   ib_.assign(G, std::vector<uint8_t>(kBlockSize));
+  shared_blocks_ = (sb_->features & kFeatureSharedBlocks) != 0;
+  rt_.assign(G, RefTable{});
   std::vector<uint8_t> two(2 * kBlockSize);
   for (uint32_t g = 0; g < G; ++g) {
     std::memcpy(&gd_[g], gdt_raw_.data() + size_t{g} * sizeof gd_[g], sizeof gd_[g]);
@@ -168,6 +171,8 @@ void Checker::load_groups() {
     if (!read(start, 2, two.data())) return;
     std::memcpy(bb_[g].data(), two.data(), kBlockSize);
     std::memcpy(ib_[g].data(), two.data() + kBlockSize, kBlockSize);
+    load_refcount_table(g);
+    if (failed()) return;
     if (!gd_ok_[g]) continue;  // no checksums to compare with: the bitmaps are not trusted
     bb_ok_[g] = checksum(bb_[g].data(), kBlockSize, L_.seed) == gd_[g].block_bitmap_checksum;
     ib_ok_[g] = checksum(ib_[g].data(), kBlockSize, L_.seed) == gd_[g].inode_bitmap_checksum;
@@ -179,7 +184,7 @@ void Checker::load_groups() {
   }
 }
 
-// Group g's descriptor: its checksum, where it points, its reserved flags.
+// Group g's descriptor: its checksum, where it points (its refcount_table: refcounts.cc).
 void Checker::check_descriptor(uint32_t g) {
   const GroupDesc& d = gd_[g];
   const std::string where = "group " + num(g);
@@ -192,8 +197,6 @@ void Checker::check_descriptor(uint32_t g) {
                 num(d.inode_bitmap) + ", " + num(d.inode_table) + ", expected " + num(start) +
                 ", " + num(start + 1) + ", " + num(start + 2),
             "rewritten");
-  } else if (d.refcount_table != 0) {
-    problem(where + ": descriptor flags " + num(d.refcount_table) + " (reserved, 0)", "cleared");
   }
 }
 

@@ -293,7 +293,8 @@ Status format(blockdev::BlockDevice& dev, const MkfsOptions& o, const Geometry& 
   sb.free_inodes = free_inodes;
   sb.root_inode = kRootInode;
   sb.state = kStateClean;
-  sb.features = kFeaturesV1 | kFeatureGdtRoom | kFeatureXattrChain;
+  // Every descriptor's refcount_table starts 0: no group has a table before it shares a block.
+  sb.features = kFeaturesV1 | kFeatureGdtRoom | kFeatureXattrChain | kFeatureSharedBlocks;
   sb.checksum_seed = seed;
   for (auto& b : sb.uuid) b = static_cast<uint8_t>(rng());
   std::strncpy(sb.label, o.label.c_str(), sizeof sb.label - 1);

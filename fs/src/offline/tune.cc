@@ -61,6 +61,7 @@ std::string tune(blockdev::BlockDevice& dev, const TuneRequest& r, Superblock* o
     std::memcpy(sb.mount_opts, r.mount_opts->data(), r.mount_opts->size());
   }
   if (r.enable_xattr_chain) sb.features |= kFeatureXattrChain;
+  if (r.enable_shared_blocks) sb.features |= kFeatureSharedBlocks;
   sb.checksum = superblock_checksum(sb);
   if (std::string why = validate_superblock(sb, dev.block_count()); !why.empty()) return why;
   // The backup (the filesystem's last block) first: a cut between the two leaves the old

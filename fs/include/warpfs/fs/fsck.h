@@ -12,10 +12,13 @@
 //   J  journal: header; committed transactions are replayed first (repair) or reported
 //   1  inodes: checksums, fields, extent trees, xattr blocks; block ownership
 //   1B blocks with several owners: who owns them; with repair each later owner gets a copy
+//      (with feature bit 5, blocks that written extents of regular files share are counted
+//      instead, and a group that needs a reference-count table and has none gets one)
 //   2  directories: index root, leaves, entries (names, hashes, targets, types)
 //   3  reachability from the root and the orphan list; parent fields; /lost+found
 //   4  link counts
-//   5  block and inode bitmaps, their checksums, free counts, group descriptors, superblock
+//   5  block and inode bitmaps, their checksums, free counts, group descriptors, superblock,
+//      reference counts against the references pass 1 found
 // Passes 1 and 5 run their groups, pass 2 its directories side by side on
 // FsckOptions::threads threads (oneTBB); what is reported, in what order, and what is
 // repaired do not depend on the thread count.

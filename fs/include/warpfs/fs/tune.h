@@ -1,6 +1,7 @@
 // tune.warpfs: changes the adjustable fields of an unmounted, clean filesystem's superblock
 // (FORMAT.md "Superblock"): its label, the blocks kept for root and who may use them, the
-// default journal commit interval and default mount options, and the xattr_chain feature, as
+// default journal commit interval and default mount options, and the xattr_chain and
+// shared_blocks features, as
 // tune2fs does for ext4. Nothing else is touched.
 //
 // Libraries: tune() and read_tunable_superblock() are offline code (warpfs_fs_offline, linked
@@ -28,6 +29,11 @@ struct TuneRequest {
   // needs nothing else: an image's one-block attributes are a chain of one. Not reversible
   // here (blocks already chained would be lost to older code).
   bool enable_xattr_chain = false;
+  // -O shared_blocks: data blocks shared by several files (kFeatureSharedBlocks). Enabling it
+  // needs nothing else: every descriptor's refcount_table is 0 without the feature, and a
+  // group without a table shares nothing. Not reversible here (shared blocks would be freed
+  // by older code while another file still maps them).
+  bool enable_shared_blocks = false;
 };
 
 // The default mount options a superblock may keep (FORMAT.md "Default mount options"), as
