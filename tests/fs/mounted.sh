@@ -151,7 +151,7 @@ case $scenario in
     cmp -s "$mnt/a" "$mnt/b" && fail "the clone's writes are lost"
     # Unaligned and same-file ranges through copy_file_range(2).
     python3 -c 'import os, sys
-s = os.open(sys.argv[1], os.O_RDONLY); d = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT, 0o644)
+s = os.open(sys.argv[1], os.O_RDONLY); d = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT, 0o644)
 assert os.copy_file_range(s, d, 1000000, 3, 0) == 1000000
 assert os.copy_file_range(s, d, 8192, 0, 4096 * 300) == 8192
 assert os.copy_file_range(d, d, 4096, 0, 4096 * 400) == 4096' "$mnt/a" "$mnt/c" || fail "copy_file_range(2)"
@@ -163,11 +163,14 @@ sys.exit(0 if c == bytes(want) else 1)' "$mnt/a" "$mnt/c" || fail "copy_file_ran
     # Four processes clone a while a fifth rewrites it, 1 MiB per write(2): each MiB of each
     # clone is that MiB of one version of a (a clone and a write exclude each other).
     for v in 1 2 3; do head -c 64M /dev/urandom >"$work/v$v"; done
+    pids=()
     for i in 1 2 3 4; do
       (for k in 1 2 3 4 5; do cp "$mnt/a" "$mnt/c$i.$k" || exit 1; done) &
+      pids+=($!)
     done
     (for v in 1 2 3; do dd if="$work/v$v" of="$mnt/a" bs=1M conv=notrunc status=none; done) &
-    wait || fail "cp beside a writer"
+    pids+=($!)
+    for p in "${pids[@]}"; do wait "$p" || fail "cp beside a writer"; done
     python3 -c 'import sys
 w = sys.argv[1]; versions = [open(f"{w}/{n}", "rb").read() for n in ("src", "v1", "v2", "v3")]
 M = 1 << 20
