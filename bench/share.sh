@@ -110,7 +110,7 @@ state=""
 for _ in $(seq 6000); do
   "$stat_bin" --json "$mnt" >"$work/stats2.json"
   state=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("dedup",{}).get("state",""))' "$work/stats2.json")
-  [[ $state == running || -z $state ]] || break
+  [[ $state == running || $state == off || -z $state ]] || break
   sleep 0.1
 done
 sync -f "$mnt/tree"

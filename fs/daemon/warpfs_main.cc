@@ -326,7 +326,7 @@ struct Daemon {
   std::atomic<uint64_t> read_bytes{0}, written_bytes{0};
   // -o dedup's pass: its state and, once done, its report (dedup_mu, leaf).
   mutable std::mutex dedup_mu;
-  std::string dedup_state;  // "", "running", "done", "stopped" or "failed: ..."
+  std::string dedup_state = "off";  // "off", "running", "done", "stopped" or "failed: ..."
   warpfs::fs::DedupReport dedup_report;
 };
 
@@ -971,7 +971,7 @@ std::string stats_json(const Daemon& d) {
                  {"deduped_blocks", s.deduped_blocks}};
   {
     std::lock_guard<std::mutex> g(d.dedup_mu);
-    if (!d.dedup_state.empty()) {
+    {
       const warpfs::fs::DedupReport& r = d.dedup_report;
       j["dedup"] = {{"state", d.dedup_state},           {"files", r.files},
                     {"blocks_hashed", r.blocks_hashed}, {"candidates", r.candidates},

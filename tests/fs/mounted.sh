@@ -193,7 +193,7 @@ for i in range(1, 5):
     mount_fs -o dedup
     for _ in $(seq 600); do
       state=$(stat_of dedup.state)
-      [[ $state == running || -z $state ]] || break
+      [[ $state == running || $state == off ]] || break
       sleep 0.05
     done
     [[ $state == done ]] || fail "dedup ended '$state'"
