@@ -326,7 +326,7 @@ struct Daemon {
   std::atomic<uint64_t> read_bytes{0}, written_bytes{0};
   // -o dedup's pass: its state and, once done, its report (dedup_mu, leaf).
   mutable std::mutex dedup_mu;
-  std::string dedup_state;  // "", "running", "done", "stopped" or "failed: ..."
+  std::string dedup_state = "off";  // "off", "running", "done", "stopped" or "failed: ..."
   warpfs::fs::DedupReport dedup_report;
 };
 
@@ -754,6 +754,9 @@ void op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in, fuse_fi
     return;
   }
   const warpfs::fs::CallerScope as(caller(req));  // the root reserve is not every caller's
+  // The reply's count is 32 bits (fuse_write_out.size): a longer copy answers short, and the
+  // caller (cp, the kernel's splice fallback) asks for the rest.
+  len = std::min<size_t>(len, UINT32_MAX & ~size_t{warpfs::fs::kBlockSize - 1});
   uint64_t copied = 0;
   const int rc = fs_of(req).copy_file_range(ino_in, static_cast<uint64_t>(off_in), ino_out,
                                             static_cast<uint64_t>(off_out), len, &copied);
@@ -968,7 +971,7 @@ std::string stats_json(const Daemon& d) {
                  {"deduped_blocks", s.deduped_blocks}};
   {
     std::lock_guard<std::mutex> g(d.dedup_mu);
-    if (!d.dedup_state.empty()) {
+    {
       const warpfs::fs::DedupReport& r = d.dedup_report;
       j["dedup"] = {{"state", d.dedup_state},           {"files", r.files},
                     {"blocks_hashed", r.blocks_hashed}, {"candidates", r.candidates},

@@ -419,6 +419,7 @@ void FsImpl::finish_commit(std::vector<MetaBuf*>& dirty) {
 // Under the closed gate: the blocks freed by the transaction being committed.
 void FsImpl::take_freed() {
   committing_freed_.clear();
+  committing_unshared_.clear();
   for (uint32_t g = 0; g < sb_.group_count; ++g) {
     Group& gr = groups_[g];
     std::lock_guard<std::mutex> lk(gr.mu);
@@ -426,6 +427,8 @@ void FsImpl::take_freed() {
       committing_freed_.emplace_back(group_start(g) + bit, n);
     }
     gr.freed.clear();
+    for (uint32_t bit : gr.unshared) committing_unshared_.emplace_back(g, bit);
+    gr.unshared.clear();
   }
 }
 
@@ -447,6 +450,14 @@ void FsImpl::release_freed() {
     held_blocks_.fetch_sub(std::min<uint64_t>(n, held_blocks_.load()), std::memory_order_relaxed);
   }
   committing_freed_.clear();
+  // Counts that fell to 0 are durable: their blocks are single-owner to writers now.
+  for (auto [g, bit] : committing_unshared_) {
+    Group& gr = groups_[g];
+    std::lock_guard<std::mutex> lk(gr.mu);
+    auto it = gr.unsharing.find(bit);
+    if (it != gr.unsharing.end() && --it->second == 0) gr.unsharing.erase(it);
+  }
+  committing_unshared_.clear();
 }
 
 }  // namespace warpfs::fs

@@ -424,7 +424,9 @@ int FsImpl::truncate_blocks(Node& n, uint64_t new_size) {
   if (int rc = load_map(n); rc) return rc;
   const uint64_t keep = (new_size + kBlockSize - 1) / kBlockSize;
   if (keep >= kNoBlock) return 0;
-  constexpr size_t kPerTxn = 8;
+  // Each extent lies in one group: its bitmap, descriptor and (shared blocks) up to 17
+  // count-table blocks per extent.
+  const size_t kPerTxn = shared_blocks_enabled() ? 4 : 8;
   for (;;) {
     // The start of the kPerTxn-th last extent that reaches past `keep`.
     std::vector<uint32_t> starts;

@@ -226,7 +226,13 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
   std::vector<uint8_t> block(kBlockSize);
   int rc = 0;
   uint64_t b = first;
-  while (b <= last) {
+  // Copies of shared runs this transaction makes: each changes a few count-table blocks
+  // (its old run's), and many scattered ones (a deduplicated file) could overfill the
+  // transaction, so past kMaxCopyRuns the write stops short and the caller (write_all_locked)
+  // goes on in the next one.
+  constexpr int kMaxCopyRuns = 16;
+  int copy_runs = 0;
+  while (b <= last && copy_runs < kMaxCopyRuns) {
     Mapping m = map_lookup(n, static_cast<uint32_t>(b));
     uint64_t run = std::min<uint64_t>(m.length, last - b + 1);
     bool fresh = m.hole || m.unwritten;  // the blocks' old contents read as zeroes
@@ -245,6 +251,7 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
           break;
         run = got;
         cow_from = m.physical;
+        ++copy_runs;
       }
     }
     if (m.hole) {

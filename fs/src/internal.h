@@ -45,6 +45,13 @@ struct Group {
   // Whether `refs` is set (written under mu, once): read without mu, false means that no
   // block of the group is shared, so the write and free paths need not look.
   std::atomic<bool> has_refs{false};
+  // Blocks whose count fell to 0 (2 -> 0: one owner left) in transactions not yet committed,
+  // with how many such transactions (mu). Until the fall commits, the block still counts as
+  // shared to writers: a power cut before it brings the other owner back, which must not
+  // find the survivor's in-place write in its block (the copy-on-write counterpart of
+  // `held`). `unshared`: the running transaction's (mu), taken by take_freed.
+  std::unordered_map<uint32_t, uint32_t> unsharing;
+  std::vector<uint32_t> unshared;
 };
 
 // Inode flags immutable (chattr +i) and append-only (chattr +a), FORMAT.md "Inode": the VFS
@@ -439,13 +446,17 @@ class FsImpl final : public Filesystem {
   // Whole blocks [l_in, +count) of `in` mapped into `out` at l_out, sharing in's written
   // blocks (in's holes and unwritten ranges become holes); what cannot be shared is copied.
   // REQUIRES: both rw exclusive, mapped, not in a transaction.
-  [[nodiscard]] int clone_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out,
-                                 uint64_t count);
+  [[nodiscard]] int clone_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out, uint64_t count,
+                                 uint64_t* done);
+  // Unmaps [l, l + count) of n a few extents per transaction (truncate_blocks' bound).
+  // REQUIRES: rw exclusive, mapped, not in a transaction.
+  [[nodiscard]] int punch_bounded(Node& n, uint64_t l, uint64_t count);
   // The whole blocks of `out` at l_out that equal in's at l_in (both written, not yet the same
   // block) come to share in's: *shared of `count`. REQUIRES: both rw exclusive, mapped.
   [[nodiscard]] int dedupe_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out,
                                   uint32_t count, uint64_t* shared);
   std::atomic<uint64_t> clones_{0}, cloned_blocks_{0}, cow_blocks_{0}, deduped_blocks_{0};
+  std::atomic<bool> copy_notice_{false};  // the notice that clones need the feature: logged once
   // A write wholly over mapped, written blocks inside the size of a file with no privilege
   // to drop (kPageCache: none to drop here), with n.rw shared and no transaction: true if it
   // took it (*rc its result), false if the write must take the ordinary path. REQUIRES: no
@@ -630,6 +641,7 @@ class FsImpl final : public Filesystem {
   // the journal's precommit and committed hooks, which run inside Journal::commit under its
   // commit_mu_ (one commit at a time).
   std::vector<std::pair<uint64_t, uint64_t>> committing_freed_;
+  std::vector<std::pair<uint32_t, uint32_t>> committing_unshared_;  // (group, bit), the same way
 
   std::thread committer_;    // started at mount, joined by unmount()/abandon()
   std::mutex committer_mu_;  // leaf: stopping_, evict_wanted_, commit_wanted_

@@ -33,7 +33,11 @@ void FsImpl::set_refs_locked(Group& gr, uint32_t bit, uint32_t v) {
   journal_->dirty(b);
   // Statistics: blocks shared, and blocks saved (a block of count n saves n - 1).
   if (old < 2 && v >= 2) shared_blocks_.fetch_add(1, std::memory_order_relaxed);
-  if (old >= 2 && v < 2) shared_blocks_.fetch_sub(1, std::memory_order_relaxed);
+  if (old >= 2 && v < 2) {
+    shared_blocks_.fetch_sub(1, std::memory_order_relaxed);
+    ++gr.unsharing[bit];  // held shared until this transaction commits (Group::unsharing)
+    gr.unshared.push_back(bit);
+  }
   const int64_t saved = (v >= 2 ? int64_t{v} - 1 : 0) - (old >= 2 ? int64_t{old} - 1 : 0);
   saved_blocks_.fetch_add(static_cast<uint64_t>(saved), std::memory_order_relaxed);
 }
@@ -164,9 +168,13 @@ uint64_t FsImpl::shared_prefix(uint64_t first, uint64_t count, bool* shared) {
   Group& gr = groups_[g];
   if (!gr.has_refs.load(std::memory_order_acquire)) return end - bit;
   std::lock_guard<std::mutex> lk(gr.mu);
-  *shared = refs_locked(gr, bit) >= 2;
+  // A count that fell to 0 in a transaction not yet committed is still shared (unsharing).
+  auto shared_now = [&](uint32_t i) {
+    return refs_locked(gr, i) >= 2 || (!gr.unsharing.empty() && gr.unsharing.count(i) != 0);
+  };
+  *shared = shared_now(bit);
   uint32_t i = bit + 1;
-  while (i < end && (refs_locked(gr, i) >= 2) == *shared) ++i;
+  while (i < end && shared_now(i) == *shared) ++i;
   return i - bit;
 }
 

@@ -140,6 +140,10 @@ int FsImpl::grow(uint64_t blocks, std::string* error) {
       a.free_inodes = b.free_inodes.load();
       a.next_inode_hint = b.next_inode_hint;
       a.next_block_hint = b.next_block_hint;
+      std::copy(std::begin(b.refs), std::end(b.refs), std::begin(a.refs));
+      a.has_refs = b.has_refs.load();
+      a.unsharing = std::move(b.unsharing);
+      a.unshared = std::move(b.unshared);
     }
     Group& lg = groups[last];
     clear_bits(lg.block_bitmap->data, last_old, last_new);

@@ -69,55 +69,93 @@ int FsImpl::copy_bytes(Node& in, uint64_t off_in, Node& out, uint64_t off_out, u
   return 0;
 }
 
-int FsImpl::clone_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out, uint64_t count) {
+int FsImpl::punch_bounded(Node& n, uint64_t l, uint64_t count) {
+  WARPFS_DCHECK(!journal_->in_transaction(), "punch_bounded: not in a transaction");
+  const uint64_t end = l + count;
+  for (uint64_t b = l; b < end;) {
+    // The next few mapped runs: each lies in one group, so the transaction dirties at most
+    // their groups' bitmaps, descriptors and count tables, and the tree's leaves.
+    uint64_t first = end, last = b;
+    int runs = 0;
+    for (uint64_t p = b; p < end && runs < kRunsPerTxn;) {
+      const Mapping m = map_lookup(n, static_cast<uint32_t>(p));
+      const uint64_t run = std::min<uint64_t>(m.length, end - p);
+      if (!m.hole) {
+        if (first == end) first = p;
+        last = p + run;
+        ++runs;
+      }
+      p += run;
+    }
+    if (runs == 0) return 0;
+    Journal::Txn t(*journal_);
+    if (int rc = punch(n, static_cast<uint32_t>(first), last - first); rc) return rc;
+    b = last;
+  }
+  return 0;
+}
+
+int FsImpl::clone_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out, uint64_t count,
+                         uint64_t* done) {
   WARPFS_DCHECK(changeable_by_me(in) && changeable_by_me(out), "clone_blocks: rw exclusive");
   WARPFS_DCHECK(!journal_->in_transaction(), "clone_blocks: not in a transaction");
-  uint64_t done = 0;
-  while (done < count) {
+  *done = 0;
+  // out's old blocks there go first, a few extents a transaction (a crash in between leaves
+  // a hole where the copy was to go, as a copy cut short would leave old bytes).
+  if (int rc = punch_bounded(out, l_out, count); rc) return rc;
+  while (*done < count) {
     // What the transaction could not share (a group without room for a table, a block at
     // kMaxRefcount): copied after it, outside it.
     uint64_t copy_from = 0, copy_count = 0;
+    int rc = 0;
     {
       Journal::Txn t(*journal_);
-      for (int k = 0; k < kRunsPerTxn && done < count && copy_count == 0; ++k) {
-        const auto li = static_cast<uint32_t>(l_in + done),
-                   lo = static_cast<uint32_t>(l_out + done);
+      for (int k = 0; k < kRunsPerTxn && *done < count && copy_count == 0 && rc == 0; ++k) {
+        const auto li = static_cast<uint32_t>(l_in + *done),
+                   lo = static_cast<uint32_t>(l_out + *done);
         const Mapping m = map_lookup(in, li);
-        const uint64_t run = std::min<uint64_t>(m.length, count - done);
-        // out's blocks there go first (its old data, in this transaction with the new mapping).
-        if (int rc = punch(out, lo, run); rc) return rc;
+        const uint64_t run = std::min<uint64_t>(m.length, count - *done);
         if (m.hole || m.unwritten) {
-          done += run;
+          *done += run;
           continue;
         }
+        // One source extent's run: one group, so at most its table's 17 blocks change.
         uint32_t shared = 0;
-        int rc = share_blocks(m.physical, static_cast<uint32_t>(run), &shared);
-        if (rc && rc != ENOSPC) return rc;
+        rc = share_blocks(m.physical, static_cast<uint32_t>(run), &shared);
+        if (rc == ENOSPC) rc = 0;  // no room for the group's table: copied below
+        if (rc) break;
         if (shared > 0) {
           if ((rc = map_insert(out, Extent{lo, shared, m.physical}))) {
             free_blocks(m.physical, shared);  // the references just taken
-            return rc;
+            break;
           }
           out.disk.blocks += shared;
           note_written(out, m.physical, shared);  // its fsync writes back what in had cached
           cloned_blocks_.fetch_add(shared, std::memory_order_relaxed);
-          done += shared;
+          *done += shared;
         }
         if (shared < run) {
-          copy_from = done;
+          copy_from = *done;
           copy_count = std::min<uint64_t>(run - shared, kCopyBlocks);
         }
       }
-      if (int rc = map_store(out); rc) return rc;
+      // What this transaction mapped goes with the counts it raised, error or not.
+      if (int src = map_store(out); src && !rc) rc = src;
     }
+    if (rc) return rc;
     if (copy_count > 0) {
+      // Bytes, up to in's end: a last partial block copied whole would carry in's bytes past
+      // its end into out (and round out's size up).
+      const uint64_t pos = (l_in + copy_from) * kBlockSize;
+      const uint64_t bytes =
+          std::min(copy_count * kBlockSize, in.disk.size - std::min(in.disk.size, pos));
       uint64_t copied = 0;
-      if (int rc = copy_bytes(in, (l_in + copy_from) * kBlockSize, out,
-                              (l_out + copy_from) * kBlockSize, copy_count * kBlockSize, &copied);
-          rc) {
-        return rc;
+      if (bytes > 0) {
+        if (int crc = copy_bytes(in, pos, out, (l_out + copy_from) * kBlockSize, bytes, &copied);
+            crc)
+          return crc;
       }
-      done += copy_count;
+      *done += copy_count;
     }
   }
   return 0;
@@ -152,6 +190,10 @@ int FsImpl::copy_file_range(Ino in_ino, uint64_t off_in, Ino out_ino, uint64_t o
   }
   int rc = 0;
   if (!shared_blocks_enabled() || off_in % kBlockSize != off_out % kBlockSize) {
+    if (!shared_blocks_enabled() && !copy_notice_.exchange(true)) {
+      log("copy_file_range copies bytes: this filesystem has no shared_blocks feature (an "
+          "image made before it); `tune.warpfs -O shared_blocks` lets it clone");
+    }
     rc = copy_bytes(*in, off_in, *out, off_out, len, copied);
   } else {
     // The edges by bytes, the whole blocks between by sharing. The last partial block too
@@ -165,11 +207,12 @@ int FsImpl::copy_file_range(Ino in_ino, uint64_t off_in, Ino out_ino, uint64_t o
     }
     rc = copy_bytes(*in, off_in, *out, off_out, head, copied);
     if (rc == 0 && blocks > 0) {
+      uint64_t done = 0;
       rc = clone_blocks(*in, static_cast<uint32_t>((off_in + head) / kBlockSize), *out,
-                        static_cast<uint32_t>((off_out + head) / kBlockSize), blocks);
-      if (rc == 0) *copied = std::min(len, head + blocks * kBlockSize);
+                        static_cast<uint32_t>((off_out + head) / kBlockSize), blocks, &done);
+      *copied = std::min(len, head + done * kBlockSize);  // what is in place, error or not
     }
-    if (rc == 0 && tail > 0) {
+    if (rc == 0 && tail > 0 && *copied == len - tail) {
       uint64_t t = 0;
       rc = copy_bytes(*in, off_in + len - tail, *out, end - tail, tail, &t);
       *copied += t;
@@ -215,6 +258,7 @@ int FsImpl::dedupe_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out, ui
       ++i;  // this block differs; the next may not
       continue;
     }
+    if (ro_) return EROFS;  // remounted read-only meanwhile (the -o dedup pass)
     {
       Journal::Txn t(*journal_);
       uint32_t got = 0;
@@ -304,56 +348,9 @@ int FsImpl::dedup(const DedupOptions& o, DedupReport* r) {
     n.reset();
     maybe_reclaim(ino);
   };
-  for (Ino ino = 1; ino <= sb_.inode_count; ++ino) {
-    if ((o.stop && o.stop()) || ro_) break;
-    {
-      const auto g = static_cast<uint32_t>(group_of_inode(ino, sb_.inodes_per_group));
-      const auto i = static_cast<uint32_t>((ino - 1) % sb_.inodes_per_group);
-      Group& gr = groups_[g];
-      std::lock_guard<std::mutex> lk(gr.mu);
-      if (!((gr.inode_bitmap->data[i / 8] >> (i % 8)) & 1)) continue;
-    }
-    NodeRef n;
-    if (get_node(ino, &n) != 0) continue;
-    std::vector<Match> matches;
-    {
-      std::shared_lock<SharedMutex> lk;
-      if (lock_mapped(*n, &lk) != 0 || !S_ISREG(n->disk.mode) || n->disk.links == 0) {
-        lk = {};
-        done_with(n);
-        continue;
-      }
-      ++r->files;
-      const uint64_t nblocks = (n->disk.size + kBlockSize - 1) / kBlockSize;
-      for (uint64_t b = 0; b < nblocks;) {
-        const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
-        const uint64_t run = std::min<uint64_t>({m.length, nblocks - b, kCopyBlocks});
-        if (m.hole || m.unwritten) {
-          b += run;
-          continue;
-        }
-        if (dev_.read(m.physical, static_cast<uint32_t>(run), buf.data()).is_ok()) {
-          for (uint64_t k = 0; k < run; ++k) {
-            const XXH128_hash_t h = XXH3_128bits(buf.data() + k * kBlockSize, kBlockSize);
-            ++r->blocks_hashed;
-            const auto lblk = static_cast<uint32_t>(b + k);
-            auto it = table.find(Hash128{h.low64, h.high64});
-            if (it == table.end()) {
-              if (table.size() < cap) {
-                table.emplace(Hash128{h.low64, h.high64}, Place{ino, lblk});
-              } else {
-                ++r->table_full;
-              }
-            } else if (!(it->second.ino == ino && it->second.lblk == lblk)) {
-              matches.push_back({it->second, lblk});
-            }
-          }
-        }
-        b += run;
-      }
-    }
-    r->candidates += matches.size();
-    // Runs of matches that continue each other (the next block of both files) go together.
+  // The matches of a run of file n's blocks: those that continue each other (the next
+  // block of both files) go together, under both files' locks, compared byte for byte.
+  auto share_matches = [&](NodeRef& n, const std::vector<Match>& matches) {
     for (size_t i = 0; i < matches.size();) {
       size_t j = i + 1;
       while (j < matches.size() && matches[j].from.ino == matches[i].from.ino &&
@@ -365,9 +362,10 @@ int FsImpl::dedup(const DedupOptions& o, DedupReport* r) {
       const uint32_t lblk = matches[i].lblk, count = static_cast<uint32_t>(j - i);
       i = j;
       NodeRef src;
-      if (from.ino == ino) {
+      if (from.ino == n->ino) {
         src = n;
       } else if (get_node(from.ino, &src) != 0) {
+        r->not_shared += count;
         continue;
       }
       uint64_t shared = 0;
@@ -377,13 +375,66 @@ int FsImpl::dedup(const DedupOptions& o, DedupReport* r) {
         if (src->disk.mode != 0 && n->disk.mode != 0 && S_ISREG(src->disk.mode) &&
             !immutable(n->disk) && load_map(*src) == 0 && load_map(*n) == 0) {
           if (int rc = dedupe_blocks(*src, from.lblk, *n, lblk, count, &shared); rc) {
-            log("dedup: inode " + std::to_string(ino) + ": " + std::strerror(rc));
+            log("dedup: inode " + std::to_string(n->ino) + ": " + std::strerror(rc));
           }
         }
       }
       r->blocks_shared += shared;
       r->not_shared += count - std::min<uint64_t>(count, shared);
       if (src != n) done_with(src);
+    }
+  };
+  for (Ino ino = 1; ino <= sb_.inode_count; ++ino) {
+    if ((o.stop && o.stop()) || ro_) break;
+    {
+      const auto g = static_cast<uint32_t>(group_of_inode(ino, sb_.inodes_per_group));
+      const auto i = static_cast<uint32_t>((ino - 1) % sb_.inodes_per_group);
+      Group& gr = groups_[g];
+      std::lock_guard<std::mutex> lk(gr.mu);
+      if (!((gr.inode_bitmap->data[i / 8] >> (i % 8)) & 1)) continue;
+    }
+    NodeRef n;
+    if (get_node(ino, &n) != 0) continue;
+    // A run of up to 1 MiB at a time is read and hashed under the file's lock shared, then
+    // its matches are shared: a writer of the file waits for one run at most, and the
+    // matches kept at once are one run's.
+    bool counted = false;
+    std::vector<Match> matches;
+    for (uint64_t b = 0; !ro_;) {
+      matches.clear();
+      {
+        std::shared_lock<SharedMutex> lk;
+        if (lock_mapped(*n, &lk) != 0 || !S_ISREG(n->disk.mode) || n->disk.links == 0) break;
+        const uint64_t nblocks = (n->disk.size + kBlockSize - 1) / kBlockSize;
+        if (b >= nblocks) break;
+        if (!counted) {
+          ++r->files;
+          counted = true;
+        }
+        const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
+        const uint64_t run = std::min<uint64_t>({m.length, nblocks - b, kCopyBlocks});
+        const uint64_t at = b;
+        b += run;
+        if (m.hole || m.unwritten) continue;
+        if (!dev_.read(m.physical, static_cast<uint32_t>(run), buf.data()).is_ok()) continue;
+        for (uint64_t k = 0; k < run; ++k) {
+          const XXH128_hash_t h = XXH3_128bits(buf.data() + k * kBlockSize, kBlockSize);
+          ++r->blocks_hashed;
+          const auto lblk = static_cast<uint32_t>(at + k);
+          auto it = table.find(Hash128{h.low64, h.high64});
+          if (it == table.end()) {
+            if (table.size() < cap) {
+              table.emplace(Hash128{h.low64, h.high64}, Place{ino, lblk});
+            } else {
+              ++r->table_full;
+            }
+          } else if (!(it->second.ino == ino && it->second.lblk == lblk)) {
+            matches.push_back({it->second, lblk});
+          }
+        }
+      }
+      r->candidates += matches.size();
+      share_matches(n, matches);
     }
     done_with(n);
   }

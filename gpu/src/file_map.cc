@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -77,6 +78,38 @@ int build_file_map(fs::Filesystem& f, fs::Ino ino, uint64_t device_blocks, FileM
   }
   for (uint64_t b : m.blocks) m.holes += b == kHoleBlock;
   *out = std::move(m);
+  return 0;
+}
+
+int unshare_blocks(fs::Filesystem& f, const FileMap& m, uint64_t* copied, std::string* error) {
+  *copied = 0;
+  std::vector<char> buf;
+  for (uint64_t i = 0; i < m.blocks.size();) {
+    if (m.blocks[i] == kHoleBlock || f.block_refs(m.blocks[i]) < 2) {
+      ++i;
+      continue;
+    }
+    uint64_t n = 1;  // a run of shared blocks, up to 1 MiB
+    while (i + n < m.blocks.size() && n < 256 && m.blocks[i + n] != kHoleBlock &&
+           f.block_refs(m.blocks[i + n]) >= 2) {
+      ++n;
+    }
+    const uint64_t off = i * m.block_bytes;
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(n * m.block_bytes, m.size - off));
+    buf.resize(len);
+    size_t got = 0, put = 0;
+    int rc = f.read(m.ino, off, len, buf.data(), &got);
+    // The same bytes again, as the page cache's write-back would (no times, no privileges).
+    if (rc == 0 && got == len)
+      rc = f.write(m.ino, off, len, buf.data(), &put, nullptr, fs::WriteFrom::kPageCache);
+    if (rc == 0 && put != len) rc = EIO;
+    if (rc) {
+      *error = "copying shared block " + std::to_string(i) + ": " + std::strerror(rc);
+      return rc;
+    }
+    *copied += n;
+    i += n;
+  }
   return 0;
 }
 

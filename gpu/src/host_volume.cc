@@ -100,6 +100,22 @@ int HostVolume::map(const std::string& path, bool writable, MappedFile* out, std
     *error = path + ": " + *error;
     return rc;
   }
+  if (writable) {
+    // GPU threads write straight into the mapped device blocks: a block another file shares
+    // (a clone, deduplication: fs/FORMAT.md "Shared blocks") is copied first, by rewriting it
+    // through the core, whose copy-on-write gives this file a block of its own.
+    uint64_t copied = 0;
+    if (int rc = unshare_blocks(*m.fs, fm, &copied, error); rc) {
+      *error = path + ": " + *error;
+      return rc;
+    }
+    if (copied > 0) {
+      if (int rc = build_file_map(*m.fs, a.ino, device_blocks(), &fm, error); rc) {
+        *error = path + ": " + *error;
+        return rc;
+      }
+    }
+  }
   out->path = path;
   out->ino = fm.ino;
   out->size = fm.size;

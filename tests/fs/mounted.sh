@@ -122,7 +122,87 @@ fsck_clean() {
   echo "$out"
 }
 
+# A number from the live view (warpfs-stat --json): `stat_of shared.shared_blocks`.
+stat_of() {
+  "$STAT" --json "$mnt" | python3 -c 'import json, sys
+v = json.load(sys.stdin)
+for k in sys.argv[1].split("."): v = v.get(k, {}) if isinstance(v, dict) else {}
+print(v if v != {} else "")' "$1"
+}
+used_kib() { df -k --output=used "$mnt" | tail -1 | tr -d ' '; }
+
 case $scenario in
+  share)  # cp clones (copy_file_range), copy-on-write, df, writers beside clones, -o dedup, fsck
+    format 512M
+    mount_fs
+    head -c 64M /dev/urandom >"$work/src"
+    cp "$work/src" "$mnt/a" && sync -f "$mnt/a" || fail "cp into the mount"
+    u0=$(used_kib)
+    cp "$mnt/a" "$mnt/b" && sync -f "$mnt/b" || fail "cp a b"
+    u1=$(used_kib)
+    cmp "$mnt/a" "$mnt/b" || fail "the clone differs"
+    ((u1 - u0 < 1024)) || fail "cp of 64 MiB took $((u1 - u0)) KiB: not a clone"
+    shared=$(stat_of shared.shared_blocks)
+    ((shared >= 16384)) || fail "shared.shared_blocks is '$shared' after cloning 16384 blocks"
+    # Writes into the clone copy its blocks: a stays as it was, b changes.
+    dd if=/dev/urandom of="$mnt/b" bs=4k count=10 seek=100 conv=notrunc status=none
+    python3 -c 'import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY); os.pwrite(fd, b"xyz", 4096 * 7 + 5)' "$mnt/b"
+    cmp "$work/src" "$mnt/a" || fail "a write into the clone reached the original"
+    cmp -s "$mnt/a" "$mnt/b" && fail "the clone's writes are lost"
+    # Unaligned and same-file ranges through copy_file_range(2).
+    python3 -c 'import os, sys
+s = os.open(sys.argv[1], os.O_RDONLY); d = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT, 0o644)
+assert os.copy_file_range(s, d, 1000000, 3, 0) == 1000000
+assert os.copy_file_range(s, d, 8192, 0, 4096 * 300) == 8192
+assert os.copy_file_range(d, d, 4096, 0, 4096 * 400) == 4096' "$mnt/a" "$mnt/c" || fail "copy_file_range(2)"
+    python3 -c 'import sys
+a = open(sys.argv[1], "rb").read(); c = open(sys.argv[2], "rb").read()
+want = bytearray(4096 * 401); want[0:1000000] = a[3:1000003]; want[4096 * 300:4096 * 302] = a[0:8192]
+want[4096 * 400:4096 * 401] = want[0:4096]
+sys.exit(0 if c == bytes(want) else 1)' "$mnt/a" "$mnt/c" || fail "copy_file_range(2) copied the wrong bytes"
+    # Four processes clone a while a fifth rewrites it, 1 MiB per write(2): each MiB of each
+    # clone is that MiB of one version of a (a clone and a write exclude each other).
+    for v in 1 2 3; do head -c 64M /dev/urandom >"$work/v$v"; done
+    pids=()
+    for i in 1 2 3 4; do
+      (for k in 1 2 3 4 5; do cp "$mnt/a" "$mnt/c$i.$k" || exit 1; done) &
+      pids+=($!)
+    done
+    (for v in 1 2 3; do dd if="$work/v$v" of="$mnt/a" bs=1M conv=notrunc status=none; done) &
+    pids+=($!)
+    for p in "${pids[@]}"; do wait "$p" || fail "cp beside a writer"; done
+    python3 -c 'import sys
+w = sys.argv[1]; versions = [open(f"{w}/{n}", "rb").read() for n in ("src", "v1", "v2", "v3")]
+M = 1 << 20
+for i in range(1, 5):
+    for k in range(1, 6):
+        c = open(f"{sys.argv[2]}/c{i}.{k}", "rb").read()
+        assert len(c) == 64 * M, (i, k, len(c))
+        for m in range(64):
+            assert any(c[m * M:(m + 1) * M] == v[m * M:(m + 1) * M] for v in versions), (i, k, m)
+' "$work" "$mnt" || fail "a clone beside the writer holds a MiB of no version"
+    cmp "$work/v3" "$mnt/a" || fail "a is not its last version"
+    unmount_fs
+    fsck_clean >/dev/null
+    # -o dedup: 24 files of 4 contents; the pass shares 20 files' blocks.
+    mount_fs
+    mkdir "$mnt/dup"
+    for k in 0 1 2 3; do head -c 1M /dev/urandom >"$work/d$k"; done
+    for i in $(seq 0 23); do cp --reflink=never "$work/d$((i % 4))" "$mnt/dup/f$i"; done
+    unmount_fs
+    mount_fs -o dedup
+    for _ in $(seq 600); do
+      state=$(stat_of dedup.state)
+      [[ $state == running || $state == off ]] || break
+      sleep 0.05
+    done
+    [[ $state == done ]] || fail "dedup ended '$state'"
+    shared=$(stat_of dedup.blocks_shared)
+    ((shared >= 20 * 256)) || fail "dedup shared $shared blocks, expected at least $((20 * 256))"
+    for i in $(seq 0 23); do cmp "$work/d$((i % 4))" "$mnt/dup/f$i" || fail "dedup changed f$i"; done
+    unmount_fs
+    fsck_clean >/dev/null
+    ;;
   raid)  # RAID 1, then RAID 0, of two images: fsx beside four writer processes, remount, sums, fsck
     for level in 1 0; do
       a=$work/r$level-a.img b=$work/r$level-b.img

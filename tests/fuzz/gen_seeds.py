@@ -22,7 +22,7 @@ def patch(region, mode, index, offset, data, raw=False):
 
 def image_seeds():
     seeds = {}
-    for base in range(3):
+    for base in range(4):
         seeds[f"base{base}"] = bytes([base, 0])
         seeds[f"base{base}-ro"] = bytes([base | 0x08, 0])
         seeds[f"base{base}-inode1-links"] = bytes([base, 0]) + patch(INODE, ADD, 0, 12, [1])
@@ -50,6 +50,14 @@ def image_seeds():
             seeds[f"base0-inode{i}-time{field}-sentinel"] = bytes([0, 0]) + patch(
                 INODE, OVERWRITE, i, 32 + 8 * field, list(struct.pack("<q", -(2**63) if field % 2 else 2**63 - 1)))
     # The journal: its header's tail, a descriptor's count and target, a commit's sequence.
+    # Shared blocks (base 3): the descriptor's refcount_table (u32 at byte 36) moved or set to
+    # an edge value; a count in each header block (the table's are among them: byte 32 on is
+    # a table block's counts).
+    seeds["shared-table-field-next"] = bytes([3, 0]) + patch(GROUP, ADD, 0, 36, [1, 0, 0, 0])
+    seeds["shared-table-field-back"] = bytes([3, 0]) + patch(GROUP, ADD, 0, 36, [0xff] * 4)
+    seeds["shared-table-field-edge"] = bytes([3, 0]) + patch(GROUP, MAGIC, 0, 36, [2, 2])
+    for i in range(64):
+        seeds[f"shared-header{i}-count"] = bytes([3, 0]) + patch(HEADERS, ADD, i, 32 + 2 * (i % 16), [1, 0])
     seeds["crashed-journal-tail"] = bytes([1, 0]) + patch(JOURNAL, ADD, 0, 8, [1])
     for j in range(1, 8):
         seeds[f"crashed-journal{j}"] = bytes([1, 0]) + patch(JOURNAL, XOR, j, 4 + j, [0x01])

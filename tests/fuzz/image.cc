@@ -84,7 +84,7 @@ uint32_t magic_of(const uint8_t* b) {
 }
 bool header_magic(uint32_t m) {
   return m == fs::kDirIndexMagic || m == fs::kDirLeafMagic || m == fs::kExtentMagic ||
-         m == fs::kXattrMagic || m == fs::kXattrValueMagic;
+         m == fs::kXattrMagic || m == fs::kXattrValueMagic || m == fs::kRefcountMagic;
 }
 
 Layout layout_of(const BaseImage& b) {
@@ -175,6 +175,61 @@ void populate(fs::Filesystem& f, bool small) {
   }
 }
 
+// Shares a block by hand, as a clone would (FORMAT.md "Shared blocks"): file b's extent is
+// pointed at file a's block, b's own block freed, and group 0 gets a reference-count table
+// (17 free blocks) that counts 2 for it. `image` is the unmounted image's bytes.
+void share_block(std::vector<uint8_t>& image, fs::Ino a, fs::Ino b) {
+  fs::Superblock sb;
+  std::memcpy(&sb, image.data(), sizeof sb);
+  const fs::Layout l(sb);
+  const uint64_t seed = sb.checksum_seed;
+  auto block = [&](uint64_t n) { return image.data() + n * kBlockSize; };
+  auto inode = [&](fs::Ino ino) { return block(l.inode_block(ino)) + l.inode_offset(ino); };
+  fs::Inode ia, ib;
+  std::memcpy(&ia, inode(a), sizeof ia);
+  std::memcpy(&ib, inode(b), sizeof ib);
+  if (ia.extent_count != 1 || ib.extent_count != 1 || ia.tree_depth != 0 || ib.tree_depth != 0)
+    die("share_block: the files are not one extent each");
+  const uint64_t shared = ia.root.extents[0].physical, freed = ib.root.extents[0].physical;
+  ib.root.extents[0].physical = shared;
+  ib.checksum = fs::inode_checksum(ib, b, seed);
+  std::memcpy(inode(b), &ib, sizeof ib);
+  const uint64_t start = l.group_start(0);
+  uint8_t* bm = block(start);
+  fs::clear_bits(bm, freed - start, freed - start + 1);
+  uint64_t table = 0;
+  for (uint64_t i = l.meta_end(0) - start, run = 0; i < l.group_size(0) && table == 0; ++i) {
+    run = (bm[i / 8] >> (i % 8)) & 1 ? 0 : run + 1;
+    if (run == fs::kRefcountBlocks) table = i + 1 - run;
+  }
+  if (table == 0) die("share_block: no room for a table");
+  fs::set_bits(bm, table, table + fs::kRefcountBlocks);
+  for (uint32_t i = 0; i < fs::kRefcountBlocks; ++i) {
+    uint8_t* p = block(start + table + i);
+    std::memset(p, 0, kBlockSize);
+    const fs::RefcountHeader h{fs::kRefcountMagic, 0, i, 0, 0, 0};
+    std::memcpy(p, &h, sizeof h);
+    const uint64_t k = shared - start;
+    if (k / fs::kRefcountsPerBlock == i) {
+      const uint16_t two = 2;
+      std::memcpy(p + sizeof h + (k % fs::kRefcountsPerBlock) * 2, &two, 2);
+    }
+    const uint64_t sum = fs::block_checksum(p, fs::kHeaderChecksumOffset, seed);
+    std::memcpy(p + fs::kHeaderChecksumOffset, &sum, 8);
+  }
+  fs::GroupDesc d;
+  std::memcpy(&d, block(sb.gdt_start), sizeof d);
+  d.free_blocks = d.free_blocks + 1 - fs::kRefcountBlocks;
+  d.refcount_table = static_cast<uint32_t>(table);
+  d.block_bitmap_checksum = fs::checksum(bm, kBlockSize, seed);
+  d.checksum = fs::group_checksum(d, seed);
+  std::memcpy(block(sb.gdt_start), &d, sizeof d);
+  sb.free_blocks = sb.free_blocks + 1 - fs::kRefcountBlocks;
+  sb.checksum = fs::superblock_checksum(sb);
+  std::memcpy(block(0), &sb, sizeof sb);
+  std::memcpy(block(sb.block_count - 1), &sb, sizeof sb);
+}
+
 fs::MountOptions quiet_options(std::string* log) {
   fs::MountOptions o;
   o.commit_interval_ms = 3'600'000;  // commits happen when we say
@@ -182,7 +237,8 @@ fs::MountOptions quiet_options(std::string* log) {
   return o;
 }
 
-BaseImage build(const std::string& name, uint64_t blocks, bool crash, bool small) {
+BaseImage build(const std::string& name, uint64_t blocks, bool crash, bool small,
+                bool share = false) {
   BaseImage zero_base;
   zero_base.bytes.assign(blocks * kBlockSize, 0);
   CowDevice dev(zero_base);
@@ -219,10 +275,20 @@ BaseImage build(const std::string& name, uint64_t blocks, bool crash, bool small
       must(f->sync(), "sync");
       out.bytes = dev.snapshot();  // the machine dies here
     } else {
+      fs::Attr a, b;
+      if (share) {
+        size_t w;
+        must(f->mknod(fs::kRootInode, "shared-a", S_IFREG | 0644, 0, fs::Caller{}, &a), "mknod");
+        must(f->mknod(fs::kRootInode, "shared-b", S_IFREG | 0644, 0, fs::Caller{}, &b), "mknod");
+        must(f->write(a.ino, 0, 4096, std::string(4096, 'A').data(), &w), "write shared-a");
+        must(f->write(b.ino, 0, 4096, std::string(4096, 'B').data(), &w), "write shared-b");
+      }
       must(f->unmount(), "unmount");
       out.bytes = dev.snapshot();
+      if (share) share_block(out.bytes, a.ino, b.ino);
     }
   }
+  out.shares = share;
   std::memcpy(&out.sb, out.bytes.data(), sizeof out.sb);
   out.groups.resize(out.sb.group_count);
   std::memcpy(out.groups.data(), out.bytes.data() + out.sb.gdt_start * kBlockSize,
@@ -252,6 +318,7 @@ struct Bases {
     image[0] = build("clean", 1024, false, false);
     image[1] = build("crashed", 1024, true, false);
     image[2] = build("groups", fs::kBlocksPerGroup + 200, false, true);
+    image[3] = build("shared", 1024, false, false, /*share=*/true);
     for (unsigned i = 0; i < kBaseImages; ++i) layout[i] = layout_of(image[i]);
     g_fake_clock = false;
     if (std::getenv("WARPFS_FUZZ_VERBOSE") != nullptr) {

@@ -38,8 +38,10 @@ struct BaseImage {
   fs::Superblock sb;
   std::vector<fs::GroupDesc> groups;
   std::vector<uint64_t> meta;     // metadata blocks in use: patch targets of region kMeta
-  std::vector<uint64_t> headers;  // directory, extent-tree, xattr chain and value blocks
+  std::vector<uint64_t> headers;  // directory, extent-tree, xattr chain and value blocks,
+                                  // reference-count table blocks
   std::vector<uint64_t> data;     // file data blocks that are not zero (symlink targets too)
+  bool shares = false;            // has a block shared by two files (FORMAT.md "Shared blocks")
   uint64_t blocks() const { return bytes.size() / fs::kBlockSize; }
 };
 
@@ -52,7 +54,10 @@ struct BaseImage {
 //   orphan list.
 // 2 "groups": two block groups (about 129 MiB, but a run only copies what it writes),
 //   cleanly unmounted.
-inline constexpr unsigned kBaseImages = 3;
+// 3 "shared": image 0 with two more files of one block each that share a block (edited by
+//   hand as a clone would leave them: group 0's reference-count table counts 2), cleanly
+//   unmounted.
+inline constexpr unsigned kBaseImages = 4;
 const BaseImage& base_image(unsigned i);
 
 // A block device over a base image: reads see the base until a block is written, writes

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "volume_image.h"
@@ -153,6 +154,38 @@ TEST_F(FileMapTest, AWritersCloseLeavesDataTimesAndACleanImage) {
   ASSERT_EQ(mtime_via_core(image_, "/data/other.bin", &other1), "");
   EXPECT_GT(mtime1, mtime0);
   EXPECT_EQ(other1, other0);
+}
+
+// A file that shares its blocks with another (a clone) and is mapped writable gets blocks of
+// its own first: GPU writes into its map never reach the other file.
+TEST_F(FileMapTest, AWritableMapOfACloneHasBlocksOfItsOwn) {
+  std::string error;
+  uint64_t shared = 0;
+  ASSERT_EQ(clone_via_core(image_, "/data/dense.bin", "/data", "clone.bin", &shared), "");
+  const TestFile& dense = file("/data/dense.bin");
+  ASSERT_EQ(shared, (dense.data.size() + 4095) / 4096);  // every block of it
+  {
+    auto v = HostVolume::open(image_, true, &error);
+    ASSERT_TRUE(v) << error;
+    MappedFile c, d;
+    ASSERT_EQ(v->map("/data/clone.bin", true, &c, &error), 0) << error;
+    ASSERT_EQ(v->map("/data/dense.bin", false, &d, &error), 0) << error;
+    std::set<uint64_t> theirs(d.blocks.begin(), d.blocks.end());
+    uint64_t common = 0;
+    for (uint64_t b : c.blocks) common += theirs.count(b);
+    EXPECT_EQ(common, 0u);
+    std::vector<uint8_t> block(4096, 0x5a);
+    ASSERT_TRUE(v->store()->write(c.blocks[3] * 4096, block.data(), 4096).is_ok());
+    ASSERT_TRUE(v->close(true, &error)) << error;
+  }
+  std::vector<uint8_t> got;
+  ASSERT_EQ(read_via_core(image_, "/data/dense.bin", &got), "");
+  EXPECT_TRUE(got == dense.data) << "the clone's write reached the original";
+  ASSERT_EQ(read_via_core(image_, "/data/clone.bin", &got), "");
+  std::vector<uint8_t> want = dense.data;
+  std::memset(&want[3 * 4096], 0x5a, 4096);
+  EXPECT_TRUE(got == want);
+  EXPECT_EQ(fsck_image(image_), "");
 }
 
 // Readers in several threads, each with its own volume over the same image, map every file

@@ -180,6 +180,29 @@ std::string mtime_via_core(const std::string& image, const std::string& path, in
   return "";
 }
 
+std::string clone_via_core(const std::string& image, const std::string& from,
+                           const std::string& dir, const std::string& name, uint64_t* shared) {
+  std::string error;
+  auto stack = open_image(image, 0, &error);
+  if (!stack) return "open: " + error;
+  fs::MountOptions mo;
+  auto f = fs::Filesystem::mount(stack->device(), mo, &error);
+  if (!f) return "mount: " + error;
+  fs::Attr src, d, out;
+  if (gpu::resolve_path(*f, from, &src, &error) != 0) return error;
+  if (gpu::resolve_path(*f, dir, &d, &error) != 0) return error;
+  if (int rc = f->mknod(d.ino, name, S_IFREG | 0644, 0, fs::Caller{}, &out); rc)
+    return name + ": " + std::strerror(rc);
+  uint64_t copied = 0;
+  if (int rc = f->copy_file_range(src.ino, 0, out.ino, 0, src.size, &copied); rc)
+    return "copy_file_range: " + std::string(std::strerror(rc));
+  if (copied != src.size) return "copy_file_range: short";
+  *shared = f->stats().shared_blocks;
+  f->forget(out.ino, 1);
+  if (int rc = f->unmount(); rc) return "unmount: " + std::string(std::strerror(rc));
+  return "";
+}
+
 std::string read_device_block(const std::string& image, uint64_t block, std::vector<uint8_t>* out) {
   const int fd = ::open(image.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return image + ": " + std::strerror(errno);

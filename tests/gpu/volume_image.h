@@ -38,6 +38,12 @@ std::string read_via_core(const std::string& image, const std::string& path,
 // The file's mtime through a fresh mount, in nanoseconds since the epoch: "" or the error.
 std::string mtime_via_core(const std::string& image, const std::string& path, int64_t* ns);
 
+// A clone of `from` (copy_file_range through the core: its blocks shared, fs/FORMAT.md
+// "Shared blocks") as `dir`/`name`; *shared: the filesystem's shared blocks after it. "" or
+// the error.
+std::string clone_via_core(const std::string& image, const std::string& from,
+                           const std::string& dir, const std::string& name, uint64_t* shared);
+
 // The device block that holds file block `fb` of `path`, read from the image file directly
 // (bypassing the filesystem): "" or the error.
 std::string read_device_block(const std::string& image, uint64_t block, std::vector<uint8_t>* out);

@@ -42,4 +42,10 @@ int resolve_path(fs::Filesystem& f, std::string_view path, fs::Attr* out, std::s
 int build_file_map(fs::Filesystem& f, fs::Ino ino, uint64_t device_blocks, FileMap* out,
                    std::string* error);
 
+// Gives every block of `m`'s file that other extents share (fs/FORMAT.md "Shared blocks")
+// a copy of its own, by writing its bytes again through the core (copy-on-write), so that
+// writes into the mapped device blocks reach this file alone. *copied: the blocks copied
+// (the map is stale if any). Returns 0 or an errno value with `error` saying why.
+int unshare_blocks(fs::Filesystem& f, const FileMap& m, uint64_t* copied, std::string* error);
+
 }  // namespace warpfs::gpu
