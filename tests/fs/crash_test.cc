@@ -250,7 +250,8 @@ Op clone(Id from, uint64_t off, uint64_t len, Id to, uint64_t off2) {
 // edge after them; that write grows the file from its old end, and growing drops what is
 // mapped past the end (file.cc drop_past_eof), which is now the blocks just shared: they
 // read as zeroes. The size is set only after the edge. (warpfs-crash --seed 30 --cuts 1;
-// the copy's read-back in run_op.) Open until share.cc sets the size before the edge.
+// the copy's read-back in run_op.) Open: share.cc must let the size cover the mapped blocks
+// before the edge is written.
 TEST(Crash, Regression_CloneWithAnEdgeAfterItsBlocksKeepsThem) {
   auto s = session();
   ASSERT_TRUE(s);
@@ -265,12 +266,11 @@ TEST(Crash, Regression_CloneWithAnEdgeAfterItsBlocksKeepsThem) {
 }
 
 // A write into a shared block copies it (copy-on-write) and lowers the old block's count in
-// the running transaction; once it is down to one owner, that owner's next write goes to the
-// block in place. The data reaches the device before the transaction commits, so a crash
-// before the commit finds the first file still mapping the old block, now with the other
-// file's new bytes. (warpfs-crash --seed 484 --cuts 1, where a dedupe shared the block.)
-// Open until the core keeps a block whose count dropped in the running transaction from
-// being written in place before that transaction commits.
+// the running transaction; once it is down to one owner, that owner's next write went to the
+// block in place, before the transaction committed, so a crash before the commit found the
+// first file still mapping the old block, now with the other file's new bytes.
+// (warpfs-crash --seed 484 --cuts 1, where a dedupe shared the block.) Fixed: a count that
+// falls to 0 is held shared until its transaction commits (Group::unsharing).
 TEST(Crash, Regression_InPlaceWriteAfterCopyOnWriteIsNotSeenByTheOtherFile) {
   auto s = session();
   ASSERT_TRUE(s);
