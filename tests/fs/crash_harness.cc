@@ -1328,16 +1328,22 @@ void model_clone(Model& m, const Op& op, const std::string& data, bool shares) {
     }
     return;
   }
-  // The bytes before the first whole block: a write. Then the blocks are mapped, in several
-  // transactions (a block a crash finds mapped is a later state's, as the data oracle
-  // allows), the bytes after them written as a write, the size set. The size may cover the
-  // mapped blocks as they come (a state per block: whichever transaction raises it; where
-  // the core copies a block it cannot share, no table room or a count at its limit, its
-  // write raises it too), or only at the end.
+  // The bytes before the first whole block: a write. Then the old blocks are punched and the
+  // source's mapped, in several transactions (a block a crash finds mapped is a later state's,
+  // as the data oracle allows), the bytes after them written as a write, the size set. The
+  // size may cover the mapped blocks as they come (a state per block: whichever transaction
+  // raises it; where the core copies a block it cannot share, no table room or a count at its
+  // limit, its write raises it too), or only at the end.
   const uint64_t head = std::min<uint64_t>(data.size(), (kB - op.off % kB) % kB);
   const uint64_t whole = (data.size() - head) / kB * kB;
   if (head > 0) model_bytes_pieces(m, op.id2, op.off2, data.substr(0, head), kWritePiece);
-  if (whole > 0) model_bytes_pieces(m, op.id2, op.off2 + head, data.substr(head, whole), kB);
+  if (whole > 0) {
+    // The destination's old blocks there are punched first, a few extents a transaction
+    // (share.cc clone_blocks: a crash then leaves a hole where the copy was to go).
+    model_zero(m.edit(op.id2), op.off2 + head, whole);
+    m.step();
+    model_bytes_pieces(m, op.id2, op.off2 + head, data.substr(head, whole), kB);
+  }
   if (head + whole < data.size()) {
     model_write(m.edit(op.id2), op.off2 + head + whole, data.substr(head + whole));
     m.step();

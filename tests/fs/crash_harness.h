@@ -296,9 +296,10 @@ void model_bytes_pieces(Model& m, Id id, uint64_t off, const std::string& data, 
 std::string model_read(const MNode& n, uint64_t off, uint64_t len);
 // A kClone's states in the core (share.cc), `data` being the source's bytes it copies: where
 // `shares` (the shared_blocks feature, and both offsets alike in a block) the edge before the
-// first whole block is written as a write is, then the whole blocks are mapped (a state per
-// block: the size may follow them or not), then the edge after them; else the bytes are
-// written as writes of 1 MiB each.
+// first whole block is written as a write is, then the destination's whole blocks there are
+// punched (they may read as zeroes) and the source's mapped (a state per block: the size may
+// follow them or not), then the edge after them; else the bytes are written as writes of
+// 1 MiB each.
 void model_clone(Model& m, const Op& op, const std::string& data, bool shares);
 // The image on `dev` (unmounted) gets the shared_blocks feature if it lacks it (both copies
 // of the superblock rewritten), as mkfs.warpfs may not set it yet; "" or the failure.
