@@ -617,8 +617,9 @@ class FsImpl final : public Filesystem {
   // counts the others' in its check, so that together they never go below the line.
   std::atomic<uint64_t> unreserved_in_flight_{0};
   bool may_use_root_reserve() const;
+  // `keep_tables`: not the blocks kept for a group's count table (table_room).
   [[nodiscard]] int alloc_blocks_from(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got,
-                                      bool data);
+                                      bool keep_tables);
 
   // Level 1 (filesystem.h): every change of a name (create, link, unlink, rename) and the
   // freeing of an inode (reclaim, the orphan list), so that they may lock several nodes.
