@@ -103,9 +103,9 @@ for ((i = 0; i < files; ++i)); do
   dd if="$work/src$((i % distinct))" of="$mnt/tree/d$((i % 20))/f$i" bs=1M status=none
 done
 sync -f "$mnt/tree"
+u0=$(used)  # before the remount: the pass starts with the mount
 unmount_it
 mount_it cache_mb=256,dedup
-u0=$(used)
 state=""
 for _ in $(seq 6000); do
   "$stat_bin" --json "$mnt" >"$work/stats2.json"

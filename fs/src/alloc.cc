@@ -179,8 +179,8 @@ int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t
     int rc = ENOSPC;
     if (avail > floor + others) {
       rc = alloc_blocks_from(
-          goal, static_cast<uint32_t>(std::min<uint64_t>(want, avail - floor - others)), first,
-          got);
+          goal, static_cast<uint32_t>(std::min<uint64_t>(want, avail - floor - others)), first, got,
+          true);
     }
     unreserved_in_flight_.fetch_sub(want);
     return rc;
@@ -192,10 +192,14 @@ int FsImpl::alloc_blocks(uint64_t goal, uint32_t want, uint64_t* first, uint32_t
     if (avail <= meta_reserve_) return ENOSPC;
     want = static_cast<uint32_t>(std::min<uint64_t>(want, avail - meta_reserve_));
   }
-  return alloc_blocks_from(goal, want, first, got);
+  // Metadata takes the blocks kept for count tables only when nothing else is left.
+  int rc = alloc_blocks_from(goal, want, first, got, true);
+  if (rc == ENOSPC && meta) rc = alloc_blocks_from(goal, want, first, got, false);
+  return rc;
 }
 
-int FsImpl::alloc_blocks_from(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got) {
+int FsImpl::alloc_blocks_from(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got,
+                              bool keep_tables) {
   const uint64_t first_group = group_start(0);
   uint32_t g0 = group_of_block(goal);
   uint32_t start_bit =
@@ -207,8 +211,12 @@ int FsImpl::alloc_blocks_from(uint64_t goal, uint32_t want, uint64_t* first, uin
     std::lock_guard<std::mutex> lk(gr.mu);
     uint8_t* bm = gr.block_bitmap->data;
     // Two passes over the data area [meta_bits(), end): from the goal (or the group's hint)
-    // to the end, then from the start. The bitmap's metadata bits are never looked at.
-    const uint32_t end = group_size(g);
+    // to the end, then from the start. The bitmap's metadata bits are never looked at. The
+    // group's last kRefcountBlocks are kept for its reference-count table while it has none
+    // (make_refcount_table), so that a group full of a file's data can still share it (a
+    // clone of that file); metadata takes them only when nothing else is left (alloc_blocks).
+    // File data never does: the metadata reserve it stops short of counts more blocks.
+    const uint32_t end = group_size(g) - (keep_tables && table_room(g) ? kRefcountBlocks : 0);
     const uint32_t from = k == 0 ? start_bit : gr.next_block_hint;
     for (int pass = 0; pass < 2; ++pass) {
       const uint32_t lo = std::max(pass == 0 ? from : 0, meta_bits());

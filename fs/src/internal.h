@@ -393,8 +393,15 @@ class FsImpl final : public Filesystem {
   uint32_t refs_locked(Group& gr, uint32_t bit) const;
   // Sets it and the statistics. REQUIRES: the group's mu, its table, in a transaction.
   void set_refs_locked(Group& gr, uint32_t bit, uint32_t v);
-  // Makes group g's table: 17 free contiguous blocks of its data area. REQUIRES: its mu, in
-  // a transaction. ENOSPC: no such run.
+  // Whether group g keeps its last kRefcountBlocks blocks from file data for a table it may
+  // need (shared blocks on, no table yet, a group long enough). REQUIRES: its mu.
+  bool table_room(uint32_t g) const {
+    return shared_blocks_enabled() && groups_[g].refs[0] == nullptr &&
+           group_size(g) >= meta_bits() + 2 * kRefcountBlocks;
+  }
+  // Makes group g's table: 17 free contiguous blocks of its data area, the last ones kept
+  // for it (table_room) if free, else the first such run. REQUIRES: its mu, in a transaction.
+  // ENOSPC: no such run.
   [[nodiscard]] int make_refcount_table(uint32_t g);
   // Blocks whose count is at least 2, and the sum of (count - 1) over them: the blocks that
   // sharing saved.
@@ -446,8 +453,9 @@ class FsImpl final : public Filesystem {
   // Whole blocks [l_in, +count) of `in` mapped into `out` at l_out, sharing in's written
   // blocks (in's holes and unwritten ranges become holes); what cannot be shared is copied.
   // REQUIRES: both rw exclusive, mapped, not in a transaction.
+  // out's size grows with what is mapped, up to `end` (the copy's end in bytes).
   [[nodiscard]] int clone_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out, uint64_t count,
-                                 uint64_t* done);
+                                 uint64_t end, uint64_t* done);
   // Unmaps [l, l + count) of n a few extents per transaction (truncate_blocks' bound).
   // REQUIRES: rw exclusive, mapped, not in a transaction.
   [[nodiscard]] int punch_bounded(Node& n, uint64_t l, uint64_t count);
@@ -609,7 +617,9 @@ class FsImpl final : public Filesystem {
   // counts the others' in its check, so that together they never go below the line.
   std::atomic<uint64_t> unreserved_in_flight_{0};
   bool may_use_root_reserve() const;
-  [[nodiscard]] int alloc_blocks_from(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got);
+  // `keep_tables`: not the blocks kept for a group's count table (table_room).
+  [[nodiscard]] int alloc_blocks_from(uint64_t goal, uint32_t want, uint64_t* first, uint32_t* got,
+                                      bool keep_tables);
 
   // Level 1 (filesystem.h): every change of a name (create, link, unlink, rename) and the
   // freeing of an inode (reclaim, the orphan list), so that they may lock several nodes.

@@ -85,14 +85,22 @@ int FsImpl::make_refcount_table(uint32_t g) {
   auto busy = [&](uint32_t i) {
     return ((bm[i / 8] >> (i % 8)) & 1) || ((gr.held[i / 64] >> (i % 64)) & 1);
   };
-  // The first run of kRefcountBlocks free blocks of the data area.
-  uint32_t at = meta_bits(), run = 0;
-  for (uint32_t i = meta_bits(); i < group_size(g) && run < kRefcountBlocks; ++i) {
-    if (busy(i)) {
-      run = 0;
-      at = i + 1;
-    } else {
-      ++run;
+  // The group's last blocks, which file data left for it (alloc_blocks_from), else the first
+  // run of kRefcountBlocks free blocks of the data area (metadata took them, or an image made
+  // before the feature).
+  if (group_size(g) < meta_bits() + kRefcountBlocks) return ENOSPC;
+  uint32_t at = group_size(g) - kRefcountBlocks, run = 0;
+  while (run < kRefcountBlocks && !busy(at + run)) ++run;
+  if (run < kRefcountBlocks) {
+    at = meta_bits();
+    run = 0;
+    for (uint32_t i = meta_bits(); i < group_size(g) && run < kRefcountBlocks; ++i) {
+      if (busy(i)) {
+        run = 0;
+        at = i + 1;
+      } else {
+        ++run;
+      }
     }
   }
   if (run < kRefcountBlocks) return ENOSPC;

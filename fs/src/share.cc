@@ -96,7 +96,7 @@ int FsImpl::punch_bounded(Node& n, uint64_t l, uint64_t count) {
 }
 
 int FsImpl::clone_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out, uint64_t count,
-                         uint64_t* done) {
+                         uint64_t end, uint64_t* done) {
   WARPFS_DCHECK(changeable_by_me(in) && changeable_by_me(out), "clone_blocks: rw exclusive");
   WARPFS_DCHECK(!journal_->in_transaction(), "clone_blocks: not in a transaction");
   *done = 0;
@@ -115,7 +115,14 @@ int FsImpl::clone_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out, uin
                    lo = static_cast<uint32_t>(l_out + *done);
         const Mapping m = map_lookup(in, li);
         const uint64_t run = std::min<uint64_t>(m.length, count - *done);
+        // out's size follows what is in place, up to the copy's end: bytes copied after this
+        // (a partial tail, or blocks that could not be shared) grow out through write_locked,
+        // which unmaps blocks past the size first (drop_past_eof).
+        auto grow = [&](uint64_t blocks) {
+          out.disk.size = std::max(out.disk.size, std::min(end, (lo + blocks) * kBlockSize));
+        };
         if (m.hole || m.unwritten) {
+          grow(run);
           *done += run;
           continue;
         }
@@ -130,6 +137,7 @@ int FsImpl::clone_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out, uin
             break;
           }
           out.disk.blocks += shared;
+          grow(shared);
           note_written(out, m.physical, shared);  // its fsync writes back what in had cached
           cloned_blocks_.fetch_add(shared, std::memory_order_relaxed);
           *done += shared;
@@ -209,7 +217,7 @@ int FsImpl::copy_file_range(Ino in_ino, uint64_t off_in, Ino out_ino, uint64_t o
     if (rc == 0 && blocks > 0) {
       uint64_t done = 0;
       rc = clone_blocks(*in, static_cast<uint32_t>((off_in + head) / kBlockSize), *out,
-                        static_cast<uint32_t>((off_out + head) / kBlockSize), blocks, &done);
+                        static_cast<uint32_t>((off_out + head) / kBlockSize), blocks, end, &done);
       *copied = std::min(len, head + done * kBlockSize);  // what is in place, error or not
     }
     if (rc == 0 && tail > 0 && *copied == len - tail) {

@@ -221,6 +221,53 @@ TEST(Share, UnalignedRangesCopyAndHolesStayHoles) {
   EXPECT_EQ(r->read(c, 0, 50 * kB), mc);
 }
 
+// Into an empty file: the shared blocks lie past its size until the clone ends, and the bytes
+// copied after them (a partial tail, or blocks that could not be shared) must not unmap them
+// as blocks past the end (write_locked drops those before it grows a file).
+TEST(Share, BytesCopiedAfterSharedBlocksKeepThem) {
+  auto r = shared_rig();
+  ASSERT_TRUE(r);
+  const Ino a = r->create(kRootInode, "a");
+  const std::string data = pattern(31, 0, 40 * kB);
+  ASSERT_EQ(r->write(a, 0, data), 0);
+  const Ino b = r->create(kRootInode, "b");
+  uint64_t copied = 0;
+  ASSERT_EQ(clone(*r, a, 0, b, 0, 10 * kB + 100, &copied), 0);
+  EXPECT_EQ(copied, 10 * kB + 100);
+  EXPECT_EQ(r->size(b), 10 * kB + 100);
+  EXPECT_TRUE(r->read(b, 0, 10 * kB + 100) == data.substr(0, 10 * kB + 100));
+  EXPECT_EQ(r->fs->stats().shared_blocks, 10u);
+  // Appending by clone to a file's end, unaligned in both: copied bytes only, then aligned.
+  ASSERT_EQ(clone(*r, a, 20 * kB, b, 12 * kB, 8 * kB + 5, &copied), 0);
+  std::string want = data.substr(0, 10 * kB + 100);
+  want.resize(12 * kB, '\0');
+  want += data.substr(20 * kB, 8 * kB + 5);
+  EXPECT_TRUE(r->read(b, 0, want.size() + 10) == want);
+  expect_counts_match(*r, {a, b});
+  EXPECT_EQ(r->check_and_remount(), "");
+  EXPECT_TRUE(r->read(b, 0, want.size() + 10) == want);
+}
+
+// A file that fills a group (and goes on in the next) still clones whole: file data leaves
+// each group's last 17 blocks to the table the first clone needs there.
+TEST(Share, AFileThatFillsItsGroupClonesWhole) {
+  auto r = shared_rig(512);  // four groups of 128 MiB
+  ASSERT_TRUE(r);
+  const Ino a = r->create(kRootInode, "a");
+  const std::string chunk = pattern(41, 0, 1 << 20);
+  for (uint64_t off = 0; off < (300u << 20); off += chunk.size()) {
+    ASSERT_EQ(r->write(a, off, chunk), 0);
+  }
+  const uint64_t size = r->size(a), blocks = (size + kB - 1) / kB;
+  const Ino b = r->create(kRootInode, "b");
+  uint64_t copied = 0;
+  ASSERT_EQ(clone(*r, a, 0, b, 0, size, &copied), 0) << r->log;
+  EXPECT_EQ(copied, size);
+  EXPECT_EQ(r->fs->stats().shared_blocks, blocks);
+  expect_counts_match(*r, {a, b});
+  EXPECT_EQ(r->check_and_remount(), "");
+}
+
 TEST(Share, WithoutTheFeatureCopyFileRangeCopies) {
   auto r = Rig::make();
   ASSERT_TRUE(r);
