@@ -249,9 +249,8 @@ Op clone(Id from, uint64_t off, uint64_t len, Id to, uint64_t off2) {
 // copy_file_range with the offsets alike in a block shares the whole blocks and writes the
 // edge after them; that write grows the file from its old end, and growing drops what is
 // mapped past the end (file.cc drop_past_eof), which is now the blocks just shared: they
-// read as zeroes. The size is set only after the edge. (warpfs-crash --seed 30 --cuts 1;
-// the copy's read-back in run_op.) Open: share.cc must let the size cover the mapped blocks
-// before the edge is written.
+// read as zeroes. The size was set only after the edge. (warpfs-crash --seed 30 --cuts 1;
+// the copy's read-back in run_op.) Fixed: out's size follows what a clone maps.
 TEST(Crash, Regression_CloneWithAnEdgeAfterItsBlocksKeepsThem) {
   auto s = session();
   ASSERT_TRUE(s);
