@@ -220,7 +220,9 @@ class Filesystem {
   // alike in a block and the filesystem has the shared_blocks feature; the rest is copied.
   // A last partial block at in's end is shared too when it becomes out's end. `out` grows to
   // cover the range and loses set-user-ID as a write's target does. Not atomic: a failure or
-  // crash part way leaves a part copied, as a write of the same bytes would.
+  // crash part way leaves a part copied; in the shared part, out's old blocks go in
+  // transactions before the new ones are mapped, so a crash between them leaves a hole
+  // (zeroes) where the copy had not arrived, not out's old bytes.
   [[nodiscard]] virtual int copy_file_range(Ino in, uint64_t off_in, Ino out, uint64_t off_out,
                                             uint64_t len, uint64_t* copied) = 0;
   // FIDEDUPERANGE for one destination: the whole blocks of [off_out, off_out + len) of `out`
