@@ -321,21 +321,26 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
   }
   if (*written > 0) n.disk.size = std::max<uint64_t>(n.disk.size, off + *written);
   if (*written > 0 && from == WriteFrom::kWriter) {  // kPageCache: the kernel's times follow
-    n.disk.mtime_ns = n.disk.ctime_ns = now_ns();
-    // Writing clears set-user-ID (and set-group-ID when group-executable), as the kernel does.
-    if (n.disk.mode & (S_ISUID | S_ISGID)) {
-      n.disk.mode &= ~static_cast<uint32_t>(S_ISUID);
-      if (n.disk.mode & S_IXGRP) n.disk.mode &= ~static_cast<uint32_t>(S_ISGID);
-    }
-    if (int xrc = drop_capability_locked(n); xrc && !rc) rc = xrc;
+    if (int xrc = written_by_writer(n); xrc && !rc) rc = xrc;
   }
   if (int src = map_store(n); src && !rc) rc = src;
   return rc;
 }
 
+int FsImpl::written_by_writer(Node& n) {
+  n.disk.mtime_ns = n.disk.ctime_ns = now_ns();
+  // Writing clears set-user-ID (and set-group-ID when group-executable), as the kernel does.
+  if (n.disk.mode & (S_ISUID | S_ISGID)) {
+    n.disk.mode &= ~static_cast<uint32_t>(S_ISUID);
+    if (n.disk.mode & S_IXGRP) n.disk.mode &= ~static_cast<uint32_t>(S_ISGID);
+  }
+  return drop_capability_locked(n);
+}
+
 // Points [l, l + count) of n's mapping at `to` instead of `from` (a copy-on-write's new
-// blocks), dropping the old blocks' references (FORMAT.md "Shared blocks"); on failure the
-// new blocks are freed and the mapping stays. REQUIRES: rw exclusive, in a transaction.
+// blocks, or blocks a dedupe took references of), dropping the old blocks' references
+// (FORMAT.md "Shared blocks"); on failure `to` is freed (or loses the references taken) and
+// the mapping stays. REQUIRES: rw exclusive, in a transaction.
 int FsImpl::remap(Node& n, uint32_t l, uint64_t count, uint64_t to, uint64_t from) {
   std::vector<Extent> removed;
   int rc = map_remove(n, l, count, &removed);

@@ -441,6 +441,10 @@ class FsImpl final : public Filesystem {
                                  size_t* written, WriteFrom from = WriteFrom::kWriter);
   [[nodiscard]] int zero_range(Node& n, uint64_t off, uint64_t len);  // within mapped blocks
   [[nodiscard]] int remap(Node& n, uint32_t l, uint64_t count, uint64_t to, uint64_t from);
+  // What a writer's write does besides the data (write_locked, copy_file_range): mtime and
+  // ctime now, set-user-ID and set-group-ID and security.capability dropped. REQUIRES: rw
+  // exclusive, in a transaction.
+  [[nodiscard]] int written_by_writer(Node& n);
   // write()'s body: [off, off + len) in transactions of at most kBlocksPerTxn blocks, each
   // retried after a commit on ENOSPC. REQUIRES: rw exclusive, mapping loaded.
   [[nodiscard]] int write_all_locked(Node& n, uint64_t off, size_t len, const char* buf,

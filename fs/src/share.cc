@@ -227,14 +227,8 @@ int FsImpl::copy_file_range(Ino in_ino, uint64_t off_in, Ino out_ino, uint64_t o
     }
     if (*copied > 0) {
       Journal::Txn t(*journal_);
-      Inode& d = out->disk;
-      d.size = std::max(d.size, off_out + *copied);
-      d.mtime_ns = d.ctime_ns = now_ns();
-      if (d.mode & (S_ISUID | S_ISGID)) {  // as a write (write_locked)
-        d.mode &= ~static_cast<uint32_t>(S_ISUID);
-        if (d.mode & S_IXGRP) d.mode &= ~static_cast<uint32_t>(S_ISGID);
-      }
-      if (int xrc = drop_capability_locked(*out); xrc && !rc) rc = xrc;
+      out->disk.size = std::max(out->disk.size, off_out + *copied);
+      if (int xrc = written_by_writer(*out); xrc && !rc) rc = xrc;  // as a write
       if (int src = store(*out); src && !rc) rc = src;
       clones_.fetch_add(1, std::memory_order_relaxed);
     }
@@ -276,14 +270,9 @@ int FsImpl::dedupe_blocks(Node& in, uint32_t l_in, Node& out, uint32_t l_out, ui
         continue;
       }
       if (rc) return rc;
-      std::vector<Extent> removed;
-      rc = map_remove(out, l_out + i, got, &removed);
-      if (rc == 0) rc = map_insert(out, Extent{l_out + i, got, mi.physical});
-      if (rc) {
-        free_blocks(mi.physical, got);
-        return rc;
-      }
-      free_blocks(mo.physical, got);  // out's own copies: freed, or one reference fewer
+      // out's run now points at in's blocks; its own are freed, or one reference fewer (on
+      // failure remap drops the references just taken instead).
+      if ((rc = remap(out, l_out + i, got, mi.physical, mo.physical))) return rc;
       if (int src = map_store(out); src) return src;
       *shared += got;
       deduped_blocks_.fetch_add(got, std::memory_order_relaxed);
