@@ -55,6 +55,15 @@ EmulatedController::EmulatedController(const EmulatedConfig& config,
   reg_words_ = (reg::cq_doorbell(maxq, dstrd_) + 4) / 4;
   regs_.reset(new port::Atomic<uint32_t>[reg_words_]());
   irqs_.reset(new InterruptLine[config_.interrupt_vectors]());
+  // This controller writes every CQE itself, so it can name each one's waiter. Run inline
+  // with no latency, the thread that rang (or the one that held the device then) posts the
+  // completion at once: waiters need not yield to it first (InterruptLine, "When to sleep").
+  const bool prompt = config_.inline_io && config_.latency_ns == 0 &&
+                      config_.latency_jitter_ns == 0 && config_.bandwidth_bytes_per_s == 0;
+  for (uint16_t v = 0; v < config_.interrupt_vectors; ++v) {
+    irqs_[v].keyed = true;
+    irqs_[v].prompt = prompt;
+  }
   sqs_.resize(maxq + 1u);
   cqs_.reset(new CqState[maxq + 1u]);
   const unsigned nw = std::max(1u, config_.worker_threads);
@@ -491,34 +500,38 @@ bool EmulatedController::post_ready(Worker& w) {
   if (config_.shuffle_completions && w.ready.size() > 1) {
     std::shuffle(w.ready.begin(), w.ready.end(), w.rng);
   }
-  std::vector<uint16_t> raised;
+  w.raised.clear();
+  w.keys.clear();
+  w.still_blocked.clear();
   bool progress = false;
-  std::vector<Completion> still_blocked;
   for (const Completion& c : w.blocked) {
-    if (!still_blocked.empty() && still_blocked.back().sqid == c.sqid) {
-      still_blocked.push_back(c);  // keep per-queue order behind an earlier blocked entry
-    } else if (post(c, &raised)) {
+    if (!w.still_blocked.empty() && w.still_blocked.back().sqid == c.sqid) {
+      w.still_blocked.push_back(c);  // keep per-queue order behind an earlier blocked entry
+    } else if (post(c, w)) {
       progress = true;
     } else {
-      still_blocked.push_back(c);
+      w.still_blocked.push_back(c);
     }
   }
   for (const Completion& c : w.ready) {
-    if (post(c, &raised)) {
+    if (post(c, w)) {
       progress = true;
     } else {
-      still_blocked.push_back(c);
+      w.still_blocked.push_back(c);
     }
   }
   w.ready.clear();
-  w.blocked.swap(still_blocked);
-  for (uint16_t v : raised) irqs_[v].raise();
+  w.blocked.swap(w.still_blocked);
+  // Each waiter's own key first (it sleeps on that alone), then the count that pollers and
+  // unkeyed waiters watch.
+  for (const auto& [v, k] : w.keys) irqs_[v].raise_key(k);
+  for (uint16_t v : w.raised) irqs_[v].raise();
   return progress;
 }
 
 // Writes one completion entry (Base §4.6) unless the CQ is full (Base §4.1.2: full when the
 // tail is one behind the head).
-bool EmulatedController::post(const Completion& c, std::vector<uint16_t>* raised) {
+bool EmulatedController::post(const Completion& c, Worker& w) {
   const uint16_t cqid = sqs_[c.sqid].cqid;
   if (!sqs_[c.sqid].live) return true;  // its SQ was deleted: the completion is dropped
   CqState& cq = cqs_[cqid];
@@ -544,8 +557,11 @@ bool EmulatedController::post(const Completion& c, std::vector<uint16_t>* raised
   reinterpret_cast<port::Atomic<uint32_t>*>(reinterpret_cast<uint8_t*>(e) + kCqeDw3Offset)
       ->store(dw3, port::Order::kRelease);
   if (++cq.tail == cq.size) cq.tail = 0, cq.phase = !cq.phase;
-  if (cq.ien && std::find(raised->begin(), raised->end(), cq.vector) == raised->end()) {
-    raised->push_back(cq.vector);
+  if (cq.ien) {
+    w.keys.emplace_back(cq.vector, InterruptLine::key(c.sqid, c.cid));
+    if (std::find(w.raised.begin(), w.raised.end(), cq.vector) == w.raised.end()) {
+      w.raised.push_back(cq.vector);
+    }
   }
   return true;
 }

@@ -10,6 +10,7 @@
 #include <queue>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "emu_store.h"
@@ -87,6 +88,11 @@ class EmulatedController {
     std::priority_queue<Completion, std::vector<Completion>, std::greater<>> timed;
     std::vector<Completion> ready;    // due, in posting order
     std::vector<Completion> blocked;  // their CQ was full
+    // post_ready()'s scratch (kept: no allocation per round): the vectors to raise, and the
+    // (vector, key) of each CQE posted to an interrupt-enabled CQ (InterruptLine::raise_key).
+    std::vector<uint16_t> raised;
+    std::vector<std::pair<uint16_t, uint32_t>> keys;
+    std::vector<Completion> still_blocked;
     std::vector<emu::Segment> segs;
     std::mt19937_64 rng;
     uint64_t last_work_ns = 0;
@@ -122,7 +128,7 @@ class EmulatedController {
   void reset_locked();
   uint32_t fetch(Worker& w, uint16_t qid, uint32_t budget);
   bool post_ready(Worker& w);
-  bool post(const Completion& c, std::vector<uint16_t>* raised);
+  bool post(const Completion& c, Worker& w);
   void clear_doorbells();  // every SQ tail and CQ head register back to 0
   void lock_others();
   void unlock_others();

@@ -73,4 +73,18 @@ void InterruptLine::raise() {
   if (waiters.value.load(port::Order::kSeqCst) != 0) port::futex_wake_all(count.value.address());
 }
 
+// The same handshake, per key.
+void InterruptLine::wait_key(uint32_t k, uint32_t seen, uint64_t timeout_ns) {
+  KeyWord& w = keys_[k];
+  w.waiters.fetch_add(1, port::Order::kSeqCst);
+  if (w.seq.load(port::Order::kSeqCst) == seen) port::futex_wait(w.seq.address(), seen, timeout_ns);
+  w.waiters.fetch_sub(1, port::Order::kRelaxed);
+}
+
+void InterruptLine::raise_key(uint32_t k) {
+  KeyWord& w = keys_[k];
+  w.seq.fetch_add(1, port::Order::kSeqCst);
+  if (w.waiters.load(port::Order::kSeqCst) != 0) port::futex_wake_all(w.seq.address());
+}
+
 }  // namespace warpfs::nvme

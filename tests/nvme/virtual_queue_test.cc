@@ -4,6 +4,7 @@
 #include "warpfs/nvme/virtual_queue.h"
 
 #include <atomic>
+#include <memory>
 #include <thread>
 
 #include "nvme/rig.h"
@@ -73,6 +74,65 @@ TEST(VirtualQueue, ErrorsComeBackToTheirOwnThread) {
   SubmissionEntry good = make_read(r->nsid, r->lbas - 1, 1);
   good.prp1 = buf.iova;
   EXPECT_EQ(vq->execute(good), 0);
+}
+
+// A keyed interrupt line (InterruptLine): raise_key(k) releases a thread asleep on key k
+// and leaves every other key's sequence alone. The waiter sleeps with no timeout, so a lost
+// wake-up hangs the test (ctest's timeout fails it) instead of passing late.
+TEST(InterruptLine, ConcurrentKeyedWaiterWakesOnItsOwnKey) {
+  auto line = std::make_unique<InterruptLine>();
+  line->keyed = true;
+  const uint32_t mine = InterruptLine::key(3, 17);
+  const uint32_t other = InterruptLine::key(3, 18);
+  ASSERT_NE(mine, other);
+  const uint32_t seen = line->key_seq(mine);
+  std::atomic<bool> woken{false};
+  std::thread waiter([&] {
+    while (line->key_seq(mine) == seen) line->wait_key(mine, seen, 0);
+    woken.store(true);
+  });
+  line->raise_key(other);
+  EXPECT_EQ(line->key_seq(mine), seen);
+  line->raise_key(mine);
+  waiter.join();
+  EXPECT_TRUE(woken.load());
+  EXPECT_EQ(line->key_seq(mine), seen + 1);
+  EXPECT_EQ(line->key_seq(other), 1u);
+}
+
+// The emulated controller's lines are keyed, and each CQE it posts raises the key of its
+// (SQ, CID), and no other: what a waiter in VirtualQueue::wait or IoBatch::wait_all sleeps on.
+TEST(InterruptLine, TheEmulatedControllerRaisesEachCompletionsKey) {
+  EmulatedConfig cfg;
+  cfg.latency_ns = 20'000;  // completions from the worker thread, after the submitter waits
+  auto r = Rig::make(cfg);
+  ASSERT_TRUE(r);
+  QueueView v;
+  ASSERT_TRUE(r->ctrl->create_queue_pair(1, 8, QueuePriority::kMedium, &v).is_ok());
+  ASSERT_NE(v.irq, nullptr);
+  EXPECT_TRUE(v.irq->keyed);
+  VirtualQueuePtr vq = make_virtual_queue(v);
+  DmaRegion buf = r->alloc(kPage);
+  for (uint64_t i = 0; i < 20; ++i) {
+    uint32_t before[InterruptLine::kKeys];
+    for (uint32_t k = 0; k < InterruptLine::kKeys; ++k) before[k] = v.irq->key_seq(k);
+    SubmissionEntry rd = make_read(r->nsid, i, 1);
+    rd.prp1 = buf.iova;
+    Ticket t;
+    vq->submit(rd, &t, [] {});
+    // Asleep on the command's key with no timeout: only the controller's raise_key ends
+    // this (it comes after the CQE is visible, so VirtualQueue::wait alone could return
+    // first).
+    const uint32_t k = vq->key_of(t);
+    while (v.irq->key_seq(k) == before[k]) v.irq->wait_key(k, before[k], 0);
+    ASSERT_EQ(vq->wait(&t), 0);
+    EXPECT_EQ(v.irq->key_seq(k), before[k] + 1) << i;
+    for (uint32_t o = 0; o < InterruptLine::kKeys; ++o) {
+      if (o != k) {
+        EXPECT_EQ(v.irq->key_seq(o), before[o]) << i << " key " << o;
+      }
+    }
+  }
 }
 
 // Each thread owns a range of blocks and repeatedly writes a new generation then reads it

@@ -44,16 +44,29 @@ class IoBatch {
         b.reset();
         continue;
       }
-      InterruptLine* irq = nullptr;
-      for (int i = 0; i < n_ && irq == nullptr; ++i) {
-        if (!e_[i].ticket.done && e_[i].ticket.cq_pos == Ticket::kNotFound) {
-          irq = e_[i].route.vq->view().irq;
+      // Sleep on the interrupt of a command whose completion has not been seen: on a keyed
+      // line, on that command's own key (every command must complete, so waiting for any
+      // one of them loses nothing).
+      const Entry* waiting = nullptr;
+      for (int i = 0; i < n_ && waiting == nullptr; ++i) {
+        const Entry& e = e_[i];
+        if (!e.ticket.done && e.ticket.cq_pos == Ticket::kNotFound &&
+            e.route.vq->view().irq != nullptr) {
+          waiting = &e;
         }
       }
-      if (irq != nullptr && b.should_block()) {
-        const uint32_t seen = irq->count.value.load(port::Order::kAcquire);
-        if (poll_once()) continue;
-        irq->wait(seen, 200'000);
+      InterruptLine* irq = waiting != nullptr ? waiting->route.vq->view().irq : nullptr;
+      if (irq != nullptr && irq->sleep_now(b)) {
+        if (irq->keyed) {
+          const uint32_t k = waiting->route.vq->key_of(waiting->ticket);
+          const uint32_t seen = irq->key_seq(k);
+          if (poll_once()) continue;
+          irq->wait_key(k, seen, 200'000);
+        } else {
+          const uint32_t seen = irq->count.value.load(port::Order::kAcquire);
+          if (poll_once()) continue;
+          irq->wait(seen, 200'000);
+        }
       } else {
         b.pause();
       }

@@ -227,17 +227,29 @@ class VirtualQueue {
   uint16_t wait(Ticket* t) {
     port::Backoff b;
     while (!poll(t)) {
-      if (q_.irq != nullptr && t->cq_pos == Ticket::kNotFound && b.should_block()) {
-        const uint32_t seen = q_.irq->count.value.load(port::Order::kAcquire);
-        if (poll(t)) break;
-        // Bounded: a lost race with the head-lock holder costs at most this long.
-        q_.irq->wait(seen, 200'000);
+      InterruptLine* irq = q_.irq;
+      if (irq != nullptr && t->cq_pos == Ticket::kNotFound && irq->sleep_now(b)) {
+        // Bounded: a lost race with the head-lock holder costs at most this long. On a keyed
+        // line, only this command's completion wakes us (InterruptLine).
+        if (irq->keyed) {
+          const uint32_t k = key_of(*t);
+          const uint32_t seen = irq->key_seq(k);
+          if (poll(t)) break;
+          irq->wait_key(k, seen, 200'000);
+        } else {
+          const uint32_t seen = irq->count.value.load(port::Order::kAcquire);
+          if (poll(t)) break;
+          irq->wait(seen, 200'000);
+        }
       } else {
         b.pause();
       }
     }
     return t->status;
   }
+
+  // Host only: the key of `t`'s completion on this queue's (keyed) interrupt line.
+  uint32_t key_of(const Ticket& t) const { return InterruptLine::key(q_.qid, t.cid); }
 
   // Host only: submit + wait, for one command.
   uint16_t execute(const SubmissionEntry& cmd, uint32_t* dw0 = nullptr) {
