@@ -11,6 +11,10 @@
 #   null            warpfs-null: a FUSE daemon that stores nothing, with warpfs's FUSE
 #                   options and threads: the transport's ceiling (fio rows only)
 #   passthrough_ll  libfuse's example (Debian's source, built here) over a tmpfs
+#   passthrough_ll_dp  the same with -o default_permissions, as warpfs always mounts: the
+#                   kernel checks permissions, and after each create, unlink, mkdir or rmdir
+#                   it fetches the directory's attributes again (GETATTR) before the next
+#                   check. warpfs's metadata rows on equal terms (metadata rows only)
 #   fuse2fs         fuse2fs over an ext4 image
 #   ext4_loop       the kernel's ext4 on a loop device over an image in RAM (durability
 #                   rows only: fsync against a kernel filesystem)
@@ -31,7 +35,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-all_fs=(warpfs warpfs_ssd null passthrough_ll fuse2fs ext4_loop tmpfs)
+all_fs=(warpfs warpfs_ssd null passthrough_ll passthrough_ll_dp fuse2fs ext4_loop tmpfs)
 known_fs=("${all_fs[@]}" warpfs_watched warpfs_wb)
 
 usage() {
@@ -41,10 +45,11 @@ usage: bench/run fs [--quick] [--fs LIST] [--ssd-latency-us N] [--file-mb N] [--
   --quick             reduced run (about 5 minutes): 256 MiB fio files, 2 s per fio job,
                       idle CPU over 10 s, 2000 files per metadata phase, 1000 small files
                       (default: 1024 MiB, 8 s, 30 s, 10000, 5000: about 17 minutes)
-  --fs LIST           comma-separated subset of: warpfs,warpfs_ssd,null,passthrough_ll,fuse2fs,
-                      ext4_loop,tmpfs,warpfs_watched (warpfs with a live-view watcher),
-                      warpfs_wb (warpfs -o writeback_cache); the last two not in the
-                      default set
+  --fs LIST           comma-separated subset of: warpfs,warpfs_ssd,null,passthrough_ll,
+                      passthrough_ll_dp (the same with default_permissions: metadata rows
+                      only),fuse2fs,ext4_loop,tmpfs,warpfs_watched (warpfs with a live-view
+                      watcher),warpfs_wb (warpfs -o writeback_cache); the last two not in
+                      the default set
   --ssd-latency-us N  warpfs_ssd's emulated completion latency (default 80)
   --file-mb N         fio file size in MiB
   --runtime-s N       measured seconds per fio job (plus a ramp of 1/4 of it, at most 2 s)
@@ -132,11 +137,16 @@ fi
 command -v losetup >/dev/null || skip_fs ext4_loop "losetup not found (apt-get install mount)"
 [[ -e /dev/loop-control ]] || skip_fs ext4_loop "/dev/loop-control is missing (modprobe loop)"
 # shellcheck disable=SC2046  # pkg-config's flags are words
-if has passthrough_ll && [[ ! -x $pll_bin || $pll_src -nt $pll_bin ]]; then
+if { has passthrough_ll || has passthrough_ll_dp; } && [[ ! -x $pll_bin || $pll_src -nt $pll_bin ]]; then
+  why=""
   if [[ ! -r $pll_src ]]; then
-    skip_fs passthrough_ll "$pll_src missing (apt-get install libfuse3-dev)"
+    why="$pll_src missing (apt-get install libfuse3-dev)"
   elif ! cc -O2 -o "$pll_bin" "$pll_src" $(pkg-config fuse3 --cflags --libs); then
-    skip_fs passthrough_ll "building it from $pll_src failed"
+    why="building it from $pll_src failed"
+  fi
+  if [[ -n $why ]]; then
+    has passthrough_ll && skip_fs passthrough_ll "$why"
+    has passthrough_ll_dp && skip_fs passthrough_ll_dp "$why"
   fi
 fi
 ((${#fses[@]})) || { echo "bench/fs: no filesystem left to measure" >&2; exit 1; }
@@ -147,8 +157,8 @@ fi
 fio_fses=() dur_fses=() meta_fses=()
 if ((have_fio)); then
   for f in "${fses[@]}"; do
-    [[ $f == ext4_loop ]] || fio_fses+=("$f")
-    [[ $f == fuse2fs || $f == tmpfs ]] || dur_fses+=("$f")
+    [[ $f == ext4_loop || $f == passthrough_ll_dp ]] || fio_fses+=("$f")
+    [[ $f == fuse2fs || $f == tmpfs || $f == passthrough_ll_dp ]] || dur_fses+=("$f")
   done
 fi
 for f in "${fses[@]}"; do
@@ -271,6 +281,11 @@ for f in "${fses[@]}"; do
       start_daemon "$f" "$work/logs/$f.log" "$pll_bin" -f -o "source=$work/pll-source" \
         "$work/mnt/$f"
       ;;
+    passthrough_ll_dp)
+      mount_tmpfs fsbench-pll-dp "$work/pll-dp-source" "$img_mb"
+      start_daemon "$f" "$work/logs/$f.log" "$pll_bin" -f \
+        -o "source=$work/pll-dp-source,default_permissions" "$work/mnt/$f"
+      ;;
     fuse2fs)
       mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$work/store/ext4.img" \
         "${img_mb}M" >"$work/logs/mkfs.ext4.log" 2>&1 ||
@@ -316,6 +331,7 @@ report info --fields "$(printf '{"host":"%s","kernel":"%s","nproc":%d,"quick":%s
 declare -A fs_fields=([warpfs]='{"latency_us":0}' [warpfs_ssd]="{\"latency_us\":$ssd_us}"
   [warpfs_watched]='{"latency_us":0,"watcher_interval_s":0.1}'
   [warpfs_wb]='{"latency_us":0,"writeback_cache":true}' [null]='{}' [passthrough_ll]='{}'
+  [passthrough_ll_dp]='{"default_permissions":true}'
   [fuse2fs]='{}' [ext4_loop]='{}' [tmpfs]='{}')
 # The next rotation of a list of filesystems, in `order`: a different one goes first each
 # time, so that none always follows a write-heavy job.
