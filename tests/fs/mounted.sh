@@ -366,6 +366,18 @@ PY
         || fail "dd of $most right after rm (round $i)"
       rm "$mnt/big"
     done
+    # Asynchronous O_DIRECT writes (libaio) filling the disk: the kernel turns a short reply
+    # to one into EIO, so the write that runs out of room must come back ENOSPC.
+    if command -v fio >/dev/null; then
+      fio --name=afill --filename="$mnt/afill" --size=128m --bs=1m --rw=write --direct=1 \
+        --ioengine=libaio --iodepth=4 --zero_buffers >"$work/fio.out" 2>&1 && fail "fio did not fail on a full disk"
+      grep -q "No space left" "$work/fio.out" || fail "fio failed with something else: $(grep -i err "$work/fio.out")"
+      grep -q "Input/output error" "$work/fio.out" && fail "a full disk said EIO: $(grep -i err "$work/fio.out")"
+      [[ $(( $(stat -c %s "$mnt/afill") % 1048576 )) -eq 0 ]] ||
+        fail "afill is $(stat -c %s "$mnt/afill") bytes: the failed write left part of itself past the end"
+      cmp -n "$(stat -c %s "$mnt/afill")" "$mnt/afill" /dev/zero || fail "afill does not read back as written"
+      rm "$mnt/afill"
+    fi
     unmount_fs
     fsck_clean
     # Blocks kept for root (mkfs -m): several of nobody's writers at once stop short of them,
