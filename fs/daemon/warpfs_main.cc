@@ -591,7 +591,9 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     // bits, and an exec would honour them.
     attributes_changed(req, ino);
   }
-  if (rc) {
+  // A direct write that failed part way (written > 0, rc set) changed what it wrote all the
+  // same: the kernel's caches are told below before the error goes back.
+  if (rc && written == 0) {
     fuse_reply_err(req, rc);
     return;
   }
@@ -620,6 +622,10 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     attributes_changed(req, ino);
   }
   d->written_bytes.fetch_add(written, std::memory_order_relaxed);
+  if (rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
   fuse_reply_write(req, written);
 }
 

@@ -235,10 +235,14 @@ class VirtualQueue {
           const uint32_t k = key_of(*t);
           const uint32_t seen = irq->key_seq(k);
           if (poll(t)) break;
+          // Found but not yet passed by the CQ head (an earlier entry's owner has not
+          // published): its key was raised already and will not be again; keep polling.
+          if (t->cq_pos != Ticket::kNotFound) continue;
           irq->wait_key(k, seen, 200'000);
         } else {
           const uint32_t seen = irq->count.value.load(port::Order::kAcquire);
           if (poll(t)) break;
+          if (t->cq_pos != Ticket::kNotFound) continue;
           irq->wait(seen, 200'000);
         }
       } else {
