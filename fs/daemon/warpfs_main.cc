@@ -565,8 +565,6 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
   const warpfs::fs::WriteFrom from = d->writeback_cache.load(std::memory_order_relaxed)
                                          ? warpfs::fs::WriteFrom::kPageCache
                                          : warpfs::fs::WriteFrom::kWriter;
-  int rc =
-      fs_of(req).write(ino, static_cast<uint64_t>(off), size, buf, &written, &dropped_privs, from);
   // A direct write is never answered short. The kernel turns a short reply to an asynchronous
   // one (io_submit, io_uring) into EIO (fuse_get_res_by_io), so a write that ran out of room
   // part way would tell the caller "Input/output error" for a full disk. The rest is tried
@@ -576,15 +574,17 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
   // any direct write. A synchronous O_DIRECT writer so sees the error where a short count
   // would have said how far it got.
   const bool direct = !fi->writepage && (fi->fh == kFhDirect || (fi->flags & O_DIRECT) != 0);
-  while (direct && rc == 0 && written < size) {
+  int rc = 0;
+  do {
     size_t more = 0;
     bool dropped = false;
     rc = fs_of(req).write(ino, static_cast<uint64_t>(off) + written, size - written, buf + written,
                           &more, &dropped, from);
     written += more;
     dropped_privs = dropped_privs || dropped;
-    if (rc == 0 && more == 0) rc = EIO;  // no progress and no reason: not expected
-  }
+    // A retry with no progress and no reason: not expected.
+    if (direct && rc == 0 && more == 0 && written < size) rc = EIO;
+  } while (direct && rc == 0 && written < size);
   if (dropped_privs) {
     // The kernel clears set-user-ID itself before a buffered write, but not before an
     // O_DIRECT one (FUSE_HANDLE_KILLPRIV leaves it to us): its cached mode still has the

@@ -55,22 +55,8 @@ class IoBatch {
           waiting = &e;
         }
       }
-      InterruptLine* irq = waiting != nullptr ? waiting->route.vq->view().irq : nullptr;
-      if (irq != nullptr && irq->sleep_now(b)) {
-        if (irq->keyed) {
-          const uint32_t k = waiting->route.vq->key_of(waiting->ticket);
-          const uint32_t seen = irq->key_seq(k);
-          if (poll_once()) continue;
-          // Found meanwhile but not yet passed by the CQ head: its key was raised already
-          // (VirtualQueue::wait); look again for another command to sleep on.
-          if (waiting->ticket.cq_pos != Ticket::kNotFound) continue;
-          irq->wait_key(k, seen, 200'000);
-        } else {
-          const uint32_t seen = irq->count.value.load(port::Order::kAcquire);
-          if (poll_once()) continue;
-          if (waiting->ticket.cq_pos != Ticket::kNotFound) continue;
-          irq->wait(seen, 200'000);
-        }
+      if (waiting != nullptr && waiting->route.vq->view().irq->sleep_now(b)) {
+        waiting->route.vq->sleep_on_irq(waiting->ticket, [this] { return poll_once(); });
       } else {
         b.pause();
       }

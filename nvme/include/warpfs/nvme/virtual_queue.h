@@ -227,29 +227,32 @@ class VirtualQueue {
   uint16_t wait(Ticket* t) {
     port::Backoff b;
     while (!poll(t)) {
-      InterruptLine* irq = q_.irq;
-      if (irq != nullptr && t->cq_pos == Ticket::kNotFound && irq->sleep_now(b)) {
-        // Bounded: a lost race with the head-lock holder costs at most this long. On a keyed
-        // line, only this command's completion wakes us (InterruptLine).
-        if (irq->keyed) {
-          const uint32_t k = key_of(*t);
-          const uint32_t seen = irq->key_seq(k);
-          if (poll(t)) break;
-          // Found but not yet passed by the CQ head (an earlier entry's owner has not
-          // published): its key was raised already and will not be again; keep polling.
-          if (t->cq_pos != Ticket::kNotFound) continue;
-          irq->wait_key(k, seen, 200'000);
-        } else {
-          const uint32_t seen = irq->count.value.load(port::Order::kAcquire);
-          if (poll(t)) break;
-          if (t->cq_pos != Ticket::kNotFound) continue;
-          irq->wait(seen, 200'000);
-        }
+      if (q_.irq != nullptr && t->cq_pos == Ticket::kNotFound && q_.irq->sleep_now(b)) {
+        sleep_on_irq(*t, [&] { return poll(t); });
       } else {
         b.pause();
       }
     }
     return t->status;
+  }
+
+  // Host only: sleeps on this queue's interrupt line until `t`'s completion may have come: on
+  // a keyed line its own key, else any completion of the line. `recheck` is the caller's last
+  // poll, after the line's word was read; it returns true on progress, and then, as when that
+  // poll found `t` (not yet passed by the CQ head: its key was raised already and will not be
+  // again), nothing sleeps. Bounded: a lost race with the head-lock holder costs at most
+  // 200 µs. REQUIRES: view().irq != nullptr.
+  template <typename Recheck>
+  void sleep_on_irq(const Ticket& t, Recheck&& recheck) {
+    InterruptLine& irq = *q_.irq;
+    const uint32_t k = key_of(t);
+    const uint32_t seen = irq.keyed ? irq.key_seq(k) : irq.count.value.load(port::Order::kAcquire);
+    if (recheck() || t.cq_pos != Ticket::kNotFound) return;
+    if (irq.keyed) {
+      irq.wait_key(k, seen, 200'000);
+    } else {
+      irq.wait(seen, 200'000);
+    }
   }
 
   // Host only: the key of `t`'s completion on this queue's (keyed) interrupt line.
