@@ -436,6 +436,18 @@ for io in buffered direct; do
   done
 done
 
+# Four synchronous O_DIRECT writers of one file, 4 KiB at random (a database's threads): the
+# kernel serializes them on the inode lock unless the daemon allows parallel direct writes.
+if ((${#fio_fses[@]})); then
+  next_order "${fio_fses[@]}"
+  for f in "${order[@]}"; do
+    run_fio "$f" randwrite_4k_psync4_direct direct iops measured fio.dat \
+      "{\"file_mb\":$file_mb,\"bs\":\"4k\",\"iodepth\":1,\"jobs\":4,\"ioengine\":\"psync\",\"runtime_s\":$runtime}" \
+      --size="${file_mb}M" --rw=randwrite --bs=4k --numjobs=4 --ioengine=psync --direct=1 \
+      --time_based --runtime="$runtime" --ramp_time="${ramp_ms}ms"
+  done
+fi
+
 # --- durability: writes that must reach the device ----------------------------------------------
 # 4 KiB random overwrites of the laid-out file with fdatasync after each (ops/s, time_based),
 # and 1 MiB appends to a new file of file_mb MiB with fsync every 16 writes and at the end

@@ -623,7 +623,7 @@ PY
     unmount_fs
     fsck_clean
     ;;
-  live)  # warpfs-stat: a running daemon's counters over its root-only socket, beside work
+  live)  # warpfs-stat: a running daemon's counters over its root-only socket, beside work; parallel direct writers
     format 256M
     mount_fs
     sock=/run/warpfs/$(stat -c '%Hd:%Ld' "$mnt").sock
@@ -692,6 +692,26 @@ PY
     unmount_fs
     [[ -e $sock ]] && fail "the socket outlived the mount"
     "$STAT" "$mnt" >/dev/null 2>&1 && fail "warpfs-stat of an unmounted directory"
+    fsck_clean >/dev/null
+    # Synchronous O_DIRECT writers of different blocks of one file reach the daemon together
+    # (FOPEN_PARALLEL_DIRECT_WRITES): four of them meet there. Without it the kernel holds the
+    # inode lock across each write and the peak is 1, or 2 where the next write arrives
+    # between a handler's reply and its return. A 2 ms device keeps each write in the daemon
+    # long enough for the four writers to meet. The bytes are each writer's, in place.
+    mount_fs -o latency_us=2000
+    head -c $((4 * 128 * 4096)) /dev/urandom >"$work/src"
+    head -c $((4 * 128 * 4096)) /dev/zero >"$mnt/par" || fail "par: the first write"
+    pids=()
+    for i in 0 1 2 3; do
+      dd if="$work/src" of="$mnt/par" bs=4k skip=$((i * 128)) seek=$((i * 128)) count=128 \
+        oflag=direct conv=notrunc status=none &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || fail "a direct writer failed"; done
+    cmp "$work/src" "$mnt/par" || fail "par: the direct writers' bytes"
+    peak=$(stat_of ops.write.peak_in_flight)
+    ((peak >= 4)) || fail "direct writes of one file reached the daemon one by one (peak $peak)"
+    unmount_fs
     fsck_clean >/dev/null
     ;;
   acl)  # POSIX ACLs: setfacl/getfacl, enforced for another user, inherited, kept across a remount
