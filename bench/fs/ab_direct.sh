@@ -67,6 +67,7 @@ for ((round = 1; round <= rounds; ++round)); do
         job $v $lat randwrite_qd32_4jobs --rw=randwrite --iodepth=8 --numjobs=4
         job $v $lat randread_qd32 --rw=randread --iodepth=32
         job $v $lat randwrite_qd1 --rw=randwrite --iodepth=1
+        job $v $lat randwrite_psync4 --rw=randwrite --iodepth=1 --numjobs=4 --ioengine=psync
       fi
       if [[ $jobs != random ]]; then
         job $v $lat seqwrite_1m --rw=write --bs=1m --iodepth=1
