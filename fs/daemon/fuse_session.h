@@ -4,7 +4,9 @@
 // includer defines FUSE_USE_VERSION (312) before including this header.
 #pragma once
 
+#include <fcntl.h>
 #include <fuse_lowlevel.h>
+#include <linux/fuse.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <unistd.h>
@@ -12,6 +14,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -97,6 +100,82 @@ inline size_t receive_bytes() {
   return (256 + 2) * static_cast<size_t>(page > 0 ? page : 4096);
 }
 
+// Reads the kernel's first request, FUSE_INIT, and has libfuse answer it, adding
+// FUSE_HANDLE_KILLPRIV_V2 (FUSE 7.33) to the reply where the kernel offers it and the
+// writeback cache is off. libfuse 3.14 cannot ask for it (and, whatever its defaults say,
+// never passes FUSE_HANDLE_KILLPRIV or FUSE_PARALLEL_DIROPS on either). Without it the
+// kernel keeps no "nothing to drop" mark on a FUSE inode (the superblock lacks SB_NOSEC),
+// so before every buffered write(2) it asks the daemon for security.capability: a GETXATTR
+// round trip per write, as many as the WRITEs themselves. With it the kernel marks an inode
+// once it has found neither set-user-ID, set-group-ID nor a capability (S_NOSEC), and
+// unmarks it at a chmod to such a mode and at any security.* setxattr; it still removes a
+// capability it finds itself (removexattr). What it leaves to the daemon, the core does:
+// drop set-user-ID, set-group-ID (with group execute) and security.capability at every write
+// whoever the caller (FUSE_WRITE_KILL_SUIDGID, which would spare a caller with CAP_FSETID,
+// does not reach it through libfuse; the kernel's own rule differs there only for such a
+// caller); both bits at a chown of a non-directory and at an O_TRUNC open; and at a
+// truncate whose caller lacks CAP_FSETID, which the kernel says with FATTR_KILL_SUIDGID
+// (SetAttr::kill_suidgid). libfuse writes its reply to the session's file descriptor; for
+// this one reply that descriptor is a pipe, and what comes out of the pipe goes on to
+// /dev/fuse, patched. Runs before any worker exists, so nothing else reads or writes the
+// descriptor meanwhile. Returns 0 (INIT answered, or the session ended first), or the
+// negative error of a failed read or write.
+inline int answer_init(fuse_session* se) {
+  std::vector<char> mem(receive_bytes());
+  fuse_buf buf{};
+  int res;
+  do {
+    buf = fuse_buf{};
+    buf.mem = mem.data();
+    buf.size = mem.size();
+    res = fuse_session_receive_buf(se, &buf);
+  } while (res == -EINTR && !fuse_session_exited(se));
+  if (res <= 0) return res == -EINTR ? 0 : res;
+  fuse_in_header in{};
+  fuse_init_in init{};
+  if (static_cast<size_t>(res) >= sizeof in + offsetof(fuse_init_in, flags2)) {
+    std::memcpy(&in, mem.data(), sizeof in);
+    std::memcpy(&init, mem.data() + sizeof in, offsetof(fuse_init_in, flags2));
+  }
+  const int fd = fuse_session_fd(se);
+  int device = -1, pipefd[2] = {-1, -1};
+  const int fd_flags = fcntl(fd, F_GETFD);
+  bool redirected = in.opcode == FUSE_INIT && (init.flags & FUSE_HANDLE_KILLPRIV_V2) &&
+                    fd_flags >= 0 && pipe2(pipefd, O_CLOEXEC) == 0;
+  if (redirected) {
+    device = fcntl(fd, F_DUPFD_CLOEXEC, 0);  // /dev/fuse stays open here meanwhile
+    redirected = device >= 0 && dup2(pipefd[1], fd) == fd;
+  }
+  fuse_session_process_buf(se, &buf);
+  if (!redirected) {
+    if (device >= 0) close(device);
+    if (pipefd[0] >= 0) close(pipefd[0]), close(pipefd[1]);
+    return 0;
+  }
+  int rc = 0;
+  if (dup2(device, fd) != fd || fcntl(fd, F_SETFD, fd_flags) != 0) rc = -errno;
+  close(device);
+  close(pipefd[1]);
+  char reply[512];
+  const ssize_t n = rc == 0 ? read(pipefd[0], reply, sizeof reply) : -1;
+  close(pipefd[0]);
+  if (rc != 0) return rc;
+  if (n < static_cast<ssize_t>(sizeof(fuse_out_header))) return -EIO;
+  fuse_out_header out;
+  std::memcpy(&out, reply, sizeof out);
+  const size_t flags_at = sizeof out + offsetof(fuse_init_out, flags);
+  if (out.error == 0 && static_cast<size_t>(n) >= flags_at + sizeof(uint32_t)) {
+    uint32_t flags;
+    std::memcpy(&flags, reply + flags_at, sizeof flags);
+    if (!(flags & FUSE_WRITEBACK_CACHE)) {
+      flags |= FUSE_HANDLE_KILLPRIV_V2;
+      std::memcpy(reply + flags_at, &flags, sizeof flags);
+    }
+  }
+  if (write(fd, reply, static_cast<size_t>(n)) != n) return errno != 0 ? -errno : -EIO;
+  return 0;
+}
+
 // The multithreaded session loop with the receive buffers from `mem` (libfuse's own loop
 // allocates its own). As in libfuse's loop: one worker to begin with, and another (up to
 // `threads`) whenever a worker takes a request while no other is waiting for one, so a
@@ -104,13 +183,19 @@ inline size_t receive_bytes() {
 // worker reads and processes requests until the session has exited (unmount, or a signal
 // handler's fuse_session_exit); the calling thread waits for the first worker to finish,
 // then cancels the rest, which take cancellation only while they wait for a request.
-// Returns 0, or the negative error of a failed read (or -ENOMEM: no first worker).
+// Returns 0, or the negative error of a failed read (INIT's write too: answer_init), or -ENOMEM
+// (no first worker).
 class SessionLoop {
  public:
   SessionLoop(fuse_session* se, unsigned threads, const ReceiveMemory& mem)
       : se_(se), threads_(threads > 0 ? threads : 1), mem_(mem), workers_(threads_) {}
 
   int run() {
+    if (int rc = answer_init(se_); rc < 0) return rc;
+    if (fuse_session_exited(se_)) {  // a signal before the first request
+      fuse_session_reset(se_);
+      return 0;
+    }
     if (sem_init(&finish_, 0, 0) != 0) return -errno;
     const bool started = start_worker();
     while (started && !fuse_session_exited(se_)) sem_wait(&finish_);  // EINTR: look again
@@ -225,7 +310,9 @@ class SessionLoop {
 // `mem`. The worker threads, at most: max_threads from the command line where given
 // (`threads_given`: max_threads_given before fuse_parse_cmdline), else default_max_threads();
 // SessionLoop keeps every one it started (max_idle_threads applies to libfuse's loop only).
-// Returns the loop's result.
+// Only SessionLoop answers INIT through answer_init: under -s and -o clone_fd libfuse's
+// reply goes out as it is, and the kernel drops privileges itself (a GETXATTR before each
+// buffered write). Returns the loop's result.
 inline int run_session_loop(fuse_session* se, const fuse_cmdline_opts& cl, bool threads_given,
                             const ReceiveMemory& mem = {}) {
   if (cl.singlethread) return fuse_session_loop(se);

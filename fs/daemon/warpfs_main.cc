@@ -429,6 +429,11 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int to_set, fus
   s.atime_now = to_set & FUSE_SET_ATTR_ATIME_NOW;
   s.mtime_now = to_set & FUSE_SET_ATTR_MTIME_NOW;
   s.ctime = to_set & FUSE_SET_ATTR_CTIME;  // the writeback cache's times (negotiate)
+  // libfuse 3.14's FUSE_SET_ATTR_KILL_SUID is the bit of the kernel's FATTR_KILL_SUIDGID,
+  // which a truncate by a caller without CAP_FSETID carries under FUSE_HANDLE_KILLPRIV_V2
+  // (answer_init).
+  s.kill_suidgid = (to_set & FUSE_SET_ATTR_KILL_SUID) != 0;
+  static_assert(FUSE_SET_ATTR_KILL_SUID == FATTR_KILL_SUIDGID, "libfuse passes the bit on");
   s.new_mode = st->st_mode;
   s.new_uid = st->st_uid;
   s.new_gid = st->st_gid;
@@ -670,9 +675,9 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     if (direct && rc == 0 && more == 0 && written < size) rc = EIO;
   } while (direct && rc == 0 && written < size);
   if (dropped_privs) {
-    // The kernel clears set-user-ID itself before a buffered write, but not before an
-    // O_DIRECT one (FUSE_HANDLE_KILLPRIV leaves it to us): its cached mode still has the
-    // bits, and an exec would honour them.
+    // The core dropped set-user-ID or set-group-ID (the kernel leaves that to us: an
+    // O_DIRECT write never asks, and FUSE_HANDLE_KILLPRIV_V2 is on: answer_init): the
+    // kernel's cached mode still has the bits, and an exec would honour them.
     attributes_changed(req, ino);
   }
   // A direct write that failed part way (written > 0, rc set) changed what it wrote all the
@@ -843,8 +848,14 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
     return;
   }
   const warpfs::fs::CallerScope as(caller(req));  // the root reserve is not every caller's
-  fuse_reply_err(
-      req, fs_of(req).fallocate(ino, mode, static_cast<uint64_t>(off), static_cast<uint64_t>(len)));
+  // The core drops set-user-ID and set-group-ID first (the kernel leaves it to us: answer_init)
+  // and the kernel refetches no mode after a fallocate: it is told, as after such a write.
+  Attr before;
+  const bool privs = fs_of(req).getattr(ino, &before) == 0 && (before.mode & (S_ISUID | S_ISGID));
+  const int rc =
+      fs_of(req).fallocate(ino, mode, static_cast<uint64_t>(off), static_cast<uint64_t>(len));
+  if (privs) attributes_changed(req, ino);
+  fuse_reply_err(req, rc);
 }
 
 // copy_file_range(2) (cp, since coreutils 9): whole blocks are shared, not copied

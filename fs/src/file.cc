@@ -329,7 +329,14 @@ int FsImpl::write_locked(Node& n, uint64_t off, size_t len, const char* buf, siz
 
 int FsImpl::written_by_writer(Node& n) {
   n.disk.mtime_ns = n.disk.ctime_ns = now_ns();
-  // Writing clears set-user-ID (and set-group-ID when group-executable), as the kernel does.
+  return drop_privileges_locked(n);
+}
+
+// Changing a file's contents clears set-user-ID (and set-group-ID when group-executable) and
+// drops security.capability, as the kernel's file_remove_privs() does; under
+// FUSE_HANDLE_KILLPRIV_V2 the kernel leaves it to the daemon. REQUIRES: rw exclusive, in a
+// transaction.
+int FsImpl::drop_privileges_locked(Node& n) {
   if (n.disk.mode & (S_ISUID | S_ISGID)) {
     n.disk.mode &= ~static_cast<uint32_t>(S_ISUID);
     if (n.disk.mode & S_IXGRP) n.disk.mode &= ~static_cast<uint32_t>(S_ISGID);
@@ -458,6 +465,15 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
   if (immutable(n->disk) || (append_only(n->disk) && (mode & ~FALLOC_FL_KEEP_SIZE))) return EPERM;
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return EFBIG;
   if (int rc = load_map(*n); rc) return rc;
+  if ((n->disk.mode & S_ISUID) || (n->disk.mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP) ||
+      (n->disk.xattr_block != 0 && n->cap != Node::Cap::kAbsent)) {
+    // The privileges go first (vfs_fallocate's file_modified()), in a transaction of their
+    // own: a crash before the change leaves them dropped, never a changed file keeping them.
+    Journal::Txn t(*journal_);
+    if (int rc = drop_privileges_locked(*n); rc) return rc;
+    n->disk.ctime_ns = now_ns();
+    if (int rc = store(*n); rc) return rc;
+  }
   const uint64_t end = off + len;
   if (const uint64_t old = n->disk.size; !(mode & FALLOC_FL_KEEP_SIZE) && end > old) {
     // Growing the size exposes the old last block's tail and what lies past it: zeroes,

@@ -445,6 +445,9 @@ class FsImpl final : public Filesystem {
   // ctime now, set-user-ID and set-group-ID and security.capability dropped. REQUIRES: rw
   // exclusive, in a transaction.
   [[nodiscard]] int written_by_writer(Node& n);
+  // Set-user-ID, set-group-ID (group-executable) and security.capability dropped, as a
+  // change of the contents does. REQUIRES: rw exclusive, in a transaction.
+  [[nodiscard]] int drop_privileges_locked(Node& n);
   // write()'s body: [off, off + len) in transactions of at most kBlocksPerTxn blocks, each
   // retried after a commit on ENOSPC. REQUIRES: rw exclusive, mapping loaded.
   [[nodiscard]] int write_all_locked(Node& n, uint64_t off, size_t len, const char* buf,

@@ -168,6 +168,17 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
   if (s.size) {
     if (S_ISDIR(d.mode)) return EISDIR;
     if (!S_ISREG(d.mode)) return EINVAL;
+    if (s.kill_suidgid && !s.mode && (d.mode & (S_ISUID | S_ISGID))) {
+      // First, in a transaction of its own, as for an O_TRUNC open: a crash between the two
+      // leaves the privileges dropped, never a truncated file that keeps them.
+      const uint32_t kill = (d.mode & S_IXGRP) ? S_ISUID | S_ISGID : S_ISUID;
+      if (d.mode & kill) {
+        Journal::Txn t(*journal_);
+        d.mode &= ~kill;
+        d.ctime_ns = now_ns();
+        if (int rc = store(*n); rc) return rc;
+      }
+    }
     if (s.new_size != d.size) {
       if (int rc = set_size(*n, s.new_size); rc) return rc;
     }

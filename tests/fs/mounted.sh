@@ -696,9 +696,10 @@ PY
     # Synchronous O_DIRECT writers of different blocks of one file reach the daemon together
     # (FOPEN_PARALLEL_DIRECT_WRITES): four of them meet there. Without it the kernel holds the
     # inode lock across each write and the peak is 1, or 2 where the next write arrives
-    # between a handler's reply and its return. A 2 ms device keeps each write in the daemon
-    # long enough for the four writers to meet. The bytes are each writer's, in place.
-    mount_fs -o latency_us=2000
+    # between a handler's reply and its return. A 2 ms device with no software cache keeps
+    # each write in the daemon long enough for the four writers to meet. The bytes are each
+    # writer's, in place.
+    mount_fs -o latency_us=2000,cache_mb=0
     head -c $((4 * 128 * 4096)) /dev/urandom >"$work/src"
     head -c $((4 * 128 * 4096)) /dev/zero >"$mnt/par" || fail "par: the first write"
     pids=()
@@ -711,6 +712,13 @@ PY
     cmp "$work/src" "$mnt/par" || fail "par: the direct writers' bytes"
     peak=$(stat_of ops.write.peak_in_flight)
     ((peak >= 4)) || fail "direct writes of one file reached the daemon one by one (peak $peak)"
+    # Buffered writes cost one request each: the kernel asks for security.capability once,
+    # not before every write (FUSE_HANDLE_KILLPRIV_V2: S_NOSEC).
+    x0=$(stat_of ops.getxattr.count) w0=$(stat_of ops.write.count)
+    dd if="$work/src" of="$mnt/par" bs=4k count=200 conv=notrunc status=none || fail "buffered writes"
+    x1=$(stat_of ops.getxattr.count) w1=$(stat_of ops.write.count)
+    ((w1 - w0 >= 200 && x1 - x0 <= 2)) ||
+      fail "200 buffered writes: $((w1 - w0)) WRITEs and $((x1 - x0)) GETXATTRs (1 or 2 expected)"
     unmount_fs
     fsck_clean >/dev/null
     ;;

@@ -49,6 +49,10 @@ struct SetAttr {
   // An explicit ctime: only the kernel's FUSE writeback cache sends one (its own times of
   // buffered writes, with the mtime); otherwise a change sets ctime to now.
   bool ctime = false;
+  // With a size: the truncate's caller lacks CAP_FSETID, so set-user-ID goes, and
+  // set-group-ID with group execute (the kernel's FATTR_KILL_SUIDGID under
+  // FUSE_HANDLE_KILLPRIV_V2, which leaves that drop to the filesystem).
+  bool kill_suidgid = false;
   uint32_t new_mode = 0, new_uid = 0, new_gid = 0;
   uint64_t new_size = 0;
   TimeSpec new_atime, new_mtime, new_ctime;  // any int64 seconds, nsec 0..999999999
