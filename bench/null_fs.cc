@@ -151,8 +151,14 @@ int remove_node(fuse_ino_t parent, const char* name, bool dir) {
   return 0;
 }
 
+// FOPEN_PARALLEL_DIRECT_WRITES on O_DIRECT opens, as warpfs: set by op_init before any other
+// request, read by every worker after.
+std::atomic<bool> g_parallel_direct_writes{false};
+
 void op_init(void*, fuse_conn_info* conn) {
   warpfs::daemon::negotiate(conn, false);  // no writeback cache: warpfs's default
+  g_parallel_direct_writes.store(warpfs::daemon::takes_parallel_direct_writes(conn),
+                                 std::memory_order_relaxed);
 }
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -248,7 +254,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     return;
   }
   set_cache_mode(fi);
-  fuse_reply_open(req, fi);
+  warpfs::daemon::reply_open(req, fi, g_parallel_direct_writes.load(std::memory_order_relaxed));
 }
 
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
@@ -260,7 +266,8 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   }
   const fuse_entry_param e = entry_of(n);
   set_cache_mode(fi);
-  fuse_reply_create(req, &e, fi);
+  warpfs::daemon::reply_create(req, e, fi,
+                               g_parallel_direct_writes.load(std::memory_order_relaxed));
 }
 
 // Zeros up to the file's end, from one static buffer referenced as often as the size needs.

@@ -515,81 +515,15 @@ void set_cache_mode(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fi->keep_cache = daemon_of(req)->page_cache.open_cached(ino) ? 1 : 0;
 }
 
-// The open's reply (struct fuse_open_out) as libfuse's fill_open makes it, plus
-// FOPEN_PARALLEL_DIRECT_WRITES on an FOPEN_DIRECT_IO open where the kernel knows the flag
-// (libfuse 3.14's fuse_file_info has no bit for it). Without it the kernel holds the inode
-// lock exclusive across each synchronous direct write of the file, so writers of different
-// blocks of one file (a database's threads, fio's pwrite jobs) reach the daemon one at a
-// time; with it they come in parallel under the lock shared. The kernel still takes it
-// exclusive for an O_APPEND write, a write past the end of the file, and while another open
-// of the inode uses the page cache (fuse_dio_wr_exclusive_lock), so the core serialises
-// what changes the size as before; writes to allocated blocks take its shared fast path
-// (FsImpl::overwrite) side by side.
-fuse_open_out open_out(fuse_req_t req, const fuse_file_info* fi) {
-  fuse_open_out o{};
-  o.fh = fi->fh;
-  if (fi->direct_io) o.open_flags |= FOPEN_DIRECT_IO;
-  if (fi->keep_cache) o.open_flags |= FOPEN_KEEP_CACHE;
-  if (fi->nonseekable) o.open_flags |= FOPEN_NONSEEKABLE;
-  if (fi->cache_readdir) o.open_flags |= FOPEN_CACHE_DIR;
-  if (fi->noflush) o.open_flags |= FOPEN_NOFLUSH;
-  if (fi->direct_io && daemon_of(req)->parallel_direct_writes.load(std::memory_order_relaxed)) {
-    o.open_flags |= FOPEN_PARALLEL_DIRECT_WRITES;
-  }
-  return o;
-}
-
-// fuse_reply_open with open_out's flags. Returns what fuse_reply_open would: -ENOENT when the
-// request was interrupted.
+// fuse_reply_open and fuse_reply_create with FOPEN_PARALLEL_DIRECT_WRITES where the kernel
+// takes it (fuse_session.h, reply_open).
 int reply_open(fuse_req_t req, const fuse_file_info* fi) {
-  fuse_open_out o = open_out(req, fi);
-  iovec iov{&o, sizeof o};
-  return fuse_reply_iov(req, &iov, 1);
+  return warpfs::daemon::reply_open(
+      req, fi, daemon_of(req)->parallel_direct_writes.load(std::memory_order_relaxed));
 }
-
-// fuse_reply_create with open_out's flags: struct fuse_entry_out then struct fuse_open_out,
-// the entry as libfuse's fill_entry and convert_stat make it (a kernel of FUSE 7.9 or later:
-// libfuse 3 speaks no older one).
 int reply_create(fuse_req_t req, const fuse_entry_param& e, const fuse_file_info* fi) {
-  struct {
-    fuse_entry_out entry;
-    fuse_open_out open;
-  } out{};
-  static_assert(sizeof out == sizeof(fuse_entry_out) + sizeof(fuse_open_out), "no padding");
-  // libfuse's calc_timeout_sec and calc_timeout_nsec.
-  auto secs = [](double t) -> uint64_t {
-    return t <= 0 ? 0 : t >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(t);
-  };
-  auto nsecs = [&](double t) -> uint32_t {
-    const double f = t - static_cast<double>(secs(t));
-    return f <= 0 ? 0 : f >= 0.999999999 ? 999999999u : static_cast<uint32_t>(f * 1e9);
-  };
-  out.entry.nodeid = e.ino;
-  out.entry.generation = e.generation;
-  out.entry.entry_valid = secs(e.entry_timeout);
-  out.entry.entry_valid_nsec = nsecs(e.entry_timeout);
-  out.entry.attr_valid = secs(e.attr_timeout);
-  out.entry.attr_valid_nsec = nsecs(e.attr_timeout);
-  fuse_attr& a = out.entry.attr;
-  const struct stat& st = e.attr;
-  a.ino = st.st_ino;
-  a.mode = st.st_mode;
-  a.nlink = static_cast<uint32_t>(st.st_nlink);
-  a.uid = st.st_uid;
-  a.gid = st.st_gid;
-  a.rdev = static_cast<uint32_t>(st.st_rdev);
-  a.size = static_cast<uint64_t>(st.st_size);
-  a.blksize = static_cast<uint32_t>(st.st_blksize);
-  a.blocks = static_cast<uint64_t>(st.st_blocks);
-  a.atime = static_cast<uint64_t>(st.st_atim.tv_sec);
-  a.mtime = static_cast<uint64_t>(st.st_mtim.tv_sec);
-  a.ctime = static_cast<uint64_t>(st.st_ctim.tv_sec);
-  a.atimensec = static_cast<uint32_t>(st.st_atim.tv_nsec);
-  a.mtimensec = static_cast<uint32_t>(st.st_mtim.tv_nsec);
-  a.ctimensec = static_cast<uint32_t>(st.st_ctim.tv_nsec);
-  out.open = open_out(req, fi);
-  iovec iov{&out, sizeof out};
-  return fuse_reply_iov(req, &iov, 1);
+  return warpfs::daemon::reply_create(
+      req, e, fi, daemon_of(req)->parallel_direct_writes.load(std::memory_order_relaxed));
 }
 
 void release_cache_mode(fuse_req_t req, fuse_ino_t ino, const fuse_file_info* fi) {
@@ -981,7 +915,7 @@ void op_init(void* userdata, fuse_conn_info* conn) {
   const bool wb = warpfs::daemon::negotiate(conn, d->want_writeback_cache);
   d->writeback_cache.store(wb, std::memory_order_relaxed);
   if (d->want_writeback_cache && !wb) log_line("the kernel offers no writeback cache: not used");
-  d->parallel_direct_writes.store(conn->proto_major > 7 || conn->proto_minor >= 36,
+  d->parallel_direct_writes.store(warpfs::daemon::takes_parallel_direct_writes(conn),
                                   std::memory_order_relaxed);
   // File handles (name_to_handle_at, NFS export): the kernel decodes one it no longer caches
   // by looking up "." of its inode and ".." of a directory (Filesystem::lookup).
