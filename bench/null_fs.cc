@@ -11,8 +11,9 @@
 // worker threads; export support and POSIX ACLs off here: they change no data-path request),
 // warpfs's default entry and attribute timeouts, the mount options (default_permissions),
 // O_DIRECT opens answered with FOPEN_DIRECT_IO and other opens with keep_cache, no FLUSH
-// handler (the kernel stops sending it after the first ENOSYS, as for warpfs), and GETXATTR
-// answered (ENODATA) so the kernel keeps asking before writes as it does warpfs. A change to
+// handler (the kernel stops sending it after the first ENOSYS, as for warpfs), GETXATTR
+// answered (ENODATA) as warpfs answers it, and FUSE_HANDLE_KILLPRIV_V2 from the same session
+// loop (answer_init; this daemon stores no mode bits, so it has none to drop). A change to
 // the handlers' side of these in warpfs_main.cc must be made here too.
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>

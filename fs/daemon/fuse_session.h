@@ -71,9 +71,10 @@ inline bool negotiate(fuse_conn_info* conn, bool writeback_cache) {
   return wb;
 }
 
-// Whether the kernel takes FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.36): from the init handler.
+// Whether the kernel takes FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.38, Linux 6.2): from the init
+// handler.
 inline bool takes_parallel_direct_writes(const fuse_conn_info* conn) {
-  return conn->proto_major > 7 || conn->proto_minor >= 36;
+  return conn->proto_major > 7 || conn->proto_minor >= 38;
 }
 
 // The open's reply (struct fuse_open_out) as libfuse's fill_open makes it, plus
@@ -101,9 +102,10 @@ inline fuse_open_out open_out(const fuse_file_info* fi, bool parallel_direct_wri
 // fuse_reply_open with open_out's flags. Returns what fuse_reply_open would: -ENOENT when the
 // request was interrupted.
 inline int reply_open(fuse_req_t req, const fuse_file_info* fi, bool parallel_direct_writes) {
-  fuse_open_out o = open_out(fi, parallel_direct_writes);
-  iovec iov{&o, sizeof o};
-  return fuse_reply_iov(req, &iov, 1);
+  const fuse_open_out o = open_out(fi, parallel_direct_writes);
+  // fuse_reply_buf sends without allocating (fuse_reply_iov allocates, and a failure there
+  // would answer ENOMEM yet return 0: the open's reference would never be released).
+  return fuse_reply_buf(req, reinterpret_cast<const char*>(&o), sizeof o);
 }
 
 // fuse_reply_create with open_out's flags: struct fuse_entry_out then struct fuse_open_out,
@@ -148,8 +150,7 @@ inline int reply_create(fuse_req_t req, const fuse_entry_param& e, const fuse_fi
   a.mtimensec = static_cast<uint32_t>(st.st_mtim.tv_nsec);
   a.ctimensec = static_cast<uint32_t>(st.st_ctim.tv_nsec);
   out.open = open_out(fi, parallel_direct_writes);
-  iovec iov{&out, sizeof out};
-  return fuse_reply_iov(req, &iov, 1);
+  return fuse_reply_buf(req, reinterpret_cast<const char*>(&out), sizeof out);
 }
 
 // Whether -o max_threads=N is among the command line's options (fuse_parse_cmdline reports 10
@@ -200,8 +201,10 @@ inline size_t receive_bytes() {
 // (SetAttr::kill_suidgid). libfuse writes its reply to the session's file descriptor; for
 // this one reply that descriptor is a pipe, and what comes out of the pipe goes on to
 // /dev/fuse, patched. Runs before any worker exists, so nothing else reads or writes the
-// descriptor meanwhile. Returns 0 (INIT answered, or the session ended first), or the
-// negative error of a failed read or write.
+// descriptor meanwhile; no other thread may send a notification (fuse_lowlevel_notify_*)
+// before the session loop starts either: it would land in the pipe, joined to the reply.
+// Returns 0 (INIT answered, or the session ended first), the negative error of a failed
+// read or write, or that of libfuse's refusal of the INIT.
 inline int answer_init(fuse_session* se) {
   std::vector<char> mem(receive_bytes());
   fuse_buf buf{};
@@ -235,7 +238,11 @@ inline int answer_init(fuse_session* se) {
     return 0;
   }
   int rc = 0;
-  if (dup2(device, fd) != fd || fcntl(fd, F_SETFD, fd_flags) != 0) rc = -errno;
+  if (dup2(device, fd) != fd) {
+    rc = -errno;
+  } else {
+    (void)fcntl(fd, F_SETFD, fd_flags);  // close-on-exec as it was; not worth failing for
+  }
   close(device);
   close(pipefd[1]);
   char reply[512];
@@ -254,8 +261,9 @@ inline int answer_init(fuse_session* se) {
       std::memcpy(reply + flags_at, &flags, sizeof flags);
     }
   }
-  if (write(fd, reply, static_cast<size_t>(n)) != n) return errno != 0 ? -errno : -EIO;
-  return 0;
+  const ssize_t w = write(fd, reply, static_cast<size_t>(n));
+  if (w != n) return w < 0 ? -errno : -EIO;
+  return out.error;  // libfuse refused the kernel (e.g. its protocol version): the loop ends
 }
 
 // The multithreaded session loop with the receive buffers from `mem` (libfuse's own loop

@@ -321,7 +321,7 @@ struct Daemon {
   // The kernel's writeback cache is on (negotiate): set by op_init, which libfuse runs before
   // it hands any other request to a worker; read by every worker after.
   std::atomic<bool> writeback_cache{false};
-  // The kernel takes FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.36): set by op_init, as above.
+  // The kernel takes FOPEN_PARALLEL_DIRECT_WRITES (FUSE 7.38): set by op_init, as above.
   std::atomic<bool> parallel_direct_writes{false};
   fuse_session* se = nullptr;
   // The live view's counters: each its own atomics, written by every worker (latency.h).
@@ -531,10 +531,18 @@ void release_cache_mode(fuse_req_t req, fuse_ino_t ino, const fuse_file_info* fi
 }
 
 void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  // An O_TRUNC open drops set-user-ID and set-group-ID in the core, and under
+  // FUSE_HANDLE_KILLPRIV_V2 the kernel neither drops them in its cached mode nor refetches
+  // it after the open: told here, or an exec would honour the bits it still shows.
+  Attr before;
+  const bool trunc_privs = (fi->flags & O_TRUNC) && (fi->flags & O_ACCMODE) != O_RDONLY &&
+                           fs_of(req).getattr(ino, &before) == 0 &&
+                           (before.mode & (S_ISUID | S_ISGID));
   if (int rc = fs_of(req).open(ino, fi->flags); rc) {
     fuse_reply_err(req, rc);
     return;
   }
+  if (trunc_privs) attributes_changed(req, ino);
   set_cache_mode(req, ino, fi);
   if (reply_open(req, fi) == -ENOENT) {  // interrupted
     release_cache_mode(req, ino, fi);

@@ -225,6 +225,11 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
       if (s.gid) d.gid = s.new_gid;
       // chown clears set-user-ID and set-group-ID on non-directories (POSIX).
       if (!S_ISDIR(d.mode) && !s.mode) d.mode &= ~static_cast<uint32_t>(S_ISUID | S_ISGID);
+    } else if (S_ISREG(d.mode) && !s.mode && !s.size && !s.atime && !s.mtime && !s.ctime) {
+      // A setattr that sets nothing: chown(f, -1, -1), or the privilege drop before a write
+      // (notify_change with only ATTR_KILL_*, which FUSE_HANDLE_KILLPRIV_V2 leaves to the
+      // filesystem). Set-user-ID goes, and set-group-ID where the group may execute.
+      d.mode &= ~static_cast<uint32_t>((d.mode & S_IXGRP) ? S_ISUID | S_ISGID : S_ISUID);
     }
     d.atime_ns = atime;
     d.mtime_ns = mtime;
