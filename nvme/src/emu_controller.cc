@@ -148,11 +148,15 @@ uint64_t EmulatedController::read64(uint32_t off) {
 void EmulatedController::write32(uint32_t off, uint32_t v) {
   if (dead_.load() || !aligned4(off) || off / 4 >= reg_words_) return;
   switch (off) {
-    case reg::kCc:
-      if ((reg_load(reg::kCc) & cc::kEn) && !(v & cc::kEn)) disable_seen_.store(true);
+    case reg::kCc: {
+      // The register first, then the flag: a worker that takes the flag (handle_cc) then
+      // reads this value or a later one, never the one before the disable.
+      const bool disabling = (reg_load(reg::kCc) & cc::kEn) && !(v & cc::kEn);
       reg_store(off, v);
+      if (disabling) disable_seen_.store(true);
       Doorbell::nudge(workers_[0].kick);  // worker 0 notices the change
       return;
+    }
     case reg::kAqa:
     case reg::kAsq:
     case reg::kAsq + 4:
@@ -352,8 +356,13 @@ void EmulatedController::unlock_others() {
 // CC changes (Base §3.1.4.5, §3.5): enable brings the admin queue up, disable resets the
 // controller, SHN performs a shutdown (the volatile write cache is made durable).
 bool EmulatedController::handle_cc() {
-  const uint32_t cc = reg_load(reg::kCc);
+  // The flag before the register (write32 stores them the other way round). Read the other
+  // way, a disable that came between the two reads was taken with the value from before it:
+  // the old CC acted on again as an enable (failing, CFS, if it had been refused before),
+  // and the host, seeing RDY clear, enabled anew with a CC this worker took for no change,
+  // so the controller stayed failed (found by fuzz_nvme).
   const bool disabled = disable_seen_.exchange(false);
+  const uint32_t cc = reg_load(reg::kCc);
   if (cc == cc_seen_ && !disabled) return false;
   uint32_t prev = cc_seen_;
   cc_seen_ = cc;

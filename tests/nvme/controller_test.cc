@@ -363,6 +363,48 @@ TEST(Controller, BadAdminQueueSetupSetsFatalStatus) {
   EXPECT_EQ(t->read32(reg::kCsts), csts::kCfs);
 }
 
+// A host recovers from a refused enable (CSTS.CFS) as a driver does: CC.EN = 0, wait for
+// RDY to clear (it is clear already: the refused enable never set it), a valid admin queue,
+// CC.EN = 1, ready. Many rounds, so that the worker sometimes reads CC between the host's
+// disable and its new enable: it once took the disable with the CC from before it, enabled
+// that again (refused again, CFS) and then saw the new enable as no change (found by
+// fuzz_nvme; the race needs the two writes to fall inside one worker round).
+TEST(Controller, RecoveryFromARefusedEnableAlwaysBecomesReady) {
+  WARPFS_EMULATED_ONLY() << "the model's worker and its register file";
+  auto t = EmulatedTransport::create({}, BackingStore::ram(1 << 20), nullptr);
+  ASSERT_TRUE(t);
+  DmaRegion dma;
+  ASSERT_TRUE(t->dma_alloc(2 * kPage, &dma).is_ok());
+  const uint32_t cc_on = cc::kEn | (6u << cc::kIosqesShift) | (4u << cc::kIocqesShift);
+  auto wait_csts = [&](uint32_t mask, uint32_t want) {
+    const uint64_t end = port::now_ns() + 5'000'000'000ull;
+    while ((t->read32(reg::kCsts) & mask) != want) {
+      if (port::now_ns() > end) return false;
+      port::thread_yield();
+    }
+    return true;
+  };
+  for (int round = 0; round < 300; ++round) {
+    SCOPED_TRACE(round);
+    // Refused: memory size 8 KiB pages (CC.MPS = 1), which the model does not take.
+    t->write32(reg::kAqa, 7 | (7u << 16));
+    t->write64(reg::kAsq, dma.iova);
+    t->write64(reg::kAcq, dma.iova + kPage);
+    t->write32(reg::kCc, cc_on | (1u << cc::kMpsShift));
+    ASSERT_TRUE(wait_csts(csts::kCfs | csts::kRdy, csts::kCfs)) << t->read32(reg::kCsts);
+    // The recovery: no pause between the writes, as in the fuzzer's.
+    t->write32(reg::kCc, 0);
+    ASSERT_TRUE(wait_csts(csts::kRdy, 0));
+    t->write32(reg::kAqa, 7 | (7u << 16));
+    t->write64(reg::kAsq, dma.iova);
+    t->write64(reg::kAcq, dma.iova + kPage);
+    t->write32(reg::kCc, cc_on);
+    ASSERT_TRUE(wait_csts(csts::kRdy | csts::kCfs, csts::kRdy)) << t->read32(reg::kCsts);
+    t->write32(reg::kCc, 0);
+    ASSERT_TRUE(wait_csts(csts::kRdy | csts::kCfs, 0)) << t->read32(reg::kCsts);
+  }
+}
+
 // Needs no device: the emulated controller's and the image file's own error messages.
 TEST(Controller, MissingImageAndBadDeviceNamesAreClearErrors) {
   std::string err;
