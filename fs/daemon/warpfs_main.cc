@@ -526,18 +526,23 @@ int reply_create(fuse_req_t req, const fuse_entry_param& e, const fuse_file_info
       req, e, fi, daemon_of(req)->parallel_direct_writes.load(std::memory_order_relaxed));
 }
 
+// Whether `ino` has set-user-ID or set-group-ID now: a change the core may drop them in
+// (an O_TRUNC open, a fallocate) must then tell the kernel, which under
+// FUSE_HANDLE_KILLPRIV_V2 neither drops them in its cached mode nor refetches it.
+bool has_set_id_bits(fuse_req_t req, fuse_ino_t ino) {
+  Attr a;
+  return fs_of(req).getattr(ino, &a) == 0 && (a.mode & (S_ISUID | S_ISGID)) != 0;
+}
+
 void release_cache_mode(fuse_req_t req, fuse_ino_t ino, const fuse_file_info* fi) {
   if (fi->fh == kFhCached) daemon_of(req)->page_cache.release_cached(ino);
 }
 
 void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  // An O_TRUNC open drops set-user-ID and set-group-ID in the core, and under
-  // FUSE_HANDLE_KILLPRIV_V2 the kernel neither drops them in its cached mode nor refetches
-  // it after the open: told here, or an exec would honour the bits it still shows.
-  Attr before;
-  const bool trunc_privs = (fi->flags & O_TRUNC) && (fi->flags & O_ACCMODE) != O_RDONLY &&
-                           fs_of(req).getattr(ino, &before) == 0 &&
-                           (before.mode & (S_ISUID | S_ISGID));
+  // An O_TRUNC open drops set-user-ID and set-group-ID in the core: told to the kernel, or
+  // an exec would honour the bits its cached mode still shows.
+  const bool trunc_privs =
+      (fi->flags & O_TRUNC) && (fi->flags & O_ACCMODE) != O_RDONLY && has_set_id_bits(req, ino);
   if (int rc = fs_of(req).open(ino, fi->flags); rc) {
     fuse_reply_err(req, rc);
     return;
@@ -790,10 +795,8 @@ void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len
     return;
   }
   const warpfs::fs::CallerScope as(caller(req));  // the root reserve is not every caller's
-  // The core drops set-user-ID and set-group-ID first (the kernel leaves it to us: answer_init)
-  // and the kernel refetches no mode after a fallocate: it is told, as after such a write.
-  Attr before;
-  const bool privs = fs_of(req).getattr(ino, &before) == 0 && (before.mode & (S_ISUID | S_ISGID));
+  // The core drops set-user-ID and set-group-ID first: told to the kernel, as after a write.
+  const bool privs = has_set_id_bits(req, ino);
   const int rc =
       fs_of(req).fallocate(ino, mode, static_cast<uint64_t>(off), static_cast<uint64_t>(len));
   if (privs) attributes_changed(req, ino);

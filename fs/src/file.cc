@@ -137,9 +137,8 @@ bool FsImpl::overwrite(Node& n, uint64_t off, size_t len, const char* buf, size_
   const Inode& d = n.disk;
   const bool own = from == WriteFrom::kWriter;  // times and privileges are this write's
   if (!n.mapped || !S_ISREG(d.mode) || pinned(d) ||
-      (own && ((d.mode & (S_ISUID | S_ISGID)) != 0 ||
-               !(d.xattr_block == 0 || n.cap == Node::Cap::kAbsent))) ||
-      off >= d.size || len > d.size - off) {
+      (own && ((d.mode & (S_ISUID | S_ISGID)) != 0 || n.may_have_capability())) || off >= d.size ||
+      len > d.size - off) {
     return false;
   }
   // The write's time replaces the stored ones by being later (fold_times): a file whose mtime
@@ -337,10 +336,7 @@ int FsImpl::written_by_writer(Node& n) {
 // FUSE_HANDLE_KILLPRIV_V2 the kernel leaves it to the daemon. REQUIRES: rw exclusive, in a
 // transaction.
 int FsImpl::drop_privileges_locked(Node& n) {
-  if (n.disk.mode & (S_ISUID | S_ISGID)) {
-    n.disk.mode &= ~static_cast<uint32_t>(S_ISUID);
-    if (n.disk.mode & S_IXGRP) n.disk.mode &= ~static_cast<uint32_t>(S_ISGID);
-  }
+  n.disk.mode &= ~set_id_bits_to_drop(n.disk.mode);
   return drop_capability_locked(n);
 }
 
@@ -465,8 +461,7 @@ int FsImpl::fallocate(Ino ino, int mode, uint64_t off, uint64_t len) {
   if (immutable(n->disk) || (append_only(n->disk) && (mode & ~FALLOC_FL_KEEP_SIZE))) return EPERM;
   if (off >= kMaxFileSize || len > kMaxFileSize - off) return EFBIG;
   if (int rc = load_map(*n); rc) return rc;
-  if ((n->disk.mode & S_ISUID) || (n->disk.mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP) ||
-      (n->disk.xattr_block != 0 && n->cap != Node::Cap::kAbsent)) {
+  if (set_id_bits_to_drop(n->disk.mode) != 0 || n->may_have_capability()) {
     // The privileges go first (vfs_fallocate's file_modified()), in a transaction of their
     // own: a crash before the change leaves them dropped, never a changed file keeping them.
     Journal::Txn t(*journal_);

@@ -75,6 +75,12 @@ inline bool append_only(const Inode& d) {
 inline bool pinned(const Inode& d) {
   return immutable(d) || append_only(d);
 }
+// The set-ID bits of `mode` that a change of a file's contents (or its truncation) clears,
+// as the kernel's should_remove_suid(): set-user-ID, and set-group-ID where the group may
+// execute (without group execute it marks mandatory locking, not a privilege).
+inline uint32_t set_id_bits_to_drop(uint32_t mode) {
+  return mode & ((mode & S_IXGRP) ? S_ISUID | S_ISGID : S_ISUID);
+}
 
 // The POSIX ACLs' names in the system. namespace (kXattrSystem; acl.cc).
 inline constexpr uint64_t kNoBlock = uint64_t{1} << 32;      // one past the last logical block
@@ -127,6 +133,8 @@ struct Node {
   // overwrite fast path, which may not drop one, knows a file has none.
   enum class Cap : uint8_t { kUnknown, kAbsent, kPresent };
   Cap cap = Cap::kUnknown;
+  // Whether security.capability may be there (rw, as `cap`): not known absent.
+  bool may_have_capability() const { return disk.xattr_block != 0 && cap != Cap::kAbsent; }
   // Whether the internal times record exists (rw, like `disk`): set where a time field gets
   // a sentinel, and at load from the fields (the record exists exactly while one holds a
   // sentinel); store() removes it when none does any more (FORMAT.md "Inode").

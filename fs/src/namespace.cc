@@ -168,16 +168,13 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
   if (s.size) {
     if (S_ISDIR(d.mode)) return EISDIR;
     if (!S_ISREG(d.mode)) return EINVAL;
-    if (s.kill_suidgid && !s.mode && (d.mode & (S_ISUID | S_ISGID))) {
+    if (s.kill_suidgid && !s.mode && set_id_bits_to_drop(d.mode) != 0) {
       // First, in a transaction of its own, as for an O_TRUNC open: a crash between the two
       // leaves the privileges dropped, never a truncated file that keeps them.
-      const uint32_t kill = (d.mode & S_IXGRP) ? S_ISUID | S_ISGID : S_ISUID;
-      if (d.mode & kill) {
-        Journal::Txn t(*journal_);
-        d.mode &= ~kill;
-        d.ctime_ns = now_ns();
-        if (int rc = store(*n); rc) return rc;
-      }
+      Journal::Txn t(*journal_);
+      d.mode &= ~set_id_bits_to_drop(d.mode);
+      d.ctime_ns = now_ns();
+      if (int rc = store(*n); rc) return rc;
     }
     if (s.new_size != d.size) {
       if (int rc = set_size(*n, s.new_size); rc) return rc;
@@ -229,7 +226,7 @@ int FsImpl::setattr(Ino ino, const SetAttr& s, Attr* out) {
       // A setattr that sets nothing: chown(f, -1, -1), or the privilege drop before a write
       // (notify_change with only ATTR_KILL_*, which FUSE_HANDLE_KILLPRIV_V2 leaves to the
       // filesystem). Set-user-ID goes, and set-group-ID where the group may execute.
-      d.mode &= ~static_cast<uint32_t>((d.mode & S_IXGRP) ? S_ISUID | S_ISGID : S_ISUID);
+      d.mode &= ~set_id_bits_to_drop(d.mode);
     }
     d.atime_ns = atime;
     d.mtime_ns = mtime;

@@ -476,7 +476,7 @@ int FsImpl::remove_xattr_locked(Node& n, uint8_t index, std::string_view short_n
 int FsImpl::drop_capability_locked(Node& n) {
   WARPFS_DCHECK(changeable_by_me(n), "drop_capability_locked: rw exclusive");
   WARPFS_DCHECK(journal_->in_transaction(), "drop_capability_locked: in a transaction");
-  if (n.disk.xattr_block == 0 || n.cap == Node::Cap::kAbsent) return 0;
+  if (!n.may_have_capability()) return 0;
   const int rc = remove_xattr_locked(n, kXattrSecurity, kCapability);
   return rc == ENODATA ? 0 : rc;
 }
