@@ -8,11 +8,14 @@
 #   usage: ab_direct.sh WARPFS_A WARPFS_B [ROUNDS]     (MKFS=mkfs.warpfs, fio and fusermount3
 #          on PATH; the images go to TMPDIR, default /dev/shm). Two warpfs-null daemons (a
 #          name containing "null") are compared the same way, without a device (latency 0).
+#          OPTS_A and OPTS_B: more -o options for each side (e.g. OPTS_B=io_uring compares
+#          a daemon with itself on the two transports).
 # Prints one JSON object per job: {"variant","lat_us","job","iops","mb_s"} ("error": fio
 # failed, its stderr is kept in $LOGS, default TMPDIR).
 set -u
 (($# >= 2)) || { sed -n 2,9p "$0" >&2; exit 2; }
 declare -A bin=([A]=$1 [B]=$2)
+declare -A opts=([A]=${OPTS_A:-} [B]=${OPTS_B:-})
 rounds=${3:-3}
 jobs=${JOBS:-random}
 tmp=${TMPDIR:-/dev/shm}
@@ -51,10 +54,11 @@ for ((round = 1; round <= rounds; ++round)); do
       rm -f "$img"
       if [[ ${bin[$v]} == *null* ]]; then  # warpfs-null: no device, no latency
         ((lat == 0)) || continue
-        "${bin[$v]}" -f "$mnt" 2>"$logs/ab-$v-daemon.log" &
+        "${bin[$v]}" -f ${opts[$v]:+-o "${opts[$v]}"} "$mnt" 2>"$logs/ab-$v-daemon.log" &
       else
         "$mkfs" -q --size 1024M "emu:$img" || exit 1
-        "${bin[$v]}" -f -o "latency_us=$lat" "emu:$img" "$mnt" 2>"$logs/ab-$v-daemon.log" &
+        "${bin[$v]}" -f -o "latency_us=$lat${opts[$v]:+,${opts[$v]}}" "emu:$img" "$mnt" \
+          2>"$logs/ab-$v-daemon.log" &
       fi
       pid=$!
       for _ in $(seq 100); do mountpoint -q "$mnt" && break; sleep 0.1; done
@@ -66,6 +70,7 @@ for ((round = 1; round <= rounds; ++round)); do
         job $v $lat randwrite_qd32 --rw=randwrite --iodepth=32
         job $v $lat randwrite_qd32_4jobs --rw=randwrite --iodepth=8 --numjobs=4
         job $v $lat randread_qd32 --rw=randread --iodepth=32
+        job $v $lat randread_qd1 --rw=randread --iodepth=1
         job $v $lat randwrite_qd1 --rw=randwrite --iodepth=1
         job $v $lat randwrite_psync4 --rw=randwrite --iodepth=1 --numjobs=4 --ioengine=psync
       fi

@@ -46,14 +46,21 @@ RATIO_PAIRS = [
     ("warpfs_wb", "warpfs"),  # what the kernel's writeback cache gives (--fs ...,warpfs_wb)
     ("warpfs_wb", "passthrough_ll"),
     ("warpfs", "passthrough_ll_dp"),  # metadata on equal terms: both with default_permissions
+    ("warpfs_uring", "warpfs"),  # what FUSE over io_uring gives (--fs ...,warpfs_uring)
+    ("null_uring", "null"),  # the same for the transport's ceiling (--fs ...,null_uring)
+    ("warpfs_uring", "passthrough_ll"),
+    ("warpfs_uring", "null_uring"),
 ]
 # The ratio columns of `table`, where both filesystems are in the run.
 TABLE_PAIRS = [("warpfs", "passthrough_ll"), ("warpfs", "null"), ("warpfs", "ext4_loop"),
                ("warpfs_ssd", "passthrough_ll"), ("warpfs_ssd", "null"),
                ("warpfs_ssd", "ext4_loop"), ("warpfs_wb", "warpfs"),
-               ("warpfs_wb", "passthrough_ll"), ("warpfs", "passthrough_ll_dp")]
-FS_ORDER = ["warpfs", "warpfs_ssd", "warpfs_watched", "warpfs_wb", "passthrough_ll",
-            "passthrough_ll_dp", "null", "fuse2fs", "ext4_loop", "tmpfs"]
+               ("warpfs_wb", "passthrough_ll"), ("warpfs", "passthrough_ll_dp"),
+               ("warpfs_uring", "warpfs"), ("null_uring", "null"),
+               ("warpfs_uring", "passthrough_ll")]
+FS_ORDER = ["warpfs", "warpfs_ssd", "warpfs_watched", "warpfs_wb", "warpfs_uring",
+            "passthrough_ll", "passthrough_ll_dp", "null", "null_uring", "fuse2fs", "ext4_loop",
+            "tmpfs"]
 
 
 def emit(obj):

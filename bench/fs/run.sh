@@ -8,6 +8,11 @@
 #                   (what the live view costs; not in the default set: --fs to add it)
 #   warpfs_wb       warpfs at zero latency with -o writeback_cache (the kernel's writeback
 #                   cache; not in the default set: --fs to add it)
+#   warpfs_uring    warpfs at zero latency with -o io_uring: requests through FUSE over
+#                   io_uring (Linux 6.14; this script turns the fuse module's enable_uring
+#                   on for the run and back after; not in the default set: --fs to add it)
+#   null_uring      warpfs-null with -o io_uring: that transport's ceiling (fio rows only;
+#                   not in the default set)
 #   null            warpfs-null: a FUSE daemon that stores nothing, with warpfs's FUSE
 #                   options and threads: the transport's ceiling (fio rows only)
 #   passthrough_ll  libfuse's example (Debian's source, built here) over a tmpfs
@@ -36,7 +41,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 all_fs=(warpfs warpfs_ssd null passthrough_ll passthrough_ll_dp fuse2fs ext4_loop tmpfs)
-known_fs=("${all_fs[@]}" warpfs_watched warpfs_wb)
+known_fs=("${all_fs[@]}" warpfs_watched warpfs_wb warpfs_uring null_uring)
 
 usage() {
   cat >&2 <<'EOF'
@@ -48,8 +53,9 @@ usage: bench/run fs [--quick] [--fs LIST] [--ssd-latency-us N] [--file-mb N] [--
   --fs LIST           comma-separated subset of: warpfs,warpfs_ssd,null,passthrough_ll,
                       passthrough_ll_dp (the same with default_permissions: metadata rows
                       only),fuse2fs,ext4_loop,tmpfs,warpfs_watched (warpfs with a live-view
-                      watcher),warpfs_wb (warpfs -o writeback_cache); the last two not in
-                      the default set
+                      watcher),warpfs_wb (warpfs -o writeback_cache),warpfs_uring and
+                      null_uring (warpfs and warpfs-null over FUSE over io_uring); the last
+                      four not in the default set
   --ssd-latency-us N  warpfs_ssd's emulated completion latency (default 80)
   --file-mb N         fio file size in MiB
   --runtime-s N       measured seconds per fio job (plus a ramp of 1/4 of it, at most 2 s)
@@ -126,9 +132,22 @@ if ! command -v fio >/dev/null; then
   have_fio=0
   echo "bench/fs: fio not found (apt-get install fio): no fio or durability rows" >&2
   skip_fs null "it is measured by fio jobs only"
+  skip_fs null_uring "it is measured by fio jobs only"
   skip_fs ext4_loop "it is measured by fio jobs only"
 fi
 [[ -x $null_bin ]] || skip_fs null "$null_bin is not built (libfuse3-dev)"
+[[ -x $null_bin ]] || skip_fs null_uring "$null_bin is not built (libfuse3-dev)"
+uring_param=/sys/module/fuse/parameters/enable_uring
+uring_was=  # enable_uring before this run, put back at exit
+if has warpfs_uring || has null_uring; then
+  was=$(cat "$uring_param" 2>/dev/null) || was=
+  if [[ -n $was ]] && { echo 1 >"$uring_param"; } 2>/dev/null; then
+    uring_was=$was
+  else
+    skip_fs warpfs_uring "this kernel has no FUSE over io_uring ($uring_param)"
+    skip_fs null_uring "this kernel has no FUSE over io_uring ($uring_param)"
+  fi
+fi
 command -v fuse2fs >/dev/null || skip_fs fuse2fs "fuse2fs not found (apt-get install fuse2fs)"
 if ! command -v mkfs.ext4 >/dev/null; then
   skip_fs fuse2fs "mkfs.ext4 not found (apt-get install e2fsprogs)"
@@ -162,7 +181,7 @@ if ((have_fio)); then
   done
 fi
 for f in "${fses[@]}"; do
-  [[ $f == null || $f == ext4_loop ]] || meta_fses+=("$f")
+  [[ $f == null || $f == null_uring || $f == ext4_loop ]] || meta_fses+=("$f")
 done
 # QD32 buffered jobs: Linux runs buffered libaio synchronously (io_submit returns after the
 # copy), so those jobs would be at depth 1. io_uring hands a buffered read or write it cannot
@@ -216,6 +235,7 @@ cleanup() {
   for ((i = ${#tmpfs_mounts[@]} - 1; i >= 0; --i)); do
     umount "${tmpfs_mounts[i]}" 2>/dev/null || umount -l "${tmpfs_mounts[i]}" || true
   done
+  [[ -n $uring_was ]] && echo "$uring_was" >"$uring_param"
   # A row that failed keeps the daemons' logs beside the results: its cause is in them.
   if [[ -s ${out:-} ]] && grep -q '"error":"[^"]' "$out" && [[ -d $work/logs ]]; then
     cp -r "$work/logs" "$stem-logs" && echo "bench/fs: a row failed; logs in $stem-logs" >&2
@@ -259,11 +279,12 @@ for f in "${fses[@]}"; do
   mkdir -p "$work/mnt/$f"
   dir[$f]=$work/mnt/$f
   case $f in
-    warpfs | warpfs_ssd | warpfs_watched | warpfs_wb)
+    warpfs | warpfs_ssd | warpfs_watched | warpfs_wb | warpfs_uring)
       lat=0
       [[ $f == warpfs_ssd ]] && lat=$ssd_us
       wb=
       [[ $f == warpfs_wb ]] && wb=,writeback_cache
+      [[ $f == warpfs_uring ]] && wb=,io_uring
       "$mkfs_bin" -q --size "${img_mb}M" "emu:$work/store/$f.img"
       start_daemon "$f" "$work/logs/$f.log" "$warpfs_bin" -f -o "latency_us=$lat$wb" \
         "emu:$work/store/$f.img" "$work/mnt/$f"
@@ -275,6 +296,9 @@ for f in "${fses[@]}"; do
       ;;
     null)
       start_daemon "$f" "$work/logs/$f.log" "$null_bin" -f "$work/mnt/$f"
+      ;;
+    null_uring)
+      start_daemon "$f" "$work/logs/$f.log" "$null_bin" -f -o io_uring "$work/mnt/$f"
       ;;
     passthrough_ll)
       mount_tmpfs fsbench-pll "$work/pll-source" "$img_mb"
@@ -331,6 +355,7 @@ report info --fields "$(printf '{"host":"%s","kernel":"%s","nproc":%d,"quick":%s
 declare -A fs_fields=([warpfs]='{"latency_us":0}' [warpfs_ssd]="{\"latency_us\":$ssd_us}"
   [warpfs_watched]='{"latency_us":0,"watcher_interval_s":0.1}'
   [warpfs_wb]='{"latency_us":0,"writeback_cache":true}' [null]='{}' [passthrough_ll]='{}'
+  [warpfs_uring]='{"latency_us":0,"io_uring":true}' [null_uring]='{"io_uring":true}'
   [passthrough_ll_dp]='{"default_permissions":true}'
   [fuse2fs]='{}' [ext4_loop]='{}' [tmpfs]='{}')
 # The next rotation of a list of filesystems, in `order`: a different one goes first each

@@ -14,10 +14,14 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <vector>
+
+#include "fuse_uring.h"
 
 namespace warpfs::daemon {
 
@@ -58,6 +62,9 @@ inline unsigned default_max_threads() {
 // after a chmod. Without it every write reaches the daemon before write(2) returns.
 inline bool negotiate(fuse_conn_info* conn, bool writeback_cache) {
   if (conn->capable & FUSE_CAP_SPLICE_READ) conn->want &= ~FUSE_CAP_SPLICE_READ;
+  // Every reply goes through the session's writev then (libfuse splices a reply to the
+  // descriptor, past it, only with this): FUSE over io_uring answers through that writev.
+  conn->want &= ~FUSE_CAP_SPLICE_WRITE;
   const bool wb = writeback_cache && (conn->capable & FUSE_CAP_WRITEBACK_CACHE);
   if (wb) {
     conn->want |= FUSE_CAP_WRITEBACK_CACHE;
@@ -165,16 +172,6 @@ inline bool max_threads_given(fuse_args* args) {
   return given;
 }
 
-// Where the worker threads' receive buffers come from (run_session_loop). warpfs gives memory
-// its device moves data from without a copy (DMA memory under NVMe): a large FUSE_WRITE's data
-// then goes from the buffer the kernel filled straight to the device, with no bounce copy.
-// `alloc` may return null: that worker's buffer comes from the heap.
-struct ReceiveMemory {
-  void* (*alloc)(void* ctx, size_t bytes) = nullptr;
-  void (*free)(void* ctx, void* p, size_t bytes) = nullptr;
-  void* ctx = nullptr;
-};
-
 // The bytes libfuse reads from /dev/fuse at once (libfuse 3.14's session bufsize: 256 pages
 // and a page for the header), and one page more. A request is never longer than max_write
 // (kMaxWrite) and its header, whatever the read asks for.
@@ -203,9 +200,25 @@ inline size_t receive_bytes() {
 // /dev/fuse, patched. Runs before any worker exists, so nothing else reads or writes the
 // descriptor meanwhile; no other thread may send a notification (fuse_lowlevel_notify_*)
 // before the session loop starts either: it would land in the pipe, joined to the reply.
+// `want_uring` (-o io_uring): also add FUSE_OVER_IO_URING where the kernel offers it (it does
+// when the fuse module's enable_uring is on), and say in `*uring` what came of it.
 // Returns 0 (INIT answered, or the session ended first), the negative error of a failed
 // read or write, or that of libfuse's refusal of the INIT.
-inline int answer_init(fuse_session* se) {
+enum class UringGrant {
+  kNotAsked,
+  kNotOffered,   // the kernel does not offer it (CONFIG_FUSE_IO_URING, enable_uring)
+  kNotAnswered,  // offered, but the INIT reply could not take it (no pipe, an error reply)
+  kGranted,
+};
+inline int answer_init(fuse_session* se, bool want_uring = false, UringGrant* uring = nullptr) {
+  UringGrant grant = want_uring ? UringGrant::kNotAnswered : UringGrant::kNotAsked;
+  struct Tell {  // *uring = grant on every return
+    UringGrant* out;
+    const UringGrant& g;
+    ~Tell() {
+      if (out != nullptr) *out = g;
+    }
+  } tell{uring, grant};
   std::vector<char> mem(receive_bytes());
   fuse_buf buf{};
   int res;
@@ -222,11 +235,19 @@ inline int answer_init(fuse_session* se) {
     std::memcpy(&in, mem.data(), sizeof in);
     std::memcpy(&init, mem.data() + sizeof in, offsetof(fuse_init_in, flags2));
   }
+  if (static_cast<size_t>(res) >= sizeof in + offsetof(fuse_init_in, flags2) + sizeof(uint32_t) &&
+      (init.flags & FUSE_INIT_EXT)) {
+    std::memcpy(&init.flags2, mem.data() + sizeof in + offsetof(fuse_init_in, flags2),
+                sizeof init.flags2);
+  }
+  const bool offer_uring = want_uring && (init.flags2 & (kFuseOverIoUring >> 32));
+  if (want_uring && !offer_uring && in.opcode == FUSE_INIT) grant = UringGrant::kNotOffered;
   const int fd = fuse_session_fd(se);
   int device = -1, pipefd[2] = {-1, -1};
   const int fd_flags = fcntl(fd, F_GETFD);
-  bool redirected = in.opcode == FUSE_INIT && (init.flags & FUSE_HANDLE_KILLPRIV_V2) &&
-                    fd_flags >= 0 && pipe2(pipefd, O_CLOEXEC) == 0;
+  bool redirected = in.opcode == FUSE_INIT &&
+                    ((init.flags & FUSE_HANDLE_KILLPRIV_V2) || offer_uring) && fd_flags >= 0 &&
+                    pipe2(pipefd, O_CLOEXEC) == 0;
   if (redirected) {
     device = fcntl(fd, F_DUPFD_CLOEXEC, 0);  // /dev/fuse stays open here meanwhile
     redirected = device >= 0 && dup2(pipefd[1], fd) == fd;
@@ -253,18 +274,41 @@ inline int answer_init(fuse_session* se) {
   fuse_out_header out;
   std::memcpy(&out, reply, sizeof out);
   const size_t flags_at = sizeof out + offsetof(fuse_init_out, flags);
+  const size_t flags2_at = sizeof out + offsetof(fuse_init_out, flags2);
   if (out.error == 0 && static_cast<size_t>(n) >= flags_at + sizeof(uint32_t)) {
     uint32_t flags;
     std::memcpy(&flags, reply + flags_at, sizeof flags);
-    if (!(flags & FUSE_WRITEBACK_CACHE)) {
+    if (!(flags & FUSE_WRITEBACK_CACHE) && (init.flags & FUSE_HANDLE_KILLPRIV_V2)) {
       flags |= FUSE_HANDLE_KILLPRIV_V2;
-      std::memcpy(reply + flags_at, &flags, sizeof flags);
     }
+    if (offer_uring && static_cast<size_t>(n) >= flags2_at + sizeof(uint32_t)) {
+      uint32_t flags2;
+      std::memcpy(&flags2, reply + flags2_at, sizeof flags2);
+      flags2 |= static_cast<uint32_t>(kFuseOverIoUring >> 32);
+      std::memcpy(reply + flags2_at, &flags2, sizeof flags2);
+      flags |= FUSE_INIT_EXT;  // flags2 counts only with it
+    }
+    std::memcpy(reply + flags_at, &flags, sizeof flags);
   }
   const ssize_t w = write(fd, reply, static_cast<size_t>(n));
   if (w != n) return w < 0 ? -errno : -EIO;
+  if (offer_uring && out.error == 0 && static_cast<size_t>(n) >= flags2_at + sizeof(uint32_t)) {
+    grant = UringGrant::kGranted;
+  }
   return out.error;  // libfuse refused the kernel (e.g. its protocol version): the loop ends
 }
+
+// -o io_uring, io_uring_depth=N and io_uring_cpu, as both daemons take them (uring_opts).
+struct UringOptions {
+  int on = 0;          // io_uring: ask for FUSE over io_uring
+  unsigned depth = 0;  // io_uring_depth: threads (one ring entry each) a queue; 0: the default
+  int pin = 0;         // io_uring_cpu: a queue's threads run on that queue's CPU only
+};
+// fuse_opt entries for them, into the member `uring` of the options struct T.
+#define WARPFS_URING_OPTS(T)                                                             \
+  {"io_uring", offsetof(T, uring.on), 1}, {"io_uring_cpu", offsetof(T, uring.pin), 1}, { \
+    "io_uring_depth=%u", offsetof(T, uring.depth), 0                                     \
+  }
 
 // The multithreaded session loop with the receive buffers from `mem` (libfuse's own loop
 // allocates its own). As in libfuse's loop: one worker to begin with, and another (up to
@@ -277,16 +321,80 @@ inline int answer_init(fuse_session* se) {
 // (no first worker).
 class SessionLoop {
  public:
-  SessionLoop(fuse_session* se, unsigned threads, const ReceiveMemory& mem)
-      : se_(se), threads_(threads > 0 ? threads : 1), mem_(mem), workers_(threads_) {}
+  // `uring`: whether and how to ask for FUSE over io_uring (fuse_uring.h); its threads are
+  // `threads` spread over the kernel's queues, at least 2 a queue, unless uring.depth says.
+  SessionLoop(fuse_session* se, unsigned threads, const ReceiveMemory& mem,
+              const UringOptions& uring = {})
+      : se_(se),
+        threads_(threads > 0 ? threads : 1),
+        mem_(mem),
+        uring_(uring),
+        workers_(threads_) {}
 
   int run() {
-    if (int rc = answer_init(se_); rc < 0) return rc;
-    if (fuse_session_exited(se_)) {  // a signal before the first request
-      fuse_session_reset(se_);
-      return 0;
-    }
     if (sem_init(&finish_, 0, 0) != 0) return -errno;
+    std::unique_ptr<RingTransport> ring;
+    if (uring_.on) ring = make_ring();
+    UringGrant grant = UringGrant::kNotAsked;
+    int rc = answer_init(se_, ring != nullptr, &grant);
+    if (rc >= 0 && ring != nullptr && !fuse_session_exited(se_)) {
+      if (grant == UringGrant::kNotOffered) {
+        fuse_log(FUSE_LOG_ERR,
+                 "io_uring: the kernel does not offer FUSE over io_uring (it needs "
+                 "CONFIG_FUSE_IO_URING and /sys/module/fuse/parameters/enable_uring on): "
+                 "requests stay on /dev/fuse\n");
+        ring.reset();
+      } else if (grant != UringGrant::kGranted) {
+        fuse_log(FUSE_LOG_ERR,
+                 "io_uring: the INIT reply could not ask for it: requests stay on /dev/fuse\n");
+        ring.reset();
+      } else if (const int err = ring->start(); err != 0) {
+        fuse_log(FUSE_LOG_ERR, "io_uring transport: starting its threads: %s\n",
+                 std::strerror(-err));
+      }
+    }
+    if (rc >= 0) rc = loop();
+    if (ring != nullptr) ring->stop();
+    sem_destroy(&finish_);
+    return rc;
+  }
+
+ private:
+  // The transport -o io_uring asks for, prepared (RingTransport::prepare); null where it
+  // cannot run here. Its threads are `threads_` spread over the kernel's queues (one a
+  // possible CPU), at least 2 a queue, unless io_uring_depth says.
+  std::unique_ptr<RingTransport> make_ring() {
+    RingTransport::Options o;
+    o.per_queue = threads_ / static_cast<unsigned>(RingTransport::possible_cpus().size());
+    if (o.per_queue < 2) o.per_queue = 2;
+    if (uring_.depth > 0) o.per_queue = uring_.depth;
+    o.pin = uring_.pin != 0;
+    // The kernel's max_payload_sz: max_write, which libfuse's max_pages covers exactly; a
+    // page more for what the kernel may round up.
+    o.payload_bytes = kMaxWrite + 4096;
+    o.mem = mem_;
+    o.fatal = [](void* ctx) {
+      auto* l = static_cast<SessionLoop*>(ctx);
+      int none = 0;
+      l->error_.compare_exchange_strong(none, -EIO);  // the daemon exits with an error
+      sem_post(&l->finish_);
+    };
+    o.fatal_ctx = this;
+    auto ring = std::make_unique<RingTransport>(se_, o);
+    const char* what = "";
+    if (const int rc = ring->prepare(&what); rc != 0) {
+      fuse_log(FUSE_LOG_ERR, "io_uring transport: %s: %s: requests stay on /dev/fuse\n", what,
+               std::strerror(-rc));
+      return nullptr;
+    }
+    return ring;
+  }
+
+  int loop() {
+    if (fuse_session_exited(se_)) {  // a signal (or a ring's fatal error) before the loop
+      fuse_session_reset(se_);
+      return error_.load();
+    }
     const bool started = start_worker();
     while (started && !fuse_session_exited(se_)) sem_wait(&finish_);  // EINTR: look again
     unsigned n;
@@ -300,12 +408,10 @@ class SessionLoop {
       pthread_join(workers_[i].thread, nullptr);
       release(workers_[i]);
     }
-    sem_destroy(&finish_);
     fuse_session_reset(se_);
     return started ? error_.load() : -ENOMEM;
   }
 
- private:
   struct Worker {
     SessionLoop* loop = nullptr;
     pthread_t thread{};
@@ -384,6 +490,7 @@ class SessionLoop {
   fuse_session* const se_;
   const unsigned threads_;
   const ReceiveMemory mem_;
+  const UringOptions uring_;
   // Sized once; workers_[i] is written by start_worker() before thread i starts, then read
   // by that thread and, after it has been joined, by run().
   std::vector<Worker> workers_;
@@ -391,8 +498,8 @@ class SessionLoop {
   unsigned started_ = 0;              // spawn_mu_
   bool ending_ = false;               // spawn_mu_
   std::atomic<unsigned> waiting_{0};  // workers not processing a request
-  sem_t finish_;                      // posted by each worker as it ends
-  std::atomic<int> error_{0};         // the first failed read's error
+  sem_t finish_;               // posted by each worker as it ends, and by a ring's fatal error
+  std::atomic<int> error_{0};  // the first failed read's error, or a ring's fatal one
 };
 
 // Runs the session loop of `se` until it ends: single-threaded for -s, libfuse's
@@ -404,10 +511,14 @@ class SessionLoop {
 // reply goes out as it is, and the kernel drops privileges itself (a GETXATTR before each
 // buffered write). Returns the loop's result.
 inline int run_session_loop(fuse_session* se, const fuse_cmdline_opts& cl, bool threads_given,
-                            const ReceiveMemory& mem = {}) {
+                            const ReceiveMemory& mem = {}, const UringOptions& uring = {}) {
+  if (uring.on && (cl.singlethread || cl.clone_fd)) {
+    fuse_log(FUSE_LOG_ERR, "io_uring: not used with %s: requests stay on /dev/fuse\n",
+             cl.singlethread ? "-s" : "clone_fd");
+  }
   if (cl.singlethread) return fuse_session_loop(se);
   const unsigned threads = threads_given ? cl.max_threads : default_max_threads();
-  if (!cl.clone_fd) return SessionLoop(se, threads, mem).run();
+  if (!cl.clone_fd) return SessionLoop(se, threads, mem, uring).run();
   fuse_loop_config* lc = fuse_loop_cfg_create();
   fuse_loop_cfg_set_clone_fd(lc, cl.clone_fd);
   fuse_loop_cfg_set_max_threads(lc, threads);

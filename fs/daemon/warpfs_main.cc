@@ -25,6 +25,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -77,6 +78,7 @@ struct Options {
   int discard = -1;         // -1: neither discard nor nodiscard given (the superblock's, else on)
   int writeback_cache = 0;  // -o writeback_cache (nowriteback_cache: off, the default)
   int dedup = 0;            // -o dedup: a deduplication pass in the background after mount
+  warpfs::daemon::UringOptions uring;  // -o io_uring[,io_uring_depth=N,io_uring_cpu]
   unsigned dedup_table_mb = 64;
   int help = 0;
   int list_devices = 0;
@@ -114,6 +116,7 @@ const fuse_opt kOpts[] = {WARPFS_OPT("cache_mb=%u", cache_mb),
                           WARPFS_OPT("vwc_model=%u", vwc_model),
                           WARPFS_OPT("meta_cache_mb=%u", meta_cache_mb),
                           WARPFS_OPT("dedup", dedup),
+                          WARPFS_URING_OPTS(Options),
                           WARPFS_OPT("dedup_table_mb=%u", dedup_table_mb),
                           WARPFS_OPT("-h", help),
                           WARPFS_OPT("--help", help),
@@ -1035,6 +1038,7 @@ std::string stats_json(const Daemon& d) {
              {"read_only", s.read_only},
              {"discard", s.discard},
              {"meta_cache_mb", s.meta_cache_mb}};
+  j["transport"] = {{"io_uring_requests", warpfs::daemon::RingTransport::answered()}};
   j["shared"] = {{"shared_blocks", s.shared_blocks},
                  {"saved_bytes", s.saved_blocks * warpfs::fs::kBlockSize},
                  {"clones", s.clones},
@@ -1219,6 +1223,19 @@ void log_line(const std::string& s) {
   } else {
     std::fprintf(stderr, "warpfs: %s\n", s.c_str());
   }
+}
+// libfuse's messages (and the io_uring transport's, which logs through it) as log lines.
+void log_fuse(fuse_log_level level, const char* fmt, va_list ap) {
+  if (level > FUSE_LOG_NOTICE) {  // -d's trace, as libfuse prints it (-d runs in the foreground)
+    vfprintf(stderr, fmt, ap);
+    return;
+  }
+  char line[1024];
+  const int n = vsnprintf(line, sizeof line, fmt, ap);
+  if (n <= 0) return;
+  size_t len = std::strlen(line);
+  while (len > 0 && line[len - 1] == '\n') line[--len] = 0;
+  log_line(line);
 }
 void on_usr1(int) {
   const uint64_t one = 1;
@@ -1429,6 +1446,11 @@ void usage(const char* prog) {
       "  dedup           after mounting, share the identical data blocks of all files (one\n"
       "                  pass in the background; needs the shared_blocks feature)\n"
       "  dedup_table_mb=N the pass's hash table bound in MiB (default 64)\n"
+      "  io_uring        take requests through FUSE over io_uring where the kernel offers it\n"
+      "                  (/sys/module/fuse/parameters/enable_uring), else through /dev/fuse\n"
+      "  io_uring_depth=N threads, each with one ring entry, per CPU's queue (default: the\n"
+      "                  worker threads over the CPUs, at least 2; at most 64)\n"
+      "  io_uring_cpu    run each queue's threads on that queue's CPU only\n"
       "  timeout=SECONDS how long the kernel may cache names and attributes (default 86400;\n"
       "                  0: ask the daemon every time)\n"
       "  io_timeout=N    reset the controller when a busy queue completes nothing for N\n"
@@ -1560,6 +1582,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "warpfs: writeback_cache needs two worker threads or more: not used\n");
     o.writeback_cache = 0;
   }
+  if (o.writeback_cache && o.uring.on) {
+    // Under the writeback cache a request routinely waits for pages to be written back
+    // (op_lseek, a direct write's invalidation): over the ring that write-back would wait
+    // for a free entry of the same CPU's queue, of which there are only io_uring_depth
+    // (fs/daemon/fuse_uring.h).
+    std::fprintf(stderr,
+                 "warpfs: io_uring is not used with writeback_cache: requests stay on /dev/fuse\n");
+    o.uring.on = 0;
+  }
   if (o.queues == 0 || o.queues > 64 || o.workers == 0 || o.workers > 64 || o.commit_s == 0 ||
       (o.commit_s > 86400 && o.commit_s != kCommitUnset)) {
     std::fprintf(stderr, "warpfs: queues and workers must be 1..64, commit 1..86400 seconds\n");
@@ -1667,6 +1698,7 @@ int main(int argc, char** argv) {
   }
 
   const fuse_lowlevel_ops ops = make_ops();
+  fuse_set_log_func(log_fuse);
   fuse_session* se = fuse_session_new(&args, &ops, sizeof ops, &d);
   d.se = se;
   int rc = 1;
@@ -1749,7 +1781,7 @@ int main(int argc, char** argv) {
         mem.free = [](void* ctx, void* p, size_t bytes) {
           static_cast<warpfs::blockdev::BlockDevice*>(ctx)->free_io_buffer(p, bytes);
         };
-        rc = warpfs::daemon::run_session_loop(se, cl, threads_given, mem);
+        rc = warpfs::daemon::run_session_loop(se, cl, threads_given, mem, o.uring);
         // A second Ctrl-C or SIGTERM must not cut the unmount below short.
         pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
         const uint64_t stop_one = 1;  // the eventfd stays readable: it stops both threads

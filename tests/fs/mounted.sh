@@ -14,11 +14,16 @@ device="emu:$img"  # what mount_fs and fsck_clean open (a RAID set's list in the
 mnt=$work/mnt
 mkdir -p "$mnt"
 daemon_pid=
+uring_param=/sys/module/fuse/parameters/enable_uring
+uring_was=  # the parameter's value before the uring scenario set it
+disabled_was=  # kernel.io_uring_disabled before the uring scenario set it
 
 fail() { echo "FAIL ($scenario): $*" >&2; exit 1; }
 cleanup() {
   if mountpoint -q "$mnt"; then fusermount3 -u -z "$mnt" 2>/dev/null; fi
   [[ -n $daemon_pid ]] && kill -9 "$daemon_pid" 2>/dev/null
+  [[ -n $uring_was ]] && echo "$uring_was" >"$uring_param"
+  [[ -n $disabled_was ]] && echo "$disabled_was" >/proc/sys/kernel/io_uring_disabled
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -737,6 +742,152 @@ PY
     x1=$(stat_of ops.getxattr.count) w1=$(stat_of ops.write.count)
     ((w1 - w0 >= 200 && x1 - x0 <= 2)) ||
       fail "200 buffered writes: $((w1 - w0)) WRITEs and $((x1 - x0)) GETXATTRs (1 or 2 expected)"
+    unmount_fs
+    fsck_clean >/dev/null
+    ;;
+  uring)  # -o io_uring: the POSIX suite, fsx and processes on every CPU at once through FUSE over io_uring
+    # Skipped (77) where the kernel has no FUSE over io_uring (before Linux 6.14, or built
+    # without CONFIG_FUSE_IO_URING) or its parameter cannot be set here.
+    [[ -e $uring_param ]] || { echo "SKIP: no $uring_param"; exit 77; }
+    [[ $(cat /proc/sys/kernel/io_uring_disabled 2>/dev/null || echo 0) != 2 ]] ||
+      { echo "SKIP: kernel.io_uring_disabled is 2"; exit 77; }
+    was=$(cat "$uring_param")
+    { echo 1 >"$uring_param"; } 2>/dev/null || { echo "SKIP: $uring_param cannot be set"; exit 77; }
+    uring_was=$was
+    ncpu=$(nproc)
+    # cpus FILE: the CPU ids of a kernel CPU list ("0-3,6"), one a line
+    cpus() { tr ',' '\n' <"$1" | awk -F- '{for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c}'; }
+    possible=$(cpus /sys/devices/system/cpu/possible | wc -l)  # the kernel's queues
+    online=$(cpus /sys/devices/system/cpu/online | wc -l)
+    # ring_threads: the daemon's ring threads (named fuse-ring), one line each: TID CPUS
+    ring_threads() {
+      local t
+      for t in /proc/"$daemon_pid"/task/*; do
+        [[ $(cat "$t/comm" 2>/dev/null) == fuse-ring ]] || continue
+        echo "${t##*/} $(awk '/^Cpus_allowed_list/ {print $2}' "$t/status")"
+      done
+    }
+    ring_errors() {
+      ! grep -i "io_uring" "$work/daemon.log" || fail "the daemon logged the above"
+    }
+    # parallel_io: four processes, spread over the CPUs, write their own quarter of one file
+    # (buffered and O_DIRECT alternately) while four read another: requests from every CPU's
+    # queue at once, each byte in its place.
+    parallel_io() {
+      local i p pids=() flag
+      head -c $((4 << 20)) /dev/urandom >"$work/src"
+      cp "$work/src" "$mnt/readme" || fail "cp"
+      head -c $((4 << 20)) /dev/zero >"$mnt/par" || fail "par: the first write"
+      for i in 0 1 2 3; do
+        flag=; ((i % 2)) && flag=oflag=direct
+        taskset -c $((i % ncpu)) dd if="$work/src" of="$mnt/par" bs=4k skip=$((i * 256)) \
+          seek=$((i * 256)) count=256 conv=notrunc $flag status=none &
+        pids+=($!)
+        taskset -c $(((i + 1) % ncpu)) bash -c \
+          'for _ in 1 2 3 4 5; do cmp -s "$1" "$2" || exit 1; done' _ "$work/src" "$mnt/readme" &
+        pids+=($!)
+      done
+      for p in "${pids[@]}"; do wait "$p" || fail "a writer or reader failed"; done
+      cmp "$work/src" "$mnt/par" || fail "par: the writers' bytes"
+    }
+    format 2G --inodes 300000
+
+    # The default: at least two threads a queue, unpinned.
+    mount_fs -o io_uring
+    WARPFS_TEST_DIR=$mnt WARPFS_TEST_FS=warpfs "$POSIX_TESTS" || fail "posix_tests over io_uring"
+    "$FSX" -q -N 30000 -S 3 "$mnt/fsx.small" || fail "fsx over io_uring"
+    parallel_io
+    n=$(stat_of transport.io_uring_requests)
+    ((n > 10000)) || fail "only ${n:-no} requests went through io_uring"
+    threads=$(ring_threads | wc -l)
+    ((threads >= 2 * possible)) || fail "$threads ring threads for $possible possible CPUs"
+    unmount_fs
+    ring_errors
+    fsck_clean >/dev/null
+
+    # io_uring_depth=3,io_uring_cpu: three threads a queue, each on its queue's CPU.
+    mount_fs -o io_uring,io_uring_depth=3,io_uring_cpu
+    threads=$(ring_threads | wc -l)
+    # Three for each online CPU's queue, one for each other possible CPU's.
+    ((threads == 3 * online + possible - online)) ||
+      fail "$threads ring threads for $online online and $possible possible CPUs"
+    for c in $(cpus /sys/devices/system/cpu/online); do
+      [[ $(ring_threads | awk -v c="$c" '$2 == c' | wc -l) == 3 ]] ||
+        fail "not 3 ring threads on CPU $c: $(ring_threads)"
+    done
+    "$FSX" -q -N 10000 -S 5 "$mnt/fsx.depth" || fail "fsx with io_uring_depth=3"
+    parallel_io
+    unmount_fs
+    ring_errors
+    fsck_clean >/dev/null
+
+    # SIGTERM while writers on every CPU keep the ring busy: the daemon answers what it holds,
+    # unmounts and leaves a clean filesystem holding every block a write(2) returned for.
+    mount_fs -o io_uring
+    head -c $((256 << 20)) /dev/urandom >"$work/pattern"
+    pids=()
+    for i in 0 1 2 3; do
+      flag=; ((i % 2)) && flag=oflag=direct
+      taskset -c $((i % ncpu)) dd if="$work/pattern" of="$mnt/load$i" bs=64k $flag \
+        2>"$work/dd$i.log" &
+      pids+=($!)
+    done
+    before=$(stat_of transport.io_uring_requests)
+    busy=0
+    for _ in $(seq 1 600); do  # until the writers' requests go through the ring
+      (($(stat_of transport.io_uring_requests) > before + 500)) && { busy=1; break; }
+      sleep 0.05
+    done
+    ((busy)) || fail "the writers' requests do not go through the ring"
+    kill -TERM "$daemon_pid"
+    for _ in $(seq 1 600); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.05; done
+    kill -0 "$daemon_pid" 2>/dev/null && fail "the daemon still runs 30 s after SIGTERM under load"
+    wait "$daemon_pid" || { cat "$work/daemon.log" >&2; fail "the daemon failed on SIGTERM under load"; }
+    daemon_pid=
+    for p in "${pids[@]}"; do wait "$p" || true; done  # cut off by the unmount: any status
+    mountpoint -q "$mnt" && fail "still mounted after SIGTERM"
+    ring_errors
+    "$FSCK" -n "emu:$img" | grep -q clean || fail "superblock not clean after SIGTERM under load"
+    fsck_clean >/dev/null
+    mount_fs
+    for i in 0 1 2 3; do  # dd's "N+M records out": N whole 64 KiB writes returned
+      n=$(sed -n 's/^\([0-9]*\)+[0-9]* records out$/\1/p' "$work/dd$i.log")
+      [[ -n $n ]] || fail "dd $i said: $(cat "$work/dd$i.log")"
+      cmp -n $((n << 16)) "$work/pattern" "$mnt/load$i" ||
+        fail "load$i: the $n writes dd saw return are not all there"
+    done
+    unmount_fs
+
+    # Where io_uring cannot be set up (kernel.io_uring_disabled=2, as a seccomp filter would
+    # refuse it), the daemon finds out before INIT, says so and serves /dev/fuse.
+    if [[ -w /proc/sys/kernel/io_uring_disabled ]]; then
+      disabled_was=$(cat /proc/sys/kernel/io_uring_disabled)
+      echo 2 >/proc/sys/kernel/io_uring_disabled
+      mount_fs -o io_uring
+      echo "$disabled_was" >/proc/sys/kernel/io_uring_disabled
+      disabled_was=
+      echo x >"$mnt/f" && [[ $(cat "$mnt/f") == x ]] || fail "with io_uring disabled"
+      grep -q "io_uring transport: setting up a ring: .*requests stay on /dev/fuse" \
+        "$work/daemon.log" || fail "no message: $(cat "$work/daemon.log")"
+      [[ $(stat_of transport.io_uring_requests) == 0 ]] || fail "requests counted without a ring"
+      unmount_fs
+    fi
+
+    # With the writeback cache the daemon refuses the ring and says why.
+    mount_fs -o io_uring,writeback_cache
+    echo x >"$mnt/f" && [[ $(cat "$mnt/f") == x ]] || fail "io_uring with writeback_cache"
+    grep -q "io_uring is not used with writeback_cache" "$work/daemon.log" ||
+      fail "no message: $(cat "$work/daemon.log")"
+    [[ $(stat_of transport.io_uring_requests) == 0 ]] || fail "the ring served the writeback cache"
+    unmount_fs
+
+    # Where the kernel does not offer it, the daemon says so and serves /dev/fuse.
+    echo 0 >"$uring_param"
+    mount_fs -o io_uring
+    echo x >"$mnt/f" && [[ $(cat "$mnt/f") == x ]] || fail "without the kernel's offer"
+    grep -q "does not offer FUSE over io_uring" "$work/daemon.log" ||
+      fail "no message: $(cat "$work/daemon.log")"
+    [[ $(stat_of transport.io_uring_requests) == 0 ]] || fail "requests counted without the ring"
     unmount_fs
     fsck_clean >/dev/null
     ;;
