@@ -397,6 +397,7 @@ class RingTransport {
   // Room in front of the payload for the header and fixed part a request is laid out with.
   static constexpr size_t kHeadroom = 4096;
   static constexpr size_t kPage = 4096;
+  static constexpr size_t kHeaderStride = (sizeof(RingHeader) + 63) / 64 * 64;
 
   // One registered entry, used only by its thread.
   struct Entry {
@@ -498,16 +499,18 @@ class RingTransport {
       if (posix_memalign(&p, kPage, blocks_bytes_) != 0) return -ENOMEM;
       blocks_ = static_cast<char*>(p);
     }
-    if (posix_memalign(&p, kPage, sizeof(RingHeader) * n) != 0) {
+    // Each header on cache lines of its own: the kernel fills one entry's from one CPU
+    // while another entry's thread reads its own on another.
+    if (posix_memalign(&p, kPage, kHeaderStride * n) != 0) {
       free_entries();
       return -ENOMEM;
     }
-    headers_ = static_cast<RingHeader*>(p);
-    std::memset(headers_, 0, sizeof(RingHeader) * n);
+    headers_ = static_cast<char*>(p);
+    std::memset(headers_, 0, kHeaderStride * n);
     entries_.assign(n, Entry{});
     for (unsigned i = 0; i < n; ++i) {
       Entry& e = entries_[i];
-      e.header = &headers_[i];
+      e.header = reinterpret_cast<RingHeader*>(headers_ + kHeaderStride * i);
       e.block = blocks_ + block_bytes_ * i;
       e.payload_cap = o_.payload_bytes;
       e.iov[0] = {e.header, sizeof(RingHeader)};
@@ -688,7 +691,7 @@ class RingTransport {
   unsigned queues_ = 0;
   int stop_fd_ = -1;
   std::vector<Entry> entries_;  // entries_[i] is thread i's alone
-  RingHeader* headers_ = nullptr;
+  char* headers_ = nullptr;     // kHeaderStride bytes an entry
   char* blocks_ = nullptr;
   size_t block_bytes_ = 0, blocks_bytes_ = 0;
   bool blocks_dma_ = false;                       // blocks_ from o_.mem.alloc, else posix_memalign
