@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <string>
@@ -244,7 +245,9 @@ TEST_F(PageCacheTest, SeekDataFindsDataNotWrittenBack) {
 
 // statfs counts blocks that buffered writes take at once, before any write-back (as ext4's
 // delayed allocation reserves them at write(2)), so df and a program that checks the space
-// before writing more see it.
+// before writing more see it. Blocks of files unlinked earlier may be freed meanwhile (under
+// FUSE when the kernel's FORGET arrives, which it sends when it likes): the drop may fall
+// short of the data by a few such blocks, never by the most of it that uncounted writes lose.
 TEST_F(PageCacheTest, StatfsCountsWritesNotWrittenBack) {
   constexpr size_t kBytes = 16u << 20;
   struct statvfs before {};
@@ -253,7 +256,8 @@ TEST_F(PageCacheTest, StatfsCountsWritesNotWrittenBack) {
   pwrite_all(fd.get(), pattern(4, kBytes), 0);
   struct statvfs after {};
   ASSERT_OK(::statvfs(dir().c_str(), &after));
-  EXPECT_GE(before.f_bfree - after.f_bfree, kBytes / after.f_frsize)
+  const uint64_t data_blocks = kBytes / after.f_frsize;
+  EXPECT_GE(before.f_bfree - after.f_bfree, data_blocks - data_blocks / 16)
       << "free blocks " << before.f_bfree << " before the writes, " << after.f_bfree << " after";
 }
 
