@@ -355,6 +355,7 @@ class SessionLoop {
     }
     if (rc >= 0) rc = loop();
     if (ring != nullptr) ring->stop();
+    if (rc == 0) rc = error_.load();  // a ring's fatal error after the loop ended
     sem_destroy(&finish_);
     return rc;
   }

@@ -341,7 +341,7 @@ class RingTransport {
       const uint64_t one = 1;  // stays readable: every thread's poll sees it
       if (::write(stop_fd_, &one, sizeof one) != sizeof one) report(-errno, "stopping");
     }
-    bool registered = false;
+    bool registered = keep_entries_;
     for (auto& t : threads_) {
       if (!t->started) continue;
       pthread_join(t->thread, nullptr);
@@ -352,6 +352,7 @@ class RingTransport {
     stop_fd_ = -1;
     // Closing a ring cancels its registered entry asynchronously (io_ring_exit_work): memory
     // the kernel may still hold is left to the process's exit.
+    keep_entries_ = registered;
     if (!registered) free_entries();
   }
 
@@ -664,6 +665,7 @@ class RingTransport {
         report(rc, "handing the last answer back");
         break;
       }
+      if (rc < 0 && rc != -EINTR) sched_yield();  // let the kernel free what it lacks
     }
     return live || failed;  // after a failure, whatever the kernel holds stays allocated
   }
@@ -691,6 +693,7 @@ class RingTransport {
   unsigned queues_ = 0;
   int stop_fd_ = -1;
   std::vector<Entry> entries_;  // entries_[i] is thread i's alone
+  bool keep_entries_ = false;   // stop() found an entry the kernel may hold: never freed
   char* headers_ = nullptr;     // kHeaderStride bytes an entry
   char* blocks_ = nullptr;
   size_t block_bytes_ = 0, blocks_bytes_ = 0;
