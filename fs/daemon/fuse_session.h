@@ -275,13 +275,15 @@ inline int answer_init(fuse_session* se, bool want_uring = false, UringGrant* ur
   std::memcpy(&out, reply, sizeof out);
   const size_t flags_at = sizeof out + offsetof(fuse_init_out, flags);
   const size_t flags2_at = sizeof out + offsetof(fuse_init_out, flags2);
+  bool uring_added = false;
   if (out.error == 0 && static_cast<size_t>(n) >= flags_at + sizeof(uint32_t)) {
     uint32_t flags;
     std::memcpy(&flags, reply + flags_at, sizeof flags);
     if (!(flags & FUSE_WRITEBACK_CACHE) && (init.flags & FUSE_HANDLE_KILLPRIV_V2)) {
       flags |= FUSE_HANDLE_KILLPRIV_V2;
     }
-    if (offer_uring && static_cast<size_t>(n) >= flags2_at + sizeof(uint32_t)) {
+    uring_added = offer_uring && static_cast<size_t>(n) >= flags2_at + sizeof(uint32_t);
+    if (uring_added) {
       uint32_t flags2;
       std::memcpy(&flags2, reply + flags2_at, sizeof flags2);
       flags2 |= static_cast<uint32_t>(kFuseOverIoUring >> 32);
@@ -292,9 +294,7 @@ inline int answer_init(fuse_session* se, bool want_uring = false, UringGrant* ur
   }
   const ssize_t w = write(fd, reply, static_cast<size_t>(n));
   if (w != n) return w < 0 ? -errno : -EIO;
-  if (offer_uring && out.error == 0 && static_cast<size_t>(n) >= flags2_at + sizeof(uint32_t)) {
-    grant = UringGrant::kGranted;
-  }
+  if (uring_added) grant = UringGrant::kGranted;
   return out.error;  // libfuse refused the kernel (e.g. its protocol version): the loop ends
 }
 

@@ -790,6 +790,14 @@ PY
       for p in "${pids[@]}"; do wait "$p" || fail "a writer or reader failed"; done
       cmp "$work/src" "$mnt/par" || fail "par: the writers' bytes"
     }
+    # served_without_ring WHAT MESSAGE: the mount serves /dev/fuse only, and its log says MESSAGE
+    served_without_ring() {
+      echo x >"$mnt/f" && [[ $(cat "$mnt/f") == x ]] || fail "$1"
+      grep -q "$2" "$work/daemon.log" || fail "$1: no message: $(cat "$work/daemon.log")"
+      [[ $(stat_of transport.io_uring_requests) == 0 ]] || fail "$1: requests went through a ring"
+      unmount_fs
+    }
+
     format 2G --inodes 300000
 
     # The default: at least two threads a queue, unpinned.
@@ -866,29 +874,18 @@ PY
       mount_fs -o io_uring
       echo "$disabled_was" >/proc/sys/kernel/io_uring_disabled
       disabled_was=
-      echo x >"$mnt/f" && [[ $(cat "$mnt/f") == x ]] || fail "with io_uring disabled"
-      grep -q "io_uring transport: setting up a ring: .*requests stay on /dev/fuse" \
-        "$work/daemon.log" || fail "no message: $(cat "$work/daemon.log")"
-      [[ $(stat_of transport.io_uring_requests) == 0 ]] || fail "requests counted without a ring"
-      unmount_fs
+      served_without_ring "with io_uring disabled" \
+        "io_uring transport: setting up a ring: .*requests stay on /dev/fuse"
     fi
 
     # With the writeback cache the daemon refuses the ring and says why.
     mount_fs -o io_uring,writeback_cache
-    echo x >"$mnt/f" && [[ $(cat "$mnt/f") == x ]] || fail "io_uring with writeback_cache"
-    grep -q "io_uring is not used with writeback_cache" "$work/daemon.log" ||
-      fail "no message: $(cat "$work/daemon.log")"
-    [[ $(stat_of transport.io_uring_requests) == 0 ]] || fail "the ring served the writeback cache"
-    unmount_fs
+    served_without_ring "with writeback_cache" "io_uring is not used with writeback_cache"
 
     # Where the kernel does not offer it, the daemon says so and serves /dev/fuse.
     echo 0 >"$uring_param"
     mount_fs -o io_uring
-    echo x >"$mnt/f" && [[ $(cat "$mnt/f") == x ]] || fail "without the kernel's offer"
-    grep -q "does not offer FUSE over io_uring" "$work/daemon.log" ||
-      fail "no message: $(cat "$work/daemon.log")"
-    [[ $(stat_of transport.io_uring_requests) == 0 ]] || fail "requests counted without the ring"
-    unmount_fs
+    served_without_ring "without the kernel's offer" "does not offer FUSE over io_uring"
     fsck_clean >/dev/null
     ;;
   acl)  # POSIX ACLs: setfacl/getfacl, enforced for another user, inherited, kept across a remount
