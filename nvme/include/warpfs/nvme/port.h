@@ -232,6 +232,17 @@ struct BasicTicketLock {
     // Release: publishes the critical section to the next holder. Only the holder writes.
     serving.value.store(serving.value.load(Order::kRelaxed) + 1, Order::kRelease);
   }
+  // try_lock and unlock as seq_cst accesses of `serving`, for a hand-off that must be ordered
+  // against the caller's own seq_cst accesses (VirtualQueue::drain_head). A lock taken this
+  // way is released with unlock_seq_cst.
+  WARPFS_HD bool try_lock_seq_cst() {
+    uint32_t s = serving.value.load(Order::kSeqCst);
+    uint32_t n = s;
+    return next.value.compare_exchange(n, s + 1, Order::kSeqCst);
+  }
+  WARPFS_HD void unlock_seq_cst() {
+    serving.value.store(serving.value.load(Order::kRelaxed) + 1, Order::kSeqCst);
+  }
 };
 
 using TicketLock = BasicTicketLock<Scope::kSystem>;

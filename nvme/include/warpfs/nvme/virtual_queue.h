@@ -17,13 +17,19 @@
 //  Completion. Without locks, a thread scans the CQ from cq_head_ for an entry whose phase
 //  tag is the one expected at that virtual position (phase 1 on even passes, Base §4.6) and
 //  whose CID is its own; an entry with the wrong phase is the device's tail (BaM §5.3). It
-//  records the status and publishes head_mark_[slot] = cq_position + 1 (release). The winner
-//  of head_lock_ walks cq_head_ over consecutive published entries, reads the SQ Head Pointer
+//  records the status and publishes head_mark_[slot] = cq_position + 1. The winner of
+//  head_lock_ walks cq_head_ over consecutive published entries, reads the SQ Head Pointer
 //  of the last one and moves sq_head_ there, incrementing turn_ for every SQ slot passed
 //  (BaM §5.4: SQ slots reclaimed from the CQE's SQ head), then rings the CQ head doorbell.
 //  The holder also releases the CIDs of the entries it consumed, after moving cq_head_, so
 //  the next owner of a CID scans from past the stale entry and cannot match it (BaM §5.3).
-//  A thread finishes when cq_head_ has passed its entry.
+//  A thread finishes as soon as it has published its entry and tried the head lock once
+//  (drain_head): it does not wait for the head to pass its entry. An entry whose owner lost
+//  that race is consumed by the holder, which looks at the head's mark again after unlocking
+//  (the hand-off in drain_head). Waiting for the head, as BaM's threads do, made every thread
+//  wait for the owners of all earlier entries; with more threads than cores, an owner that is
+//  descheduled holds up everyone behind it (on 2 cores, QD32 reads through FUSE spent more
+//  time in sched_yield than in the device).
 //
 //  Command ids. cid = ticket % ncid with ncid = size - 1, handed out in ticket order through
 //  cid_turn_ (a FIFO per id, like turn_). Holding a CID from submission until the CQ head
@@ -210,14 +216,12 @@ class VirtualQueue {
       return true;
     }
     if (t->cq_pos == Ticket::kNotFound && !find_completion(t)) {
-      try_advance_head();  // our entry may be stuck behind others' published entries
+      drain_head();  // others' published entries may wait for the head
       return false;
     }
-    if (cq_head_.value.load(port::Order::kAcquire) <= t->cq_pos) {
-      try_advance_head();
-      if (cq_head_.value.load(port::Order::kAcquire) <= t->cq_pos) return false;
-    }
-    // The CQ head has passed our entry; the head-lock holder released our CID.
+    // Our entry is published: the head passes it now (drain_head) or its current holder
+    // will, and release our CID then.
+    drain_head();
     finish(t);
     return true;
   }
@@ -363,8 +367,9 @@ class VirtualQueue {
     t->status = dw3_status(dw3);
     t->dw0 = q_.cq[slot].dw0;
     t->cq_pos = v;
-    // Release: the head-lock holder that sees the mark sees that we are done reading.
-    head_mark(slot).store(v + 1, port::Order::kRelease);
+    // Release: the head-lock holder that sees the mark sees that we are done reading. Seq_cst
+    // for the hand-off in drain_head.
+    head_mark(slot).store(v + 1, port::Order::kSeqCst);
     return kMine;
   }
 
@@ -395,10 +400,21 @@ class VirtualQueue {
     return false;
   }
 
-  WARPFS_HD void try_advance_head() {
-    if (!head_lock_.try_lock()) return;
-    advance_head();
-    head_lock_.unlock();
+  // Consumes the entries published at the head, if the head lock is free. Either way, an
+  // entry published (probe) before this call is consumed by someone: the hand-off. A holder
+  // looks at the head's mark again after unlocking, and goes round once more if it is set.
+  // The mark's store, the try_lock's load of `serving`, the unlock's store and the re-check
+  // are all seq_cst, so in their single total order either the publisher's try_lock comes
+  // after the holder's unlock (and takes the lock, or finds a newer holder that will look
+  // after its own unlock) or the holder's re-check comes after the mark. Every holder takes
+  // the lock here, so every holder re-checks.
+  WARPFS_HD void drain_head() {
+    while (head_lock_.try_lock_seq_cst()) {
+      advance_head();
+      head_lock_.unlock_seq_cst();
+      const uint64_t h = cq_head_.value.load(port::Order::kAcquire);
+      if (head_mark(static_cast<uint32_t>(h & mask_)).load(port::Order::kSeqCst) != h + 1) return;
+    }
   }
 
   // Head-lock holder: consume consecutive finished CQ entries, reclaim SQ slots up to the
