@@ -59,13 +59,14 @@ using warpfs::fs::Ino;
 
 constexpr unsigned kCommitUnset = ~0u;     // commit= not given: the filesystem's default
 constexpr unsigned kMetaCacheUnset = ~0u;  // meta_cache_mb= not given: the superblock's, else 32
+constexpr unsigned kWorkersUnset = ~0u;    // workers= not given: one per I/O queue
 
 struct Options {
   char* device = nullptr;
   unsigned cache_mb = 64;
   unsigned queues = 4;
   unsigned latency_us = 0;
-  unsigned workers = 1;
+  unsigned workers = kWorkersUnset;
   unsigned inline_io = 1;
   unsigned vwc_model = 0;
   unsigned commit_s = kCommitUnset;
@@ -1431,7 +1432,7 @@ void usage(const char* prog) {
       "  cache_mb=N      software cache size in MiB (default 64; 0: no cache)\n"
       "  queues=N        NVMe I/O queue pairs (default 4)\n"
       "  latency_us=N    emulated device: completion latency in microseconds (default 0)\n"
-      "  workers=N       emulated device: controller worker threads (default 1)\n"
+      "  workers=N       emulated device: controller worker threads (default: queues)\n"
       "  inline_io=0|1   emulated device: run commands in the thread that rings the doorbell\n"
       "                  (1, default) or only on the worker threads (0)\n"
       "  vwc_model=0|1   emulated device: unflushed writes wait in the image's page cache (0,\n"
@@ -1591,6 +1592,11 @@ int main(int argc, char** argv) {
                  "warpfs: io_uring is not used with writeback_cache: requests stay on /dev/fuse\n");
     o.uring.on = 0;
   }
+  // One emulated controller thread per queue pair, as a controller serves its queues side by
+  // side: with one for all, the FUSE workers' inline runs of the device (inline_io) waited for
+  // each other on its lock and handed their commands to its thread, a sleep and a wake-up
+  // each (QD32 O_DIRECT 4 KiB reads and writes through the mount 1.13-1.30x on 2 cores).
+  if (o.workers == kWorkersUnset) o.workers = o.queues;
   if (o.queues == 0 || o.queues > 64 || o.workers == 0 || o.workers > 64 || o.commit_s == 0 ||
       (o.commit_s > 86400 && o.commit_s != kCommitUnset)) {
     std::fprintf(stderr, "warpfs: queues and workers must be 1..64, commit 1..86400 seconds\n");
