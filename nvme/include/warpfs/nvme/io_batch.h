@@ -55,8 +55,11 @@ class IoBatch {
           waiting = &e;
         }
       }
-      if (waiting != nullptr && waiting->route.vq->view().irq->sleep_now(b)) {
+      const InterruptLine* irq = waiting != nullptr ? waiting->route.vq->view().irq : nullptr;
+      if (irq != nullptr && irq->sleep_now(b)) {
         waiting->route.vq->sleep_on_irq(waiting->ticket, [this] { return poll_once(); });
+      } else if (irq != nullptr) {
+        irq->back_off(b);
       } else {
         b.pause();
       }

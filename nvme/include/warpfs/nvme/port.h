@@ -188,6 +188,10 @@ class Backoff {
   WARPFS_HD bool spinning() const {
     return step_ < kSpin;
   }
+  // Goes on from the yields, as if the spin were over.
+  WARPFS_HD void skip_spin() {
+    if (step_ < kSpin) step_ = kSpin;
+  }
   // Past spinning and yielding: a waiter with something to block on (an interrupt) should
   // block now rather than sleep blindly.
   WARPFS_HD bool should_block() const {

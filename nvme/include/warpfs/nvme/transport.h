@@ -93,6 +93,11 @@ struct Doorbell {
 // completion within microseconds (the emulated controller run inline with no latency), the
 // yields take the CPU from that very thread: there a keyed waiter sleeps as soon as its spin
 // is over (`prompt`), and QD32 O_DIRECT reads through FUSE ran 1.4x faster on that VM.
+// Where the completion is that far away, the spin itself is waste: the waiter burns the CPU
+// that other workers (and the emulated controller's thread) would run on, while a yield
+// costs little on an idle core. So a waiter on a line that is not prompt yields from the
+// start (back_off): with 80 µs of emulated latency, QD32 O_DIRECT 4 KiB reads and writes
+// through FUSE ran 1.34x and 1.55x faster on that VM.
 struct InterruptLine {
   static constexpr uint32_t kKeys = 128;
 
@@ -105,6 +110,12 @@ struct InterruptLine {
   // Host only: whether a waiter that has polled in vain (backing off with `b`) should sleep.
   bool sleep_now(const port::Backoff& b) const {
     return keyed && prompt ? !b.spinning() : b.should_block();
+  }
+
+  // Host only: one step of a waiter's back-off where sleep_now(b) said no.
+  void back_off(port::Backoff& b) const {
+    if (!prompt) b.skip_spin();
+    b.pause();
   }
 
   // Host only. Sleeps until count != seen, a timeout, or a spurious wake-up.

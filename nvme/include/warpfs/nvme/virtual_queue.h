@@ -233,6 +233,8 @@ class VirtualQueue {
     while (!poll(t)) {
       if (q_.irq != nullptr && t->cq_pos == Ticket::kNotFound && q_.irq->sleep_now(b)) {
         sleep_on_irq(*t, [&] { return poll(t); });
+      } else if (q_.irq != nullptr) {
+        q_.irq->back_off(b);
       } else {
         b.pause();
       }
