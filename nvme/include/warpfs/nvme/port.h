@@ -174,7 +174,7 @@ class Backoff {
     __nanosleep(ns_);
     if (ns_ < 4096) ns_ *= 2;
 #else
-    if (step_ < kSpin) {
+    if (step_ < kSpin && !yield_only_) {
       for (uint32_t i = 0; i < (1u << (step_ < 6 ? step_ : 6)); ++i) cpu_relax();
     } else if (step_ < kSpin + kYield) {
       thread_yield();
@@ -188,9 +188,9 @@ class Backoff {
   WARPFS_HD bool spinning() const {
     return step_ < kSpin;
   }
-  // Goes on from the yields, as if the spin were over.
-  WARPFS_HD void skip_spin() {
-    if (step_ < kSpin) step_ = kSpin;
+  // Yields where it would spin: the steps, and so the time before should_block(), stay.
+  WARPFS_HD void yield_only() {
+    yield_only_ = true;
   }
   // Past spinning and yielding: a waiter with something to block on (an interrupt) should
   // block now rather than sleep blindly.
@@ -209,6 +209,7 @@ class Backoff {
   static constexpr uint32_t kMaxSleepNs = 200000;
   uint32_t step_ = 0;
   uint32_t ns_ = kFirstSleepNs;
+  bool yield_only_ = false;
 };
 
 // A fair FIFO lock (ticket lock): waiters are served in arrival order, so no waiter starves
