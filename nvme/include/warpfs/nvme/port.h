@@ -200,6 +200,7 @@ class Backoff {
   WARPFS_HD void reset() {
     step_ = 0;
     ns_ = kFirstSleepNs;
+    yield_only_ = false;
   }
 
  private:

@@ -203,16 +203,13 @@ class VirtualQueue {
     }
   }
 
-  // Advances `t`; true once its completion has been consumed (status in t->status).
+  // Advances `t`; true once its completion has been found and handed to the head (status in
+  // t->status).
   WARPFS_HD bool poll(Ticket* t) {
     if (t->done) return true;
     if (state_.value.load(port::Order::kAcquire) != kRunning) {
-      // Recovery: stop waiting. A completion already found keeps its status (it ran).
-      if (t->cq_pos == Ticket::kNotFound) {
-        abandon(t);
-      } else {
-        finish(t);
-      }
+      // Recovery: stop waiting. (A found completion finished in the poll that found it.)
+      abandon(t);
       return true;
     }
     if (t->cq_pos == Ticket::kNotFound && !find_completion(t)) {
@@ -245,9 +242,9 @@ class VirtualQueue {
   // Host only: sleeps on this queue's interrupt line until `t`'s completion may have come: on
   // a keyed line its own key, else any completion of the line. `recheck` is the caller's last
   // poll, after the line's word was read; it returns true on progress, and then, as when that
-  // poll found `t` (not yet passed by the CQ head: its key was raised already and will not be
-  // again), nothing sleeps. Bounded: a lost race with the head-lock holder costs at most
-  // 200 µs. REQUIRES: view().irq != nullptr.
+  // poll found `t` (its key was raised already and will not be again), nothing sleeps.
+  // Bounded: a wake-up lost some other way costs at most 200 µs.
+  // REQUIRES: view().irq != nullptr.
   template <typename Recheck>
   void sleep_on_irq(const Ticket& t, Recheck&& recheck) {
     InterruptLine& irq = *q_.irq;
