@@ -228,26 +228,26 @@ struct BasicTicketLock {
     // Acquire: the holder's writes before unlock() are visible once we are served.
     while (serving.value.load(Order::kAcquire) != me) b.pause();
   }
-  WARPFS_HD bool try_lock() {
-    uint32_t s = serving.value.load(Order::kRelaxed);
-    uint32_t n = s;
-    // Only take a ticket when nobody holds or waits: next == serving.
-    return next.value.compare_exchange(n, s + 1, Order::kAcquire);
-  }
-  WARPFS_HD void unlock() {
-    // Release: publishes the critical section to the next holder. Only the holder writes.
-    serving.value.store(serving.value.load(Order::kRelaxed) + 1, Order::kRelease);
-  }
+  // Acquire: the holder's writes before unlock() are visible once we hold it.
+  WARPFS_HD bool try_lock() { return try_take(Order::kRelaxed, Order::kAcquire); }
+  // Release: publishes the critical section to the next holder.
+  WARPFS_HD void unlock() { give_up(Order::kRelease); }
   // try_lock and unlock as seq_cst accesses of `serving`, for a hand-off that must be ordered
   // against the caller's own seq_cst accesses (VirtualQueue::drain_head). A lock taken this
   // way is released with unlock_seq_cst.
-  WARPFS_HD bool try_lock_seq_cst() {
-    uint32_t s = serving.value.load(Order::kSeqCst);
+  WARPFS_HD bool try_lock_seq_cst() { return try_take(Order::kSeqCst, Order::kSeqCst); }
+  WARPFS_HD void unlock_seq_cst() { give_up(Order::kSeqCst); }
+
+ private:
+  // Only takes a ticket when nobody holds or waits: next == serving.
+  WARPFS_HD bool try_take(Order load, Order take) {
+    uint32_t s = serving.value.load(load);
     uint32_t n = s;
-    return next.value.compare_exchange(n, s + 1, Order::kSeqCst);
+    return next.value.compare_exchange(n, s + 1, take);
   }
-  WARPFS_HD void unlock_seq_cst() {
-    serving.value.store(serving.value.load(Order::kRelaxed) + 1, Order::kSeqCst);
+  // Only the holder writes `serving`.
+  WARPFS_HD void give_up(Order o) {
+    serving.value.store(serving.value.load(Order::kRelaxed) + 1, o);
   }
 };
 
