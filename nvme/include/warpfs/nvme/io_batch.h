@@ -50,8 +50,7 @@ class IoBatch {
       const Entry* waiting = nullptr;
       for (int i = 0; i < n_ && waiting == nullptr; ++i) {
         const Entry& e = e_[i];
-        if (!e.ticket.done && e.ticket.cq_pos == Ticket::kNotFound &&
-            e.route.vq->view().irq != nullptr) {
+        if (!e.ticket.done && e.route.vq->view().irq != nullptr) {
           waiting = &e;
         }
       }

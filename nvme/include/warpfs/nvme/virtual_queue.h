@@ -81,9 +81,7 @@ namespace warpfs::nvme {
 
 // One command's progress through a VirtualQueue.
 struct Ticket {
-  static constexpr uint64_t kNotFound = ~0ull;
   uint64_t ticket = 0;
-  uint64_t cq_pos = kNotFound;  // virtual CQ position of its completion, once found
   uint16_t cid = 0;
   uint16_t status = 0;  // NVMe status field once found
   uint32_t dw0 = 0;
@@ -212,7 +210,7 @@ class VirtualQueue {
       abandon(t);
       return true;
     }
-    if (t->cq_pos == Ticket::kNotFound && !find_completion(t)) {
+    if (!find_completion(t)) {
       drain_head();  // others' published entries may wait for the head
       return false;
     }
@@ -228,7 +226,7 @@ class VirtualQueue {
   uint16_t wait(Ticket* t) {
     port::Backoff b;
     while (!poll(t)) {
-      if (q_.irq != nullptr && t->cq_pos == Ticket::kNotFound && q_.irq->sleep_now(b)) {
+      if (q_.irq != nullptr && q_.irq->sleep_now(b)) {
         sleep_on_irq(*t, [&] { return poll(t); });
       } else if (q_.irq != nullptr) {
         q_.irq->back_off(b);
@@ -250,7 +248,7 @@ class VirtualQueue {
     InterruptLine& irq = *q_.irq;
     const uint32_t k = key_of(t);
     const uint32_t seen = irq.keyed ? irq.key_seq(k) : irq.count.value.load(port::Order::kAcquire);
-    if (recheck() || t.cq_pos != Ticket::kNotFound) return;
+    if (recheck()) return;
     if (irq.keyed) {
       irq.wait_key(k, seen, 200'000);
     } else {
@@ -365,7 +363,6 @@ class VirtualQueue {
     if (dw3_cid(dw3) != t->cid) return kOther;
     t->status = dw3_status(dw3);
     t->dw0 = q_.cq[slot].dw0;
-    t->cq_pos = v;
     // Release: the head-lock holder that sees the mark sees that we are done reading. Seq_cst
     // for the hand-off in drain_head.
     head_mark(slot).store(v + 1, port::Order::kSeqCst);
