@@ -7,7 +7,9 @@
 //                   FUSE's caches expired, once from the kernel's caches), readdir, unlink
 //   --tree          N empty files spread over a two-level tree of directories of at most
 //                   kFilesPerDir files: mkdir, create, stat (both passes), readdir (every
-//                   directory), unlink, rmdir
+//                   directory), unlink, rmdir. mkdir and rmdir time --dirs directories (the
+//                   tree's, then empty ones under its top level), N/4 by default: the tree
+//                   alone has only N/kFilesPerDir + sqrt of that, too few to time
 //   --mix           N small files (1..16 KiB, seeded sizes) written, then --mix-ops operations
 //                   on random files: 70% read the whole file back and check its bytes, 30%
 //                   rewrite it (O_TRUNC) with new contents
@@ -62,6 +64,7 @@ struct Options {
   std::string dir;
   uint64_t files = 10000;
   uint64_t mix_ops = 0;  // 0: as many as --files
+  uint64_t dirs = 0;     // --tree: directories mkdir and rmdir time; 0: files / 4
   enum Layout { kFlat, kTree, kMix } layout = kFlat;
   std::vector<int> pids;
   uint64_t seed = 1;
@@ -70,13 +73,15 @@ struct Options {
 
 void print_usage(FILE* f) {
   std::fprintf(f,
-               "usage: %s --dir DIR [--files N] [--tree | --mix] [--mix-ops M] [--pid LIST]\n"
-               "       [--seed S] [--settle-ms MS]\n"
+               "usage: %s --dir DIR [--files N] [--tree [--dirs D] | --mix] [--mix-ops M]\n"
+               "       [--pid LIST] [--seed S] [--settle-ms MS]\n"
                "  --dir DIR      an existing directory on the filesystem to measure; the run\n"
                "                 works in a new subdirectory and removes it at the end\n"
                "  --files N      files per phase (default 10000)\n"
                "  --tree         spread the files over a two-level tree, %llu per directory\n"
                "                 (default: all in one directory)\n"
+               "  --dirs D       --tree: directories the mkdir and rmdir phases time, the\n"
+               "                 tree's and then empty ones beside them (default N/4)\n"
                "  --mix          small files (%llu..%llu bytes): write them, then a %u/%u\n"
                "                 read/rewrite mix\n"
                "  --mix-ops M    operations in the --mix phase (default: N)\n"
@@ -115,7 +120,7 @@ Options parse_options(int argc, char** argv) {
       continue;
     }
     if (arg != "--dir" && arg != "--files" && arg != "--mix-ops" && arg != "--pid" &&
-        arg != "--seed" && arg != "--settle-ms") {
+        arg != "--seed" && arg != "--settle-ms" && arg != "--dirs") {
       usage_error("unknown option '" + arg + "'");
     }
     if (i + 1 >= argc) usage_error(arg + " needs a value");
@@ -126,6 +131,10 @@ Options parse_options(int argc, char** argv) {
     } else if (arg == "--files") {
       if (!parse_uint(value, 1, 100'000'000, &o.files)) {
         usage_error("--files: '" + value + "' is not in 1..100000000");
+      }
+    } else if (arg == "--dirs") {
+      if (!parse_uint(value, 1, 100'000'000, &o.dirs)) {
+        usage_error("--dirs: '" + value + "' is not in 1..100000000");
       }
     } else if (arg == "--mix-ops") {
       if (!parse_uint(value, 1, 1'000'000'000, &o.mix_ops)) {
@@ -145,6 +154,7 @@ Options parse_options(int argc, char** argv) {
     }
   }
   if (o.dir.empty()) usage_error("--dir is required");
+  if (o.dirs != 0 && o.layout != Options::kTree) usage_error("--dirs needs --tree");
   if (o.mix_ops == 0) o.mix_ops = o.files;
   return o;
 }
@@ -361,7 +371,8 @@ void run_flat(const Options& o, const std::string& work) {
   run_namespace(o, "flat", {}, {work}, o.files);
 }
 
-// ceil(sqrt(leaves)) top-level directories, each with up to as many leaf directories.
+// ceil(sqrt(leaves)) top-level directories, each with up to as many leaf directories, then
+// empty directories spread over the top level until --dirs are made in all.
 void run_tree(const Options& o, const std::string& work) {
   const uint64_t leaves_n = (o.files + kFilesPerDir - 1) / kFilesPerDir;
   const uint64_t top_n = static_cast<uint64_t>(std::ceil(std::sqrt(static_cast<double>(leaves_n))));
@@ -374,6 +385,10 @@ void run_tree(const Options& o, const std::string& work) {
       leaves[l] = top + "/e" + std::to_string(l);
       dirs.push_back(leaves[l]);
     }
+  }
+  const uint64_t want = o.dirs != 0 ? o.dirs : std::max<uint64_t>(o.files / 4, 1);
+  for (uint64_t x = 0; dirs.size() < want; ++x) {
+    dirs.push_back(work + "/d" + std::to_string(x % top_n) + "/x" + std::to_string(x));
   }
   run_namespace(o, "tree", dirs, leaves, kFilesPerDir);
 }
