@@ -6,11 +6,14 @@
 # For each configuration (the defaults: software cache 64 MiB, metadata cache capped at
 # 32 MiB; no software cache; no metadata cap), in one run:
 #   a fresh image in /dev/shm, mounted; N files created in D directories and then stat'ed
-#   (the kernel holds every inode); the daemon's RSS at mount, its peak (VmHWM), its RSS with
-#   everything looked up; then `echo 2 > /proc/sys/vm/drop_caches` (the kernel forgets every
+#   (the kernel holds every inode); the daemon's RSS at mount, its peak (sampled every 50 ms
+#   while the files are made), its RSS with everything looked up; then `echo 2 > /proc/sys/vm/drop_caches` (the kernel forgets every
 #   inode: FORGETs) and, once the daemon's node table is down to the root (its stats, up to
 #   120 s), the settled RSS.
 # One JSON object per line (KiB), then ratio lines against the defaults. As root.
+# RSS here is the daemon's own: VmRSS less RssShmem, the pages of the image (on /dev/shm)
+# that its emulated device maps to read and write them, which are the image's, not the
+# daemon's.
 set -euo pipefail
 
 build= out= files=1000000 dirs=1000
@@ -34,7 +37,7 @@ mkdir -p "$mnt"
 cleanup() { fusermount3 -u "$mnt" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-kib() { awk -v k="$2" '$1 == k":" { print $2 }' "/proc/$1/status"; }
+own_kib() { awk '$1 == "VmRSS:" { r = $2 } $1 == "RssShmem:" { s = $2 } END { print r - s }' "/proc/$1/status"; }
 stat_field() {  # the daemon's stats JSON, one fs field
   kill -USR1 "$1"
   for _ in $(seq 1 50); do
@@ -52,7 +55,16 @@ measure() {  # NAME OPTIONS
   local pid
   pid=$(pgrep -n -f "warpfs emu:$work/img") || { echo "memory.sh: no daemon" >&2; exit 1; }
   local at_mount t0 t1
-  at_mount=$(kib "$pid" VmRSS)
+  at_mount=$(own_kib "$pid")
+  rm -f "$work/loaded"
+  (
+    top=0
+    while [[ ! -e $work/loaded ]] && v=$(own_kib "$pid" 2>/dev/null) && [[ -n $v ]]; do
+      ((v > top)) && top=$v && echo "$top" >"$work/peak"
+      sleep 0.05
+    done
+  ) &
+  local sampler=$!
   t0=$(date +%s.%N)
   python3 - "$mnt" "$files" "$dirs" <<'EOF'
 import os, sys
@@ -69,8 +81,11 @@ for d in range(dirs):
 EOF
   t1=$(date +%s.%N)
   local loaded peak nodes_loaded buffers_loaded
-  loaded=$(kib "$pid" VmRSS)
-  peak=$(kib "$pid" VmHWM)
+  loaded=$(own_kib "$pid")
+  touch "$work/loaded"
+  wait "$sampler" || true
+  peak=$(cat "$work/peak" 2>/dev/null || echo 0)
+  ((loaded > peak)) && peak=$loaded
   rm -f "$work/stats.json"
   nodes_loaded=$(stat_field "$pid" nodes)
   rm -f "$work/stats.json"
@@ -86,7 +101,7 @@ EOF
   done
   sleep 6  # one timed commit (5 s) with its eviction pass after the last FORGET
   local settled buffers
-  settled=$(kib "$pid" VmRSS)
+  settled=$(own_kib "$pid")
   rm -f "$work/stats.json"
   buffers=$(stat_field "$pid" meta_buffers)
   fusermount3 -u "$mnt"

@@ -2,9 +2,13 @@
 // may lose unflushed writes but never tears one inside the atomic write unit. Power cuts are
 // the emulated controller's hook, so every test here is about the model (on any device,
 // Controller.ResetDeletesQueuesAndBringUpWorksAgain checks that a shutdown keeps the data).
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <random>
+#include <thread>
+#include <vector>
 
 #include "nvme/rig.h"
 #include "warpfs/nvme/io_engine.h"
@@ -168,6 +172,78 @@ TEST(Persistence, ImageFileKeepsDataAcrossControllers) {
   for (int g : read_gens(*s.rig, *s.qp, 10, 40, {9})) EXPECT_EQ(g, 9);
   s.qp.reset();
   s.rig.reset();
+  unlink(path);
+}
+
+// The store moves data through a shared mapping of the image file. A page the mapping cannot
+// have (here: the file was cut short under it, as an I/O error or a full tmpfs would also
+// leave it) raises SIGBUS in the copy; the store then reads or writes with pread/pwrite, which
+// say what the file holds: zeroes past its end, and a write there lands in it. From several
+// threads at once, each with its own faults.
+TEST(ImageFile, SurvivesTheFileCutShortUnderItsMapping) {
+  char path[] = "/tmp/warpfs-nvme-test-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  std::string err;
+  auto store = BackingStore::open_file(path, 1 << 20, &err);
+  ASSERT_TRUE(store) << err;
+  const std::vector<uint8_t> a(8192, 0xab);
+  std::vector<uint8_t> b(8192);
+  ASSERT_TRUE(store->write(512 << 10, a.data(), a.size()).is_ok());
+  ASSERT_TRUE(store->read(512 << 10, b.data(), b.size()).is_ok());
+  EXPECT_EQ(b, a);
+  ASSERT_EQ(truncate(path, 64 << 10), 0);  // behind the store's back
+  std::vector<std::thread> readers;
+  std::vector<int> wrong(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&, t] {
+      std::vector<uint8_t> mine(8192);
+      for (int i = 0; i < 200; ++i) {
+        std::fill(mine.begin(), mine.end(), 0x11);
+        const uint64_t off = (uint64_t{128} + uint64_t(t) * 64 + uint64_t(i % 8) * 4) << 10;
+        if (!store->read(off, mine.data(), mine.size()).is_ok() ||
+            mine != std::vector<uint8_t>(8192, 0)) {
+          ++wrong[t];
+        }
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
+  ASSERT_TRUE(store->write(768 << 10, a.data(), a.size()).is_ok());
+  struct stat st {};
+  ASSERT_EQ(stat(path, &st), 0);
+  EXPECT_EQ(st.st_size, (768 << 10) + 8192);
+  std::fill(b.begin(), b.end(), 0);
+  ASSERT_TRUE(store->read(768 << 10, b.data(), b.size()).is_ok());
+  EXPECT_EQ(b, a);
+  store.reset();
+  unlink(path);
+}
+
+// The store's SIGBUS handler serves its own copies only: any other SIGBUS still ends the
+// process (or reaches the handler installed before, as a sanitizer's).
+TEST(ImageFileDeathTest, OtherSigbusStillKills) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // TSan: no fork() from a threaded process
+  char path[] = "/tmp/warpfs-nvme-test-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  std::string err;
+  auto store = BackingStore::open_file(path, 1 << 20, &err);  // installs the handler
+  ASSERT_TRUE(store) << err;
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  void* p = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  EXPECT_DEATH(
+      {
+        volatile uint8_t v = *static_cast<volatile uint8_t*>(p);  // past the end: SIGBUS
+        (void)v;
+      },
+      "");
+  munmap(p, 4096);
+  close(fd);
+  store.reset();
   unlink(path);
 }
 
