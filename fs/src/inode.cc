@@ -498,8 +498,15 @@ void FsImpl::evict_metadata() {
       owner->rw.unlock();
     }
   }
+  untrimmed_ += dropped;
+}
+
+void FsImpl::trim_heap() {
+  std::lock_guard<std::mutex> one(evict_mu_);
   // Freed buffers are scattered over the heap: give whole free pages back.
-  if (dropped >= 256) malloc_trim(0);
+  if (untrimmed_ < 256) return;
+  malloc_trim(0);
+  untrimmed_ = 0;
 }
 
 }  // namespace warpfs::fs

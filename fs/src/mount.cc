@@ -266,6 +266,7 @@ void FsImpl::commit_loop() {
       // blocks that the operations filling the journal are about to use again.
       if (!asked || pressed) evict_metadata();
     }
+    if (!asked && !pressed) trim_heap();  // the timer's pass (see trim_heap)
     lk.lock();
   }
 }
@@ -410,6 +411,7 @@ void FsImpl::shrink_caches() {
   // Twice: the first sweep gives recently used blocks their second chance.
   evict_metadata();
   evict_metadata();
+  trim_heap();
 }
 
 FsStats FsImpl::stats() const {
