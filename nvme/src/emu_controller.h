@@ -96,6 +96,10 @@ class EmulatedController {
     std::vector<emu::Segment> segs;
     std::mt19937_64 rng;
     uint64_t last_work_ns = 0;
+    // How late this worker's timed futex waits return, averaged (park()): it sleeps until
+    // 1.5 times that before a due completion and yields the rest of the way. Worker thread
+    // only. A guess until the first timed wait has measured it.
+    uint64_t overshoot_ns = 20'000;
     // Time in arbitration rounds that found work (EmulatedCounters::busy_ns): written by this
     // worker's thread only, read by counters() from any thread (relaxed atomic).
     std::atomic<uint64_t> busy_ns{0};
