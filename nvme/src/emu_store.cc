@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -60,23 +61,23 @@ class RamStore final : public BackingStore {
 // Copies out of a mapped image survive the SIGBUS a mapped page raises when it cannot be
 // had (an I/O error below the file, the file truncated under the mapping, no room for the page
 // of a hole on a full tmpfs): the copy reports failure, and the caller reads with pread, which
-// says why. The handler is process-wide and chains to whatever handled SIGBUS before; a
-// SIGBUS outside a guarded copy gets that handler or, by default, kills the process as ever.
+// says why. The handler is process-wide; a SIGBUS outside a guarded copy puts back whatever
+// handled SIGBUS before (or the default action, which kills the process as ever) and goes
+// there.
 // t_guard: this thread's copy in progress, read by the handler on the same thread.
 __attribute__((tls_model("initial-exec"))) thread_local sigjmp_buf* volatile t_guard = nullptr;
 struct sigaction g_chained_sigbus;  // written once, before the handler can run
 
-void on_sigbus(int sig, siginfo_t* info, void* ctx) {
-  if (sigjmp_buf* j = t_guard; j != nullptr) siglongjmp(*j, 1);
-  const struct sigaction& c = g_chained_sigbus;
-  if ((c.sa_flags & SA_SIGINFO) != 0 && c.sa_sigaction != nullptr) {
-    c.sa_sigaction(sig, info, ctx);
-  } else if (c.sa_handler != SIG_DFL && c.sa_handler != SIG_IGN) {
-    c.sa_handler(sig);
-  } else {
-    // Returning re-runs the faulting access, which raises SIGBUS again: now fatal.
-    signal(SIGBUS, SIG_DFL);
+void on_sigbus(int, siginfo_t* info, void*) {
+  // A fault (si_code > 0; kill(2) and friends send <= 0) inside a guarded copy is ours.
+  if (sigjmp_buf* j = t_guard; j != nullptr && info != nullptr && info->si_code > 0) {
+    siglongjmp(*j, 1);
   }
+  // Anyone else's: the handler before ours takes over, with its own flags and mask (a VFIO
+  // device's teardown relies on SA_RESETHAND). A fault is raised again, with its address,
+  // when the access re-runs on return; a sent signal is sent again.
+  sigaction(SIGBUS, &g_chained_sigbus, nullptr);
+  if (info == nullptr || info->si_code <= 0) raise(SIGBUS);
 }
 
 // ThreadSanitizer cannot leave a synchronous signal's handler by siglongjmp (the process dies
@@ -113,6 +114,17 @@ bool install_sigbus_guard() {
 // memcpy to or from a mapping; false if a page could not be had (then part of dst may be
 // written).
 bool copy_guarded(void* dst, const void* src, size_t len) {
+  // A thread with SIGBUS blocked (the io_uring transport's start with every signal blocked)
+  // would be killed by the fault instead of entering the handler: unblock it, once a thread.
+  // Blocking SIGBUS protects from nothing: a fault raised while it is blocked is fatal.
+  thread_local bool unblocked = false;
+  if (!unblocked) {
+    sigset_t bus;
+    sigemptyset(&bus);
+    sigaddset(&bus, SIGBUS);
+    unblocked = pthread_sigmask(SIG_UNBLOCK, &bus, nullptr) == 0;
+    if (!unblocked) return false;
+  }
   sigjmp_buf j;
   if (sigsetjmp(j, 0) != 0) {
     t_guard = nullptr;
