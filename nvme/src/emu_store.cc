@@ -21,6 +21,8 @@
 #include <mutex>
 #include <string>
 
+#include "warpfs/nvme/port.h"
+
 namespace warpfs::nvme {
 namespace {
 
@@ -83,17 +85,7 @@ void on_sigbus(int, siginfo_t* info, void*) {
 // ThreadSanitizer cannot leave a synchronous signal's handler by siglongjmp (the process dies
 // of the SIGBUS all the same), so a build with it reads and writes the image with pread and
 // pwrite only.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kMapImages = false;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kMapImages = false;
-#else
-constexpr bool kMapImages = true;
-#endif
-#else
-constexpr bool kMapImages = true;
-#endif
+constexpr bool kMapImages = !WARPFS_TSAN;
 
 bool install_sigbus_guard() {
   if (!kMapImages) return false;

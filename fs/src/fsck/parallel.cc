@@ -10,14 +10,7 @@
 #include <thread>
 
 #include "fsck/checker.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define WARPFS_FSCK_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define WARPFS_FSCK_TSAN 1
-#endif
-#endif
+#include "warpfs/nvme/port.h"
 
 namespace warpfs::fs::fsck_impl {
 
@@ -63,7 +56,7 @@ void Workers::for_each_index(uint32_t n, const std::function<void(uint32_t)>& bo
     for (uint32_t i = 0; i < n; ++i) body(i);
     return;
   }
-#ifdef WARPFS_FSCK_TSAN
+#if WARPFS_TSAN
   run_on_threads(count_, n, body);
 #else
   arena_->arena.execute([&] {

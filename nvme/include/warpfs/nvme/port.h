@@ -26,6 +26,19 @@
 #define WARPFS_HD
 #endif
 
+// WARPFS_TSAN: 1 in a ThreadSanitizer build (GCC's __SANITIZE_THREAD__, Clang's
+// __has_feature), else 0: for the few places that must take another path under it.
+#if defined(__SANITIZE_THREAD__)
+#define WARPFS_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define WARPFS_TSAN 1
+#endif
+#endif
+#ifndef WARPFS_TSAN
+#define WARPFS_TSAN 0
+#endif
+
 namespace warpfs::port {
 
 // One shared atomic per line avoids false sharing: 64 B on x86 CPUs, 128 B on NVIDIA GPUs
