@@ -7,9 +7,9 @@
 # 32 MiB; no software cache; no metadata cap), in one run:
 #   a fresh image in /dev/shm, mounted; N files created in D directories and then stat'ed
 #   (the kernel holds every inode); the daemon's RSS at mount, its peak (sampled every 50 ms
-#   while the files are made), its RSS with everything looked up; then `echo 2 > /proc/sys/vm/drop_caches` (the kernel forgets every
-#   inode: FORGETs) and, once the daemon's node table is down to the root (its stats, up to
-#   120 s), the settled RSS.
+#   while the files are made), its RSS with everything looked up; then
+#   `echo 2 > /proc/sys/vm/drop_caches` (the kernel forgets every inode: FORGETs) and, once
+#   the daemon's node table is down to the root (its stats, up to 120 s), the settled RSS.
 # One JSON object per line (KiB), then ratio lines against the defaults. As root.
 # RSS here is the daemon's own: VmRSS less RssShmem, the pages of the image (on /dev/shm)
 # that its emulated device maps to read and write them, which are the image's, not the
@@ -24,7 +24,7 @@ while [[ $# -gt 0 ]]; do
     --files) files=$2; shift 2 ;;
     --dirs) dirs=$2; shift 2 ;;
     --quick) files=100000; dirs=100; shift ;;
-    -h|--help) sed -n 2,14p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n 2,16p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "memory.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
