@@ -503,8 +503,9 @@ void FsImpl::evict_metadata() {
 
 void FsImpl::trim_heap() {
   std::lock_guard<std::mutex> one(evict_mu_);
-  // Freed buffers are scattered over the heap: give whole free pages back.
   if (untrimmed_ < 256) return;
+  // The dropped buffers' pages (page_pool.h), then what their records left free in the heap.
+  PagePool::instance().trim();
   malloc_trim(0);
   untrimmed_ = 0;
 }

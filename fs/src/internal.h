@@ -567,7 +567,8 @@ class FsImpl final : public Filesystem {
   // in the node table, and beyond the cap the least recently used. The committer runs it
   // after its commits, and at once when the journal reports pressure.
   void evict_metadata();
-  // Gives the heap's free pages back to the kernel (malloc_trim) once evictions have freed
+  // Gives the free pages of the buffers' pool (PagePool::trim) and of the heap (malloc_trim)
+  // back to the kernel once evictions have freed
   // enough buffers since the last time. Not after each eviction: under pressure the freed
   // buffers are allocated again at once, and a trim per pass cost a page fault per buffer
   // (a directory-creating storm at the cap spent 10 % of the daemon's CPU trimming and

@@ -19,6 +19,7 @@
 
 #include "flusher.h"
 #include "locks.h"
+#include "page_pool.h"
 #include "warpfs/blockdev/block_device.h"
 #include "warpfs/fs/format.h"
 
@@ -62,8 +63,15 @@ struct MetaBuf {
   uint64_t home_seq = 0;
   static constexpr uint64_t kUnwritten = ~uint64_t{0};
   std::atomic<bool> referenced{true};  // used since the eviction clock last passed
-  alignas(64) uint8_t data[kBlockSize];
+  // The block's bytes: a page of the metadata cache's pool (page_pool.h), not zeroed.
+  uint8_t* const data = PagePool::instance().take();
+
+  MetaBuf() = default;
+  ~MetaBuf() { PagePool::instance().give(data); }
+  MetaBuf(const MetaBuf&) = delete;
+  MetaBuf& operator=(const MetaBuf&) = delete;
 };
+static_assert(kBlockSize == PagePool::kPage, "a metadata block fills one page of the pool");
 
 class Journal {
  public:

@@ -11,8 +11,8 @@
 //   2. Node::rw          one per inode; several only under namespace_mu_, or two without
 //                        it, in inode-number order (copy_file_range, dedupe_range: share.cc)
 //   3. the journal gate  a running transaction (never held while waiting for 1 or 2)
-//   4. leaf locks        allocator groups, metadata cache, node table, Node::attr_mu,
-//                        Node::written_mu, FsImpl::times_mu_
+//   4. leaf locks        allocator groups, metadata cache (and its PagePool), node table,
+//                        Node::attr_mu, Node::written_mu, FsImpl::times_mu_
 #pragma once
 
 #include <sys/stat.h>

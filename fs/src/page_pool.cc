@@ -1,0 +1,86 @@
+#include "page_pool.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <new>
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define WARPFS_PAGE_POOL_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define WARPFS_PAGE_POOL_ASAN 1
+#endif
+#if defined(WARPFS_PAGE_POOL_ASAN)
+#include <sanitizer/asan_interface.h>
+#define POOL_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define POOL_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POOL_POISON(p, n) ((void)(p), (void)(n))
+#define POOL_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+namespace warpfs::fs {
+
+PagePool& PagePool::instance() {
+  // Never destroyed: a buffer may be given back from a static destructor after main().
+  static PagePool* const pool = new PagePool;
+  return *pool;
+}
+
+void PagePool::add_chunk() {
+  void* m = mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) throw std::bad_alloc();
+  auto* base = static_cast<uint8_t*>(m);
+  chunks_.push_back(base);
+  // Untouched pages hold no memory yet: cold. Highest address first, so that take() hands
+  // the chunk out in address order.
+  for (size_t off = kChunk; off > 0; off -= kPage) cold_.push_back(base + off - kPage);
+  POOL_POISON(base, kChunk);
+}
+
+uint8_t* PagePool::take() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<uint8_t*>* from = !warm_.empty() ? &warm_ : &cold_;
+  if (from->empty()) add_chunk();
+  uint8_t* p = from->back();
+  from->pop_back();
+  ++in_use_;
+  POOL_UNPOISON(p, kPage);
+  return p;
+}
+
+void PagePool::give(uint8_t* p) {
+  POOL_POISON(p, kPage);
+  std::lock_guard<std::mutex> g(mu_);
+  warm_.push_back(p);
+  --in_use_;
+}
+
+size_t PagePool::trim() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (warm_.empty()) return 0;
+  std::sort(warm_.begin(), warm_.end());
+  // One madvise per run of neighbouring pages.
+  size_t i = 0;
+  while (i < warm_.size()) {
+    size_t j = i + 1;
+    while (j < warm_.size() && warm_[j] == warm_[j - 1] + kPage) ++j;
+    // ASan does not intercept madvise; the pages stay poisoned.
+    madvise(warm_[i], (j - i) * kPage, MADV_DONTNEED);
+    i = j;
+  }
+  const size_t n = warm_.size();
+  cold_.insert(cold_.end(), warm_.begin(), warm_.end());
+  warm_.clear();
+  return n;
+}
+
+PagePool::Counts PagePool::counts() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return Counts{in_use_, warm_.size(), cold_.size(), chunks_.size()};
+}
+
+}  // namespace warpfs::fs
