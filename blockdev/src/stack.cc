@@ -417,6 +417,14 @@ uint32_t DeviceStack::max_transfer_bytes() const {
   return v;
 }
 
+bool DeviceStack::prompt() const {
+  if (members_.empty()) return engine_->prompt();
+  for (const auto& m : members_) {
+    if (!m->prompt()) return false;
+  }
+  return true;
+}
+
 StackStats DeviceStack::stats() const {
   if (!members_.empty()) {
     StackStats st = members_[0]->stats();

@@ -1548,18 +1548,6 @@ void apply_default_options(warpfs::blockdev::BlockDevice& dev, Options* o) {
   if (o->meta_cache_mb == kMetaCacheUnset) o->meta_cache_mb = d.meta_cache_mb.value_or(32);
 }
 
-// Whether every device of the mount completes a command in the thread that submits it, with
-// no latency: the emulated controller with latency_us=0 and inline_io. A drive through VFIO
-// or NVMe/TCP, or the emulation with a latency model, takes tens of microseconds: the daemon
-// then starts more worker threads by default (slow_device_max_threads).
-static bool prompt_devices(const Options& o) {
-  if (o.latency_us != 0 || o.inline_io == 0) return false;
-  for (const std::string& m : warpfs::blockdev::split_device_list(o.device)) {
-    if (m.rfind("vfio:", 0) == 0 || m.rfind("tcp:", 0) == 0) return false;
-  }
-  return true;
-}
-
 int main(int argc, char** argv) {
   fuse_args args = FUSE_ARGS_INIT(argc, argv);
   Options o;
@@ -1799,10 +1787,13 @@ int main(int argc, char** argv) {
         mem.free = [](void* ctx, void* p, size_t bytes) {
           static_cast<warpfs::blockdev::BlockDevice*>(ctx)->free_io_buffer(p, bytes);
         };
-        rc = warpfs::daemon::run_session_loop(se, cl, threads_given, mem, o.uring,
-                                              prompt_devices(o)
-                                                  ? warpfs::daemon::default_max_threads()
-                                                  : warpfs::daemon::slow_device_max_threads());
+        // A handler waits out its device command on its thread: where the device takes
+        // tens of microseconds per command (a drive, or the emulation with a latency model),
+        // more threads by default, so that the commands overlap.
+        const unsigned default_threads = d.stack->prompt()
+                                             ? warpfs::daemon::default_max_threads()
+                                             : warpfs::daemon::slow_device_max_threads();
+        rc = warpfs::daemon::run_session_loop(se, cl, threads_given, mem, o.uring, default_threads);
         // A second Ctrl-C or SIGTERM must not cut the unmount below short.
         pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
         const uint64_t stop_one = 1;  // the eventfd stays readable: it stops both threads

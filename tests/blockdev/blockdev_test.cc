@@ -10,6 +10,7 @@
 
 #include "cache/cache_rig.h"
 #include "warpfs/blockdev/devices.h"
+#include "warpfs/blockdev/stack.h"
 
 namespace warpfs::blockdev::test {
 namespace {
@@ -77,6 +78,40 @@ TEST(FileBlockDevice, RoundTrip) {
   unlink(path);
   EXPECT_EQ(FileBlockDevice::open(path, 4096, &err), nullptr);
   EXPECT_NE(err.find(path), std::string::npos);
+}
+
+// A stack says it is prompt (a command completes in the thread that submits it, at once) for
+// the emulated controller run inline with no latency, and only then: the daemon sizes its
+// worker threads by it. Each stack also moves data, so the answer is about a working device.
+TEST(DeviceStack, PromptOnlyWhereCompletionsComeInlineAtOnce) {
+  char path[] = "/tmp/warpfs-stack-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  unlink(path);  // DeviceStack creates it (create_bytes)
+  struct Case {
+    bool inline_io;
+    uint32_t latency_ns;
+    bool prompt;
+  } cases[] = {{true, 0, true}, {true, 80'000, false}, {false, 0, false}};
+  for (const Case& c : cases) {
+    StackOptions so;
+    so.create_bytes = 16 << 20;
+    so.wait_for_release_s = 0;
+    so.emulated.inline_io = c.inline_io;
+    so.emulated.latency_ns = c.latency_ns;
+    std::string err;
+    auto st = DeviceStack::open(std::string("emu:") + path, so, &err);
+    ASSERT_TRUE(st) << err;
+    EXPECT_EQ(st->prompt(), c.prompt)
+        << "inline_io " << c.inline_io << ", latency " << c.latency_ns;
+    std::vector<uint8_t> w(4096), r(4096);
+    fill_block(w.data(), 7, 1);
+    ASSERT_TRUE(st->device().write(7, 1, w.data()).is_ok());
+    ASSERT_TRUE(st->device().read(7, 1, r.data()).is_ok());
+    EXPECT_EQ(w, r);
+  }
+  unlink(path);
 }
 
 // Threads own disjoint block ranges and do random reads and writes of 1..40 blocks (the

@@ -146,6 +146,10 @@ class DeviceStack {
   const std::vector<std::unique_ptr<DeviceStack>>& members() const { return members_; }
   RaidBlockDevice* raid() { return raid_.get(); }
   uint32_t max_transfer_bytes() const;
+  // Whether every namespace below completes a command in the thread that submits it, at once
+  // (nvme::IoEngine::prompt; a set: every member's). Where not, a caller that waits out each
+  // command on a thread of its own needs more threads to overlap them.
+  bool prompt() const;
 
  private:
   DeviceStack() = default;

@@ -64,6 +64,15 @@ class IoEngine {
   Controller& controller() { return c_; }
   QueueMapper& mapper() { return *mapper_; }
   const std::vector<QueueView>& queue_views() const { return views_; }
+  // Whether every I/O queue's completions come from a running host thread without delay
+  // (each queue's InterruptLine says `prompt`: the emulated controller run inline with no
+  // latency or bandwidth model). A drive, or an emulation that models its time, is not.
+  bool prompt() const {
+    for (const QueueView& v : views_) {
+      if (v.irq == nullptr || !v.irq->prompt) return false;
+    }
+    return !views_.empty();
+  }
   uint32_t queue_entries() const { return entries_; }
 
   // Synchronous convenience: one command through the mapper.
