@@ -241,12 +241,14 @@ bool EmulatedController::pass(unsigned idx) {
     const uint32_t weight[4] = {burst, ((arbitration_ >> 24) & 0xff) + 1,
                                 ((arbitration_ >> 16) & 0xff) + 1,
                                 ((arbitration_ >> 8) & 0xff) + 1};
+    const uint32_t step = sq_step();
+    const uint32_t first = idx == 0 ? step : first_sq(idx);  // the admin queue is above
     for (int cls = 0; cls < 4; ++cls) {
-      for (uint16_t q = 1; q < sqs_.size(); ++q) {
+      for (uint32_t q = first; q < sq_end_; q += step) {
         const SqState& sq = sqs_[q];
-        if (!sq.live || worker_of(q) != idx) continue;
+        if (!sq.live) continue;
         if (wrr_active_ ? static_cast<int>(sq.prio) != cls : cls != 0) continue;
-        worked |= fetch(w, q, wrr_active_ ? weight[cls] : burst) > 0;
+        worked |= fetch(w, static_cast<uint16_t>(q), wrr_active_ ? weight[cls] : burst) > 0;
       }
     }
   }
@@ -278,9 +280,9 @@ bool EmulatedController::has_work(unsigned idx) {
   if (idx == 0 && (load(reg::kCc) != cc_seen_ || disable_seen_.load())) return true;
   if (fatal_.load() != 0) return idx == 0 && enabled_ && !(load(reg::kCsts) & csts::kCfs);
   if (!enabled_ || paused_.load()) return false;
-  for (uint16_t q = 0; q < sqs_.size(); ++q) {
+  for (uint32_t q = first_sq(idx); q < sq_end_; q += sq_step()) {
     const SqState& sq = sqs_[q];
-    if (sq.live && worker_of(q) == idx && load(reg::sq_doorbell(q, dstrd_)) != sq.head) {
+    if (sq.live && load(reg::sq_doorbell(static_cast<uint16_t>(q), dstrd_)) != sq.head) {
       return true;
     }
   }
@@ -360,6 +362,14 @@ void EmulatedController::park(unsigned idx) {
   w.kick.sleeping.value.store(0, port::Order::kRelaxed);
 }
 
+void EmulatedController::set_sq_end() {
+  uint32_t end = 1;
+  for (size_t q = 1; q < sqs_.size(); ++q) {
+    if (sqs_[q].live) end = static_cast<uint32_t>(q + 1);
+  }
+  sq_end_ = end;
+}
+
 void EmulatedController::clear_doorbells() {
   for (uint32_t off = reg::kDoorbellBase; off / 4 < reg_words_; off += 4) reg_store(off, 0);
 }
@@ -435,6 +445,7 @@ bool EmulatedController::handle_cc() {
 void EmulatedController::reset_locked() {
   lock_others();
   for (SqState& s : sqs_) s = SqState{};
+  set_sq_end();
   for (size_t q = 0; q < sqs_.size(); ++q) {
     std::lock_guard<std::mutex> g(cqs_[q].mu);
     cqs_[q].live = false, cqs_[q].sq_refs = 0;
@@ -905,6 +916,7 @@ EmulatedController::Result EmulatedController::create_sq(const SubmissionEntry& 
   lock_others();
   reg_store(reg::sq_doorbell(qid, dstrd_), 0);
   sqs_[qid] = SqState{true, ring, size, 0, cqid, prio};
+  set_sq_end();
   {
     std::lock_guard<std::mutex> g(cqs_[cqid].mu);
     ++cqs_[cqid].sq_refs;
@@ -938,6 +950,7 @@ EmulatedController::Result EmulatedController::delete_queue(const SubmissionEntr
     std::lock_guard<std::mutex> g(cqs_[sqs_[qid].cqid].mu);
     --cqs_[sqs_[qid].cqid].sq_refs;
     sqs_[qid] = SqState{};
+    set_sq_end();
     --io_queues_live_;
   }
   unlock_others();

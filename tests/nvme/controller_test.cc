@@ -458,6 +458,54 @@ TEST(Controller, WeightedRoundRobinFavoursHighPriorityQueue) {
   EXPECT_EQ(high_in_first_34, 32);
 }
 
+// Every live queue is served, whichever worker owns it and however sparse the ids: the
+// emulated controller's workers scan only up to the highest live SQ id, so queues created out
+// of order, the highest deleted (the others still served) and created again must all
+// complete commands. Three workers: each owns ids q % 3.
+TEST(Controller, SparseQueueIdsAreServedAsTheyComeAndGo) {
+  WARPFS_EMULATED_ONLY() << "sets the model's worker count";
+  EmulatedConfig cfg;
+  cfg.worker_threads = 3;
+  ControllerOptions o;
+  o.io_queues = 8;
+  auto r = Rig::make(cfg, 64ull << 20, o);
+  ASSERT_TRUE(r);
+  const uint16_t top = r->ctrl->io_queues_granted();
+  ASSERT_GE(top, 6);
+  DmaRegion buf = r->alloc(kPage);
+  const uint64_t gen = port::now_ns();
+  auto write_read = [&](RawQueuePair& qp, uint64_t lba) {
+    const uint16_t qid = qp.view().qid;
+    fill_pattern(buf.vaddr, r->lba, lba, gen);
+    SubmissionEntry w = make_write(r->nsid, lba, 1);
+    w.prp1 = buf.iova;
+    EXPECT_EQ(sf(run_raw(qp, w)), 0) << "write through queue " << qid;
+    std::memset(buf.vaddr, 0, kPage);
+    SubmissionEntry rd = make_read(r->nsid, lba, 1);
+    rd.prp1 = buf.iova;
+    EXPECT_EQ(sf(run_raw(qp, rd)), 0) << "read through queue " << qid;
+    EXPECT_TRUE(check_pattern(buf.vaddr, r->lba, lba, gen)) << "queue " << qid;
+  };
+  QueueView vh, vl, vm;
+  ASSERT_TRUE(r->ctrl->create_queue_pair(top, 8, QueuePriority::kMedium, &vh).is_ok());
+  ASSERT_TRUE(r->ctrl->create_queue_pair(2, 8, QueuePriority::kMedium, &vl).is_ok());
+  ASSERT_TRUE(r->ctrl->create_queue_pair(4, 8, QueuePriority::kMedium, &vm).is_ok());
+  auto high = std::make_unique<RawQueuePair>(vh);
+  RawQueuePair low(vl), mid(vm);
+  write_read(*high, 10);
+  write_read(low, 11);
+  write_read(mid, 12);
+  ASSERT_TRUE(r->ctrl->delete_queue_pair(top).is_ok());
+  write_read(low, 13);
+  write_read(mid, 14);
+  ASSERT_TRUE(r->ctrl->delete_queue_pair(4).is_ok());
+  write_read(low, 15);
+  ASSERT_TRUE(r->ctrl->create_queue_pair(top, 8, QueuePriority::kMedium, &vh).is_ok());
+  high = std::make_unique<RawQueuePair>(vh);  // a new queue: its rings start over
+  write_read(*high, 16);
+  write_read(low, 17);
+}
+
 // Waits (at most 10 s) until `n` workers of the rig's emulated controller are parked; returns
 // how many are.
 uint32_t wait_until_parked(Rig& r, uint32_t n) {
