@@ -100,6 +100,67 @@ TEST(InterruptLine, ConcurrentKeyedWaiterWakesOnItsOwnKey) {
   EXPECT_EQ(line->key_seq(other), 1u);
 }
 
+// A line learns how far its completions are (InterruptLine, "Far completions"): waits of
+// hundreds of microseconds make it far, and its waiters then sleep after kFarSteps back-off
+// steps instead of yielding through all of Backoff's; short waits bring the long yield back.
+// A prompt keyed line sleeps right after its spin whatever it noted.
+TEST(InterruptLine, WaitersSleepSoonerWhereCompletionsAreFar) {
+  auto line = std::make_unique<InterruptLine>();
+  line->keyed = true;
+  auto steps_before_sleep = [&] {
+    port::Backoff b;
+    uint32_t n = 0;
+    while (!line->sleep_now(b) && n < 1000) {
+      b.yield_only();  // no spinning or sleeping in the test: only the count matters
+      ++n;
+      b.pause();
+    }
+    return n;
+  };
+  EXPECT_FALSE(line->far());
+  const uint32_t near_steps = steps_before_sleep();
+  EXPECT_GT(near_steps, InterruptLine::kFarSteps * 4);
+  for (int i = 0; i < 40; ++i) line->note_wait(300'000);
+  EXPECT_TRUE(line->far());
+  EXPECT_EQ(steps_before_sleep(), InterruptLine::kFarSteps);
+  for (int i = 0; i < 60; ++i) line->note_wait(5'000);
+  EXPECT_FALSE(line->far());
+  EXPECT_EQ(steps_before_sleep(), near_steps);
+  line->prompt = true;
+  for (int i = 0; i < 40; ++i) line->note_wait(300'000);
+  port::Backoff b;
+  EXPECT_FALSE(line->sleep_now(b));
+  while (b.spinning()) b.pause();
+  EXPECT_TRUE(line->sleep_now(b)) << "a prompt keyed line sleeps once the spin is over";
+}
+
+// The waiters of a queue over a slow device teach its line that completions are far; over
+// a device with no latency run on its worker threads (not prompt), they do not.
+TEST(InterruptLine, WaitersLearnTheirDevicesLatency) {
+  WARPFS_EMULATED_ONLY() << "sets the model's latency";
+  for (const uint32_t latency_ns : {200'000u, 0u}) {
+    EmulatedConfig cfg;
+    cfg.latency_ns = latency_ns;
+    cfg.inline_io = false;  // completions from the worker thread: the line is not prompt
+    auto r = Rig::make(cfg);
+    ASSERT_TRUE(r);
+    QueueView v;
+    ASSERT_TRUE(r->ctrl->create_queue_pair(1, 8, QueuePriority::kMedium, &v).is_ok());
+    ASSERT_NE(v.irq, nullptr);
+    ASSERT_FALSE(v.irq->prompt);
+    VirtualQueuePtr vq = make_virtual_queue(v);
+    DmaRegion buf = r->alloc(kPage);
+    for (uint64_t i = 0; i < 40; ++i) {
+      SubmissionEntry rd = make_read(r->nsid, i, 1);
+      rd.prp1 = buf.iova;
+      ASSERT_EQ(vq->execute(rd), 0);
+    }
+    EXPECT_EQ(v.irq->far(), latency_ns != 0)
+        << "latency " << latency_ns << " ns, learned "
+        << v.irq->wait_us.value.load(port::Order::kRelaxed) << " us";
+  }
+}
+
 // The emulated controller's lines are keyed, and each CQE it posts raises the key of its
 // (SQ, CID), and no other: what a waiter in VirtualQueue::wait or IoBatch::wait_all sleeps on.
 TEST(InterruptLine, TheEmulatedControllerRaisesEachCompletionsKey) {

@@ -39,6 +39,8 @@ class IoBatch {
   // Waits until every submitted command has completed. Returns how many failed.
   int wait_all() {
     port::Backoff b;
+    InterruptLine* waited = nullptr;  // the line of the last command waited for in vain
+    uint64_t since = 0;               // when a poll first found nothing (note_wait)
     while (done_count() < n_) {
       if (poll_once()) {
         b.reset();
@@ -54,7 +56,11 @@ class IoBatch {
           waiting = &e;
         }
       }
-      const InterruptLine* irq = waiting != nullptr ? waiting->route.vq->view().irq : nullptr;
+      InterruptLine* irq = waiting != nullptr ? waiting->route.vq->view().irq : nullptr;
+      if (irq != nullptr && !irq->prompt) {
+        waited = irq;
+        if (since == 0) since = port::now_ns();
+      }
       if (irq != nullptr && irq->sleep_now(b)) {
         waiting->route.vq->sleep_on_irq(waiting->ticket, [this] { return poll_once(); });
       } else if (irq != nullptr) {
@@ -63,6 +69,7 @@ class IoBatch {
         b.pause();
       }
     }
+    if (waited != nullptr) waited->note_wait(port::now_ns() - since);
     int failed = 0;
     for (int i = 0; i < n_; ++i) failed += status_ok(e_[i].ticket.status) ? 0 : 1;
     return failed;

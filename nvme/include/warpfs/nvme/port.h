@@ -198,6 +198,9 @@ class Backoff {
     ++step_;
 #endif
   }
+  WARPFS_HD uint32_t steps() const {
+    return step_;
+  }
   WARPFS_HD bool spinning() const {
     return step_ < kSpin;
   }

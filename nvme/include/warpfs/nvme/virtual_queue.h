@@ -225,7 +225,9 @@ class VirtualQueue {
   // has not arrived yet. Returns the NVMe status field.
   uint16_t wait(Ticket* t) {
     port::Backoff b;
+    uint64_t since = 0;  // when a poll first found nothing (InterruptLine::note_wait)
     while (!poll(t)) {
+      if (since == 0 && q_.irq != nullptr && !q_.irq->prompt) since = port::now_ns();
       if (q_.irq != nullptr && q_.irq->sleep_now(b)) {
         sleep_on_irq(*t, [&] { return poll(t); });
       } else if (q_.irq != nullptr) {
@@ -234,6 +236,7 @@ class VirtualQueue {
         b.pause();
       }
     }
+    if (since != 0) q_.irq->note_wait(port::now_ns() - since);
     return t->status;
   }
 
