@@ -102,7 +102,8 @@ TEST(InterruptLine, ConcurrentKeyedWaiterWakesOnItsOwnKey) {
 
 // A line learns how far its completions are (InterruptLine, "Far completions"): waits of
 // hundreds of microseconds make it far, and its waiters then sleep after kFarSteps back-off
-// steps instead of yielding through all of Backoff's; short waits bring the long yield back.
+// steps instead of yielding through all of Backoff's (on a keyed line only); short waits bring
+// the long yield back.
 // A prompt keyed line sleeps right after its spin whatever it noted.
 TEST(InterruptLine, WaitersSleepSoonerWhereCompletionsAreFar) {
   auto line = std::make_unique<InterruptLine>();
@@ -123,6 +124,9 @@ TEST(InterruptLine, WaitersSleepSoonerWhereCompletionsAreFar) {
   for (int i = 0; i < 40; ++i) line->note_wait(300'000);
   EXPECT_TRUE(line->far());
   EXPECT_EQ(steps_before_sleep(), InterruptLine::kFarSteps);
+  line->keyed = false;  // a line whose every completion wakes all its sleepers keeps yielding
+  EXPECT_EQ(steps_before_sleep(), near_steps);
+  line->keyed = true;
   for (int i = 0; i < 60; ++i) line->note_wait(5'000);
   EXPECT_FALSE(line->far());
   EXPECT_EQ(steps_before_sleep(), near_steps);

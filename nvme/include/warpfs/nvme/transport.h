@@ -109,7 +109,9 @@ struct Doorbell {
 // steps; at QD32 the 8 steps were as fast as the 74 or faster. So the line learns how long
 // its waiters wait (`wait_us`, from a first poll in vain to the completion: note_wait), and
 // where that is kFarUs or more, a waiter sleeps after kFarSteps steps. Where completions
-// come sooner (a 20 µs device) the waits stay short and the waiters keep yielding.
+// come sooner (a 20 µs device) the waits stay short and the waiters keep yielding. Keyed
+// lines only: on a line that is not, each completion wakes every sleeper of the line, and
+// more sleepers would make that herd larger (VFIO; not measured).
 struct InterruptLine {
   static constexpr uint32_t kKeys = 128;
   static constexpr uint32_t kFarUs = 40;
@@ -127,7 +129,7 @@ struct InterruptLine {
   // Host only: whether a waiter that has polled in vain (backing off with `b`) should sleep.
   bool sleep_now(const port::Backoff& b) const {
     if (keyed && prompt) return !b.spinning();
-    if (far()) return b.steps() >= kFarSteps;
+    if (keyed && far()) return b.steps() >= kFarSteps;
     return b.should_block();
   }
   // Host only: whether this line's completions typically come kFarUs or more after a waiter
