@@ -57,7 +57,7 @@ class IoBatch {
         }
       }
       InterruptLine* irq = waiting != nullptr ? waiting->route.vq->view().irq : nullptr;
-      if (irq != nullptr && !irq->prompt) {
+      if (irq != nullptr && irq->learns()) {
         waited = irq;
         if (since == 0) since = port::now_ns();
       }

@@ -129,14 +129,17 @@ struct InterruptLine {
   // Host only: whether a waiter that has polled in vain (backing off with `b`) should sleep.
   bool sleep_now(const port::Backoff& b) const {
     if (keyed && prompt) return !b.spinning();
-    if (keyed && far()) return b.steps() >= kFarSteps;
+    if (learns() && far()) return b.steps() >= kFarSteps;
     return b.should_block();
   }
   // Host only: whether this line's completions typically come kFarUs or more after a waiter
   // first polls for them in vain.
   bool far() const { return wait_us.value.load(port::Order::kRelaxed) >= kFarUs; }
-  // Host only: a waiter that polled in vain first `ns` ago has its completion. Not needed on
-  // a prompt line (its waiters do not consult the estimate).
+  // Whether sleep_now() consults the estimate, so that waiters should note_wait(): a keyed
+  // line that is not prompt.
+  bool learns() const { return keyed && !prompt; }
+  // Host only: a waiter that polled in vain first `ns` ago has its completion. REQUIRES
+  // (unchecked: only the time is wasted otherwise): learns().
   void note_wait(uint64_t ns) {
     const uint32_t us =
         ns >= (uint64_t{1} << 40) ? UINT32_MAX / 2 : static_cast<uint32_t>(ns / 1000);

@@ -227,7 +227,7 @@ class VirtualQueue {
     port::Backoff b;
     uint64_t since = 0;  // when a poll first found nothing (InterruptLine::note_wait)
     while (!poll(t)) {
-      if (since == 0 && q_.irq != nullptr && !q_.irq->prompt) since = port::now_ns();
+      if (since == 0 && q_.irq != nullptr && q_.irq->learns()) since = port::now_ns();
       if (q_.irq != nullptr && q_.irq->sleep_now(b)) {
         sleep_on_irq(*t, [&] { return poll(t); });
       } else if (q_.irq != nullptr) {
