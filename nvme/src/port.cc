@@ -69,6 +69,7 @@ void InterruptLine::wait(uint32_t seen, uint64_t timeout_ns) {
 }
 
 void InterruptLine::raise() {
+  if (learns()) raised_ns.value.store(port::now_ns(), port::Order::kRelaxed);
   count.value.fetch_add(1, port::Order::kSeqCst);
   if (waiters.value.load(port::Order::kSeqCst) != 0) port::futex_wake_all(count.value.address());
 }
@@ -83,6 +84,8 @@ void InterruptLine::wait_key(uint32_t k, uint32_t seen, uint64_t timeout_ns) {
 
 void InterruptLine::raise_key(uint32_t k) {
   KeyWord& w = keys_[k];
+  // Before the bump: a waiter that sees the bump sees the time too (note_wait_since).
+  if (learns()) raised_ns.value.store(port::now_ns(), port::Order::kRelaxed);
   w.seq.fetch_add(1, port::Order::kSeqCst);
   if (w.waiters.load(port::Order::kSeqCst) != 0) port::futex_wake_all(w.seq.address());
 }

@@ -138,6 +138,40 @@ TEST(InterruptLine, WaitersSleepSoonerWhereCompletionsAreFar) {
   EXPECT_TRUE(line->sleep_now(b)) << "a prompt keyed line sleeps once the spin is over";
 }
 
+// The estimate settles on a steady sample, whichever side of kFarUs it comes from (an
+// eighth of the way each time, at least 1 µs), and a sample counts as at most kFarUs * 2.
+TEST(InterruptLine, TheWaitEstimateSettlesOnASteadySample) {
+  auto line = std::make_unique<InterruptLine>();
+  line->keyed = true;
+  for (int i = 0; i < 100; ++i) line->note_wait(300'000);
+  EXPECT_EQ(line->wait_us.value.load(port::Order::kRelaxed), InterruptLine::kFarUs * 2);
+  for (int i = 0; i < 100; ++i) line->note_wait((InterruptLine::kFarUs - 1) * 1000);
+  EXPECT_EQ(line->wait_us.value.load(port::Order::kRelaxed), InterruptLine::kFarUs - 1);
+  EXPECT_FALSE(line->far());
+  for (int i = 0; i < 100; ++i) line->note_wait(InterruptLine::kFarUs * 1000);
+  EXPECT_EQ(line->wait_us.value.load(port::Order::kRelaxed), InterruptLine::kFarUs);
+  EXPECT_TRUE(line->far());
+}
+
+// A wait ends at the line's last raise where that came after the waiter's first poll in
+// vain, not when the waiter noted it (a sleeper's wake-up is not the device's latency); a
+// raise from before the wait began does not end it.
+TEST(InterruptLine, AWaitEndsAtTheLinesLastRaise) {
+  auto line = std::make_unique<InterruptLine>();
+  line->keyed = true;
+  ASSERT_TRUE(line->learns());
+  line->raise_key(InterruptLine::key(1, 2));
+  const uint64_t raised = line->raised_ns.value.load(port::Order::kRelaxed);
+  ASSERT_NE(raised, 0u);
+  // The clock well past the raise (a busy wait on the clock: only the difference matters).
+  while (port::now_ns() < raised + 2'000'000) {
+  }
+  for (int i = 0; i < 100; ++i) line->note_wait_since(raised - 10'000);
+  EXPECT_EQ(line->wait_us.value.load(port::Order::kRelaxed), 10u) << "ended at the raise";
+  for (int i = 0; i < 100; ++i) line->note_wait_since(raised + 1);
+  EXPECT_TRUE(line->far()) << "a raise before the wait began does not end it";
+}
+
 // The waiters of a queue over a slow device teach its line that completions are far: each
 // waits at least the device's latency, whatever the scheduler does. (That short waits make
 // the line near again is WaitersSleepSoonerWhereCompletionsAreFar's: over a device with no

@@ -39,9 +39,19 @@ class IoBatch {
   // Waits until every submitted command has completed. Returns how many failed.
   int wait_all() {
     port::Backoff b;
-    InterruptLine* waited = nullptr;  // the line of the last command waited for in vain
-    uint64_t since = 0;               // when a poll first found nothing (note_wait)
-    while (done_count() < n_) {
+    // One sample per stretch of waiting: from a poll that found nothing (since) to the
+    // next progress, whichever poll found it (the sleep's recheck included). The line is
+    // that of the command waited for in vain.
+    InterruptLine* waited = nullptr;
+    uint64_t since = 0;
+    int done_at_since = 0;
+    for (;;) {
+      const int done = done_count();
+      if (since != 0 && done != done_at_since) {
+        waited->note_wait_since(since);
+        since = 0;
+      }
+      if (done >= n_) break;
       if (poll_once()) {
         b.reset();
         continue;
@@ -59,7 +69,10 @@ class IoBatch {
       InterruptLine* irq = waiting != nullptr ? waiting->route.vq->view().irq : nullptr;
       if (irq != nullptr && irq->learns()) {
         waited = irq;
-        if (since == 0) since = port::now_ns();
+        if (since == 0) {
+          since = port::now_ns();
+          done_at_since = done;
+        }
       }
       if (irq != nullptr && irq->sleep_now(b)) {
         waiting->route.vq->sleep_on_irq(waiting->ticket, [this] { return poll_once(); });
@@ -69,7 +82,6 @@ class IoBatch {
         b.pause();
       }
     }
-    if (waited != nullptr) waited->note_wait(port::now_ns() - since);
     int failed = 0;
     for (int i = 0; i < n_; ++i) failed += status_ok(e_[i].ticket.status) ? 0 : 1;
     return failed;

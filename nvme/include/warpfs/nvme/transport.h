@@ -7,6 +7,7 @@
 // dma_alloc/dma_free are internally synchronised.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -107,9 +108,13 @@ struct Doorbell {
 // before its completion, paying for both: QD1 O_DIRECT reads ran at 4.8-5.6 K IOPS with 207
 // µs of daemon CPU each, against 8.1-9.1 K and 104-111 µs for waiters that slept after 8
 // steps; at QD32 the 8 steps were as fast as the 74 or faster. So the line learns how long
-// its waiters wait (`wait_us`, from a first poll in vain to the completion: note_wait), and
-// where that is kFarUs or more, a waiter sleeps after kFarSteps steps. Where completions
-// come sooner (a 20 µs device) the waits stay short and the waiters keep yielding. Keyed
+// its waiters wait (`wait_us`, from a first poll in vain to the completion's raise:
+// note_wait_since), and where that is kFarUs or more, a waiter sleeps after kFarSteps steps.
+// Where completions come sooner (a 20 µs device) the waits stay short and the waiters keep
+// yielding. A wait ends at the line's last raise (`raised_ns`), not when the waiter got back
+// its CPU: a sleeper's wake-up would otherwise count, and a line made far by one slow stretch
+// would stay far on its sleepers' wake-ups alone. A sample counts as at most kFarUs * 2, so
+// one preemption of the device's thread moves the estimate by kFarUs / 4 at most. Keyed
 // lines only: on a line that is not, each completion wakes every sleeper of the line, and
 // more sleepers would make that herd larger (VFIO; not measured).
 struct InterruptLine {
@@ -119,9 +124,14 @@ struct InterruptLine {
 
   port::Padded<port::Atomic<uint32_t>> count;
   port::Padded<port::Atomic<uint32_t>> waiters;
-  // A moving average of how long waiters waited (µs; note_wait). Relaxed loads and stores
-  // from every waiter: a lost update loses one sample of an estimate, nothing more.
+  // A moving average of how long waiters waited (µs, each sample at most kFarUs * 2;
+  // note_wait). Relaxed loads and stores from every waiter: a lost update loses one sample of
+  // an estimate, nothing more.
   port::Padded<port::Atomic<uint32_t>> wait_us;
+  // When a completion was last raised (port::now_ns), on a line that learns(): stored
+  // relaxed by the raisers, read by waiters (note_wait_since); a stale or torn-in-time value
+  // only makes one sample end later, at the waiter's own clock.
+  port::Padded<port::Atomic<uint64_t>> raised_ns;
   // Set once by the transport before any queue uses the line; read-only afterwards.
   bool keyed = false;
   bool prompt = false;  // completions come from a running host thread, without delay
@@ -138,14 +148,23 @@ struct InterruptLine {
   // Whether sleep_now() consults the estimate, so that waiters should note_wait(): a keyed
   // line that is not prompt.
   bool learns() const { return keyed && !prompt; }
-  // Host only: a waiter that polled in vain first `ns` ago has its completion. REQUIRES
-  // (unchecked: only the time is wasted otherwise): learns().
+  // Host only: a waiter that first polled in vain at `since_ns` (port::now_ns) has its
+  // completion: the wait ends at the line's last raise if that came after `since_ns`, else
+  // now. REQUIRES (unchecked: only the time is wasted otherwise): learns().
+  void note_wait_since(uint64_t since_ns) {
+    uint64_t end = port::now_ns();
+    const uint64_t raised = raised_ns.value.load(port::Order::kRelaxed);
+    if (raised > since_ns && raised < end) end = raised;
+    note_wait(end > since_ns ? end - since_ns : 0);
+  }
+  // Host only: one sample, a wait of `ns`. REQUIRES (unchecked): learns().
   void note_wait(uint64_t ns) {
-    const uint32_t us =
-        ns >= (uint64_t{1} << 40) ? UINT32_MAX / 2 : static_cast<uint32_t>(ns / 1000);
-    const uint32_t old = wait_us.value.load(port::Order::kRelaxed);
-    // One eighth of the way to the sample: a few hundred commands follow a change of device.
-    const int64_t next = int64_t{old} + (int64_t{us} - int64_t{old}) / 8;
+    const auto us = static_cast<int64_t>(std::min<uint64_t>(ns / 1000, kFarUs * 2));
+    const int64_t old = wait_us.value.load(port::Order::kRelaxed);
+    // An eighth of the way to the sample, and at least 1 µs, so that the average reaches a
+    // steady sample instead of stopping up to 7 µs short of it (on either side of kFarUs).
+    const int64_t d = us - old;
+    const int64_t next = old + (d > 0 ? (d + 7) / 8 : (d - 7) / 8);
     wait_us.value.store(static_cast<uint32_t>(next), port::Order::kRelaxed);
   }
 

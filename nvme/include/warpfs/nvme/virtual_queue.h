@@ -225,7 +225,7 @@ class VirtualQueue {
   // has not arrived yet. Returns the NVMe status field.
   uint16_t wait(Ticket* t) {
     port::Backoff b;
-    uint64_t since = 0;  // when a poll first found nothing (InterruptLine::note_wait)
+    uint64_t since = 0;  // when a poll first found nothing (InterruptLine::note_wait_since)
     while (!poll(t)) {
       if (since == 0 && q_.irq != nullptr && q_.irq->learns()) since = port::now_ns();
       if (q_.irq != nullptr && q_.irq->sleep_now(b)) {
@@ -236,7 +236,7 @@ class VirtualQueue {
         b.pause();
       }
     }
-    if (since != 0) q_.irq->note_wait(port::now_ns() - since);
+    if (since != 0) q_.irq->note_wait_since(since);
     return t->status;
   }
 
