@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <new>
 
 #if defined(__has_feature)
@@ -43,16 +45,34 @@ void PagePool::add_chunk() {
 
 uint8_t* PagePool::take() {
   std::lock_guard<std::mutex> g(mu_);
-  std::vector<uint8_t*>* from = !warm_.empty() ? &warm_ : &cold_;
-  if (from->empty()) add_chunk();
-  uint8_t* p = from->back();
-  from->pop_back();
+  uint8_t* p;
+  if (!warm_.empty()) {
+#if defined(WARPFS_PAGE_POOL_ASAN)
+    p = warm_.front();  // the page freed longest ago: a late use of it is reported longest
+    warm_.pop_front();
+#else
+    p = warm_.back();
+    warm_.pop_back();
+#endif
+  } else {
+    if (cold_.empty()) add_chunk();
+    p = cold_.back();
+    cold_.pop_back();
+  }
   ++in_use_;
   POOL_UNPOISON(p, kPage);
   return p;
 }
 
 void PagePool::give(uint8_t* p) {
+#if defined(WARPFS_PAGE_POOL_ASAN)
+  // A held page is unpoisoned (take()); a free one is poisoned.
+  if (__asan_address_is_poisoned(p)) {
+    std::fprintf(stderr, "PagePool::give: page %p is already free (given back twice)\n",
+                 static_cast<void*>(p));
+    std::abort();
+  }
+#endif
   POOL_POISON(p, kPage);
   std::lock_guard<std::mutex> g(mu_);
   warm_.push_back(p);

@@ -19,11 +19,15 @@
 // Thread-safety: take(), give() and trim() may be called from any thread at once; `mu_` (a
 // leaf lock: nothing is called under it but mmap and madvise) guards every member.
 //
-// Under AddressSanitizer a free page is poisoned, so a use after give() is still reported.
+// Under AddressSanitizer a free page is poisoned, so a use after give() is reported until the
+// page is taken again, and free pages are taken oldest first (FIFO, where the optimised build
+// takes the newest: LIFO) so that this is as late as the pool allows, as the heap's
+// quarantine did; give() of a page already free aborts.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -57,7 +61,7 @@ class PagePool {
   void add_chunk();  // REQUIRES: mu_
 
   mutable std::mutex mu_;
-  std::vector<uint8_t*> warm_;  // free pages that may hold memory: taken first (LIFO, cache-warm)
+  std::deque<uint8_t*> warm_;   // free pages that may hold memory: taken first (LIFO, cache-warm)
   std::vector<uint8_t*> cold_;  // free pages whose memory the kernel has
   std::vector<uint8_t*> chunks_;
   size_t in_use_ = 0;

@@ -107,5 +107,47 @@ TEST(PagePool, TrimGivesFreePagesMemoryBack) {
   pool.give(p);
 }
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define POOL_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define POOL_TEST_ASAN 1
+#endif
+
+// The optimised build hands out the page given back last (its lines are in the CPU's cache);
+// under ASan the one given back longest ago, so that a stale pointer to a page just given
+// back stays poisoned, and reported, for as long as the pool can.
+TEST(PagePool, TheNextTakeIsTheNewestFreePageOrUnderAsanTheOldest) {
+  PagePool& pool = PagePool::instance();
+  uint8_t* a = pool.take();
+  uint8_t* b = pool.take();
+  pool.give(a);
+  pool.give(b);
+  uint8_t* c = pool.take();
+#if defined(POOL_TEST_ASAN)
+  EXPECT_NE(c, b);
+#else
+  EXPECT_EQ(c, b);
+#endif
+  pool.give(c);
+}
+
+TEST(PagePoolDeathTest, GivingAPageBackTwiceAbortsUnderAsan) {
+#if !defined(POOL_TEST_ASAN)
+  GTEST_SKIP() << "the check is ASan's poisoning";
+#else
+  EXPECT_DEATH(
+      {
+        PagePool& pool = PagePool::instance();
+        uint8_t* p = pool.take();
+        pool.give(p);
+        pool.give(p);
+      },
+      "given back twice");
+#endif
+}
+
 }  // namespace
 }  // namespace warpfs::fs::test
