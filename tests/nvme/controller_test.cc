@@ -486,15 +486,18 @@ TEST(Controller, SparseQueueIdsAreServedAsTheyComeAndGo) {
     EXPECT_EQ(sf(run_raw(qp, rd)), 0) << "read through queue " << qid;
     EXPECT_TRUE(check_pattern(buf.vaddr, r->lba, lba, gen)) << "queue " << qid;
   };
-  QueueView vh, vl, vm;
+  QueueView vh, vl, vm, v0;
   ASSERT_TRUE(r->ctrl->create_queue_pair(top, 8, QueuePriority::kMedium, &vh).is_ok());
   ASSERT_TRUE(r->ctrl->create_queue_pair(2, 8, QueuePriority::kMedium, &vl).is_ok());
   ASSERT_TRUE(r->ctrl->create_queue_pair(4, 8, QueuePriority::kMedium, &vm).is_ok());
+  // Queue 3 is worker 0's (ids modulo the worker count), whose scan starts at its stride.
+  ASSERT_TRUE(r->ctrl->create_queue_pair(3, 8, QueuePriority::kMedium, &v0).is_ok());
   auto high = std::make_unique<RawQueuePair>(vh);
-  RawQueuePair low(vl), mid(vm);
+  RawQueuePair low(vl), mid(vm), zero(v0);
   write_read(*high, 10);
   write_read(low, 11);
   write_read(mid, 12);
+  write_read(zero, 9);
   ASSERT_TRUE(r->ctrl->delete_queue_pair(top).is_ok());
   write_read(low, 13);
   write_read(mid, 14);
