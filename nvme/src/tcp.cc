@@ -159,7 +159,17 @@ struct TcpTransport::Impl {
   uint64_t next_retry_ns = 0;
   std::atomic<bool> fatal{false};  // a connection failed while enabled: CSTS.CFS
   std::atomic<uint16_t> cntlid{0xffff};
-  std::atomic<bool> cc_en{false};  // CC.EN = 1 and no CC.SHN as last written: Keep Alive then
+  // The target has CC.EN = 1 and no CC.SHN, as this transport last told it: Keep Alive then.
+  // Set only once the enabling Property Set has succeeded (try_enable_locked), cleared before
+  // anything that ends the target's enable goes out (a CC write clearing EN or setting SHN, a
+  // new admin connection, whose association starts disabled).
+  std::atomic<bool> cc_en{false};
+  // Held by the keep-alive thread from its look at cc_en to its command's answer, and across
+  // every change of the target's CC (write32, and read32's retry of an enable; under reg_mu,
+  // then the admin queue's locks): a Keep Alive reaches the target wholly before such a
+  // change or wholly after it. Without it one went out on cc_en's new value ahead of the
+  // enabling Property Set (nvmet: "got cmd 24 while CC.EN == 0"; TSan's slowness showed it).
+  std::mutex ka_send_mu;
   // I/O queues the controller allocated (Number of Queues, Base §5.27.1.5, as answered to the
   // host, at most kMaxIoQueues): creating a queue beyond it is refused, as a controller does.
   std::atomic<uint32_t> queues_granted{kMaxIoQueues};
@@ -984,7 +994,7 @@ struct TcpTransport::Impl {
   }
 
   // CC.EN 0 -> 1: the admin queue's memory from AQA/ASQ/ACQ, a connection, Property Set.
-  // REQUIRES: reg_mu held.
+  // REQUIRES: reg_mu and ka_send_mu held.
   void enable_locked() {
     Queue& q = *queues[0];
     const uint32_t entries = (aqa & 0xfff) + 1;
@@ -1013,8 +1023,10 @@ struct TcpTransport::Impl {
     enable_pending = true;
     try_enable_locked();
   }
+  // REQUIRES: reg_mu and ka_send_mu held.
   void try_enable_locked() {
     if (!admin_connected()) {
+      cc_en.store(false);  // a new association starts with CC.EN = 0
       std::string err;
       if (!connect(*queues[0], 31, kAdminHostTags, &err)) {
         note_error(err);
@@ -1023,7 +1035,14 @@ struct TcpTransport::Impl {
       }
     }
     enable_pending = false;
-    if (!property_set(reg::kCc, cc_shadow)) fatal.store(true);
+    if (!property_set(reg::kCc, cc_shadow)) {
+      fatal.store(true);
+    } else {
+      cc_en.store(enabled(cc_shadow));
+    }
+  }
+  static bool enabled(uint32_t cc_value) {
+    return (cc_value & cc::kEn) != 0 && ((cc_value >> cc::kShnShift) & 3) == 0;
   }
   // CC.EN 1 -> 0: the controller forgets its queues; so does the target when the
   // connections close (NVMe-oF §3.4: a disconnected association ends). REQUIRES: reg_mu.
@@ -1051,12 +1070,15 @@ struct TcpTransport::Impl {
       g.unlock();
       // NVMe-oF §3.3: Keep Alive belongs to an enabled controller (nvmet refuses it before
       // CC.EN = 1 with Command Sequence Error).
-      if (cc_en.load() && admin_connected()) {
-        SubmissionEntry c{};
-        c.opcode = kKeepAlive;
-        CompletionEntry r{};
-        std::string err;
-        if (internal(*queues[0], c, &r, &err)) n_keepalive.fetch_add(1);
+      {
+        std::lock_guard<std::mutex> ks(ka_send_mu);
+        if (cc_en.load() && admin_connected()) {
+          SubmissionEntry c{};
+          c.opcode = kKeepAlive;
+          CompletionEntry r{};
+          std::string err;
+          if (internal(*queues[0], c, &r, &err)) n_keepalive.fetch_add(1);
+        }
       }
       g.lock();
     }
@@ -1301,6 +1323,7 @@ uint32_t TcpTransport::read32(uint32_t offset) {
       if (t.fatal.load()) return ((t.cc_shadow & cc::kEn) ? csts::kRdy : 0u) | csts::kCfs;
       if (t.enable_pending) {
         if (port::now_ns() < t.next_retry_ns) return 0;
+        std::lock_guard<std::mutex> ks(t.ka_send_mu);
         t.try_enable_locked();
         if (t.enable_pending) return 0;
       }
@@ -1329,17 +1352,23 @@ void TcpTransport::write32(uint32_t offset, uint32_t value) {
   if (offset == reg::kAqa) {
     t.aqa = value;
   } else if (offset == reg::kCc) {
+    std::lock_guard<std::mutex> ks(t.ka_send_mu);
     const uint32_t old = t.cc_shadow;
     t.cc_shadow = value;
     // A shutdown (CC.SHN) ends the controller's life as much as CC.EN = 0 does: nvmet clears
-    // its CC then (Base §3.6.2) and refuses Keep Alive after it.
-    t.cc_en.store((value & cc::kEn) != 0 && ((value >> cc::kShnShift) & 3) == 0);
+    // its CC then (Base §3.6.2) and refuses Keep Alive after it. No Keep Alive from here
+    // until the target has heard an enable (try_enable_locked, or below).
+    if (!Impl::enabled(value)) t.cc_en.store(false);
     if (!(old & cc::kEn) && (value & cc::kEn)) {
       t.enable_locked();
     } else if ((old & cc::kEn) && !(value & cc::kEn)) {
       t.disable_locked();
-    } else if (t.admin_connected() && !t.property_set(reg::kCc, value)) {
-      t.fatal.store(true);
+    } else if (t.admin_connected()) {
+      if (!t.property_set(reg::kCc, value)) {
+        t.fatal.store(true);
+      } else if (Impl::enabled(value) && !t.enable_pending) {
+        t.cc_en.store(true);
+      }
     }
   }
 }
