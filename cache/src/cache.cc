@@ -35,7 +35,8 @@ enum Stat {
   kRaHits,
   kBypassed,
   kSetFull,
-  kFillErrors
+  kFillErrors,
+  kCleaned
 };
 
 uint32_t stripe_of_thread() {
@@ -103,6 +104,57 @@ class Cache::ReadAhead {
   std::thread th_;  // last: starts after the rest is constructed
 };
 
+// The background write-back: a thread that sleeps until kicked (the dirty count reached its
+// high mark, or an eviction had to write a dirty victim back itself), then runs clean()
+// passes until nothing is left to do. kicks_ and busy_ under mu_.
+class Cache::Cleaner {
+ public:
+  explicit Cleaner(Cache& c) : c_(c), th_([this] { run(); }) {}
+  ~Cleaner() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    th_.join();
+  }
+  void kick() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      ++kicks_;
+    }
+    cv_.notify_all();
+  }
+  void drain() {
+    std::unique_lock<std::mutex> l(mu_);
+    idle_cv_.wait(l, [this] { return kicks_ == seen_ && !busy_; });
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [this] { return stop_ || kicks_ != seen_; });
+      if (stop_) return;
+      seen_ = kicks_;
+      busy_ = true;
+      l.unlock();
+      // A failed write leaves its lines dirty: the next kick tries again (an eviction that
+      // meets one kicks, so a failing device is retried at the pace of its users).
+      c_.clean();
+      l.lock();
+      busy_ = false;
+      if (kicks_ == seen_) idle_cv_.notify_all();
+    }
+  }
+  Cache& c_;
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  uint64_t kicks_ = 0, seen_ = 0;
+  bool stop_ = false, busy_ = false;
+  std::thread th_;  // last: starts after the rest is constructed
+};
+
 Cache::Cache(Backend& b, const CacheOptions& o)
     : b_(b), o_(o), nsets_(o.sets), ways_(o.ways), line_bytes_(b.line_bytes()), set_shift_(0) {
   set_shift_ = static_cast<uint32_t>(__builtin_ctz(nsets_));
@@ -133,10 +185,17 @@ std::unique_ptr<Cache> Cache::create(Backend& backend, const CacheOptions& o, st
   c->sets_.reset(new SetMeta[c->nsets_]());
   c->stats_.reset(new Stripe[kStripes]());
   if (o.readahead_thread && o.readahead_lines > 0) c->ra_ = std::make_unique<ReadAhead>(*c);
+  if (o.writeback_percent > 0) {
+    const uint64_t pct = std::min<uint32_t>(o.writeback_percent, 100);
+    c->dirty_high_ = std::max<int64_t>(1, static_cast<int64_t>(c->lines() * pct / 100));
+    c->dirty_low_ = c->dirty_high_ / 2;
+    c->cleaner_ = std::make_unique<Cleaner>(*c);
+  }
   return c;
 }
 
 Cache::~Cache() {
+  cleaner_.reset();
   ra_.reset();
   // The REQUIRES: a reference left would point into the memory freed below.
   if constexpr (port::kDebugChecks) {
@@ -163,6 +222,9 @@ CacheStats Cache::stats() const {
   r.evictions = v[kEvictions], r.writebacks = v[kWritebacks], r.coalesced_lanes = v[kCoalesced];
   r.readahead_lines = v[kRaLines], r.readahead_hits = v[kRaHits];
   r.bypassed_bytes = v[kBypassed], r.set_full = v[kSetFull], r.fill_errors = v[kFillErrors];
+  r.cleaned = v[kCleaned];
+  r.dirty_lines =
+      static_cast<uint64_t>(std::max<int64_t>(0, dirty_.load(std::memory_order_relaxed)));
   return r;
 }
 
@@ -222,6 +284,49 @@ Status Cache::write_back_locked(uint32_t line, uint64_t block, nvme::Priority p)
   return op.status;
 }
 
+void Cache::mark_dirty(LineMeta& m, port::Order o, bool kick) {
+  if (m.state.fetch_or(kDirty, o) & kDirty) return;
+  // The change that takes the count to the high mark wakes the background write-back.
+  if (dirty_.fetch_add(1, std::memory_order_relaxed) + 1 == dirty_high_ && kick && cleaner_) {
+    cleaner_->kick();
+  }
+}
+
+uint32_t Cache::clear_bits(LineMeta& m, uint32_t bits, port::Order o) {
+  const uint32_t prev = m.state.fetch_and(~bits, o);
+  if ((bits & kDirty) && (prev & kDirty)) dirty_.fetch_sub(1, std::memory_order_relaxed);
+  return prev;
+}
+
+// Clock over the set (BaM §6.3): skip referenced or busy lines, give recently used ones a
+// second chance, claim with fetch_or(Busy) and back off if someone raced in.
+int Cache::pick_victim(uint32_t set, bool skip_dirty, uint32_t* prev) {
+  SetMeta& sm = sets_[set];
+  for (uint32_t i = 0; i < 2 * ways_; ++i) {
+    const uint32_t w = set * ways_ + sm.hand;
+    sm.hand = sm.hand + 1 == ways_ ? 0 : sm.hand + 1;
+    LineMeta& m = meta_[w];
+    const uint32_t s = m.state.load(port::Order::kRelaxed);
+    if ((s & kCountMask) || (s & kBusy)) continue;
+    if ((s & kValid) && (m.flags.load(port::Order::kRelaxed) & kRef)) {
+      m.flags.fetch_and(~kRef, port::Order::kRelaxed);
+      continue;
+    }
+    if (skip_dirty && (s & kValid) && (s & kDirty)) continue;
+    *prev = m.state.fetch_or(kBusy, port::Order::kAcquire);
+    if ((*prev & kCountMask) || (*prev & kBusy)) {
+      if (!(*prev & kBusy)) m.state.fetch_and(~kBusy, port::Order::kRelease);
+      continue;
+    }
+    if (skip_dirty && (*prev & kValid) && (*prev & kDirty)) {  // dirtied since the load
+      m.state.fetch_and(~kBusy, port::Order::kRelease);
+      continue;
+    }
+    return static_cast<int>(w);
+  }
+  return -1;
+}
+
 Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, LineRef* out) {
   const uint64_t block = lane.block;
   const uint32_t set = set_of(block);
@@ -266,27 +371,11 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
     *out = LineRef{nullptr, static_cast<uint32_t>(w), cnt, false, Status::ok()};
     return Got::kBusy;
   }
-  // Clock over the set (BaM §6.3): skip referenced or busy lines, give recently used ones a
-  // second chance, claim with fetch_or(Busy) and back off if someone raced in.
-  int victim = -1;
+  // With the background write-back a clean victim is preferred (the thread gets the dirty
+  // ones back to the device); a set with none gives up a dirty one.
   uint32_t prev = 0;
-  for (uint32_t i = 0; i < 2 * ways_ && victim < 0; ++i) {
-    const uint32_t w = set * ways_ + sm.hand;
-    sm.hand = sm.hand + 1 == ways_ ? 0 : sm.hand + 1;
-    LineMeta& m = meta_[w];
-    const uint32_t s = m.state.load(port::Order::kRelaxed);
-    if ((s & kCountMask) || (s & kBusy)) continue;
-    if ((s & kValid) && (m.flags.load(port::Order::kRelaxed) & kRef)) {
-      m.flags.fetch_and(~kRef, port::Order::kRelaxed);
-      continue;
-    }
-    prev = m.state.fetch_or(kBusy, port::Order::kAcquire);
-    if ((prev & kCountMask) || (prev & kBusy)) {
-      if (!(prev & kBusy)) m.state.fetch_and(~kBusy, port::Order::kRelease);
-      continue;
-    }
-    victim = static_cast<int>(w);
-  }
+  int victim = cleaner_ ? pick_victim(set, true, &prev) : -1;
+  if (victim < 0) victim = pick_victim(set, false, &prev);
   if (victim < 0) {
     sm.lock.unlock();
     count(kSetFull);
@@ -294,7 +383,8 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
     return Got::kError;
   }
   LineMeta& m = meta_[victim];
-  if ((prev & kValid) && (prev & kDirty)) {
+  const bool dirty_victim = (prev & kValid) && (prev & kDirty);
+  if (dirty_victim) {
     // The evicting lane waits on the write-back: the more urgent of its class and the data's.
     const nvme::Priority p =
         (m.flags.load(port::Order::kRelaxed) & kMeta) ? nvme::Priority::kMetadata : lane.priority;
@@ -308,11 +398,13 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
     }
   }
   if (prev & kValid) count(kEvictions);
-  m.state.fetch_and(~(kValid | kDirty), port::Order::kRelaxed);  // Busy stays
+  clear_bits(m, kValid | kDirty, port::Order::kRelaxed);  // Busy stays
   tag_of(m).store(block + 1, port::Order::kRelease);
   m.flags.store(prefetch ? kAhead : kRef, port::Order::kRelaxed);
   m.state.fetch_add(cnt, port::Order::kRelaxed);
   sm.lock.unlock();
+  // This lane waited for a write-back: the background one is behind (or off).
+  if (dirty_victim && cleaner_) cleaner_->kick();
   if (!prefetch) count(kMisses);  // read-ahead fills are counted as readahead_lines
   *out = LineRef{data_of(static_cast<uint32_t>(victim)), static_cast<uint32_t>(victim), cnt, false,
                  Status::ok()};
@@ -321,7 +413,7 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
     std::memcpy(out->data, lane.src, line_bytes_);
     out->holds_src = true;
     if (lane.priority == nvme::Priority::kMetadata) m.flags.fetch_or(kMeta, port::Order::kRelaxed);
-    m.state.fetch_or(kDirty, port::Order::kRelaxed);
+    mark_dirty(m, port::Order::kRelaxed);
     m.state.fetch_xor(kBusy | kValid, port::Order::kRelease);
     return Got::kHit;
   }
@@ -486,7 +578,7 @@ void Cache::release(const Lane* lanes, int n, LineRef* refs, const bool* wrote) 
     if (meta) m.flags.fetch_or(kMeta, port::Order::kRelaxed);
     // Release: the lane's writes to the line happen before the Dirty bit a flusher reads
     // and before the count drop an evictor reads.
-    if (dirty) m.state.fetch_or(kDirty, port::Order::kRelease);
+    if (dirty) mark_dirty(m, port::Order::kRelease);
     m.state.fetch_sub(refs[i].count, port::Order::kRelease);
   }
   for (int i = 0; i < n; ++i) refs[i] = LineRef{};
@@ -548,7 +640,7 @@ void Cache::collect_line(uint32_t w, WriteBack* wb) {
   }
   m.state.fetch_add(1, port::Order::kAcquire);  // pinned: not evictable while written
   m.flags.fetch_or(kWriting, port::Order::kRelaxed);
-  m.state.fetch_and(~kDirty, port::Order::kAcqRel);
+  clear_bits(m, kDirty, port::Order::kAcqRel);
   // A metadata writer racing this may set kMeta and Dirty after we clear them apart: the
   // line is then written back later in the bulk class. Its class, never its data, is lost.
   const bool meta = (m.flags.fetch_and(~kMeta, port::Order::kRelaxed) & kMeta) != 0;
@@ -573,7 +665,9 @@ void Cache::write_items(WriteBack* wb) {
       if (ops[k].status.is_ok()) {
         count(kWritebacks);
       } else {
-        m.state.fetch_or(kDirty, port::Order::kRelaxed);  // still dirty: not lost
+        // Still dirty: not lost. No kick: the background write-back's own failure would
+        // start it again at once, on a device that fails every write.
+        mark_dirty(m, port::Order::kRelaxed, false);
         if (wb->result.is_ok()) wb->result = ops[k].status;
       }
       m.flags.fetch_and(~kWriting, port::Order::kRelease);
@@ -683,6 +777,45 @@ Status Cache::write_back(const Range* ranges, size_t n) {
   return finish_write_back(&wb);
 }
 
+bool Cache::clean() {
+  WriteBack wb;
+  // Sets visited since the last one that had something to write: a whole lap of nothing
+  // (every dirty line referenced, Busy or being written by someone else) ends the pass.
+  uint32_t idle = 0;
+  while (dirty_.load(std::memory_order_relaxed) > dirty_low_ && idle < nsets_) {
+    const uint32_t set = clean_hand_;
+    clean_hand_ = (clean_hand_ + 1) & (nsets_ - 1);
+    const size_t before = wb.items.size();
+    SetMeta& sm = sets_[set];
+    sm.lock.lock();
+    for (uint32_t w = set * ways_; w < (set + 1) * ways_; ++w) {
+      LineMeta& m = meta_[w];
+      const uint32_t st = m.state.load(port::Order::kAcquire);
+      // In use: a writer may be copying into it, and it is not the next to be evicted.
+      if ((st & kCountMask) || (st & kBusy) || !(st & kValid) || !(st & kDirty)) continue;
+      if (m.flags.load(port::Order::kAcquire) & kWriting) continue;  // another flusher's
+      collect_line(w, &wb);
+    }
+    sm.lock.unlock();
+    idle = wb.items.size() > before ? 0 : idle + 1;
+    if (wb.items.size() >= Backend::kMaxOps) {
+      const size_t n = wb.items.size();
+      write_items(&wb);
+      if (!wb.result.is_ok()) return false;
+      count(kCleaned, n);
+    }
+  }
+  const size_t n = wb.items.size();
+  write_items(&wb);  // collect_line queued no waits: every line taken was dirty and ours
+  if (!wb.result.is_ok()) return false;
+  count(kCleaned, n);
+  return true;
+}
+
+void Cache::drain_writeback() {
+  if (cleaner_) cleaner_->drain();
+}
+
 Status Cache::flush_all() {
   Status s = flush_range(0, ~0ull);
   Status f = b_.flush();  // then make it durable: NVMe Flush after the writes completed
@@ -704,7 +837,7 @@ Status Cache::invalidate_range(uint64_t first, uint64_t count_lines) {
         result = Status::error(Code::kSetFull, "a line to invalidate is in use");
       } else {
         tag_of(m).store(0, port::Order::kRelease);
-        m.state.fetch_and(~(kValid | kDirty | kBusy), port::Order::kRelease);
+        clear_bits(m, kValid | kDirty | kBusy, port::Order::kRelease);
       }
     }
     sm.lock.unlock();
@@ -771,7 +904,7 @@ Status Cache::write_direct(uint64_t first, uint64_t count_lines, const void* buf
   const auto pins = pin_range(first, count_lines);
   for (const auto& [b, w] : pins) {
     std::memcpy(data_of(w), src + (b - first) * line_bytes_, line_bytes_);
-    meta_[w].state.fetch_or(kDirty, port::Order::kRelease);
+    mark_dirty(meta_[w], port::Order::kRelease);
   }
   Backend::Op op;
   op.block = first;
@@ -810,7 +943,7 @@ void Cache::refresh_after_direct_write(uint64_t block, const uint8_t* data) {
     if (!(s & kBusy)) {
       if (s & kValid) {
         std::memcpy(data_of(static_cast<uint32_t>(w)), data, line_bytes_);
-        m.state.fetch_or(kDirty, port::Order::kRelease);
+        mark_dirty(m, port::Order::kRelease);
       }
       sm.lock.unlock();
       return;

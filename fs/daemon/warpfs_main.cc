@@ -1064,6 +1064,8 @@ std::string stats_json(const Daemon& d) {
                   {"locked_hits", c.locked_hits},
                   {"evictions", c.evictions},
                   {"writebacks", c.writebacks},
+                  {"writebacks_background", c.cleaned},
+                  {"dirty_lines", c.dirty_lines},
                   {"coalesced_lanes", c.coalesced_lanes},
                   {"bypassed_bytes", c.bypassed_bytes},
                   {"set_full", c.set_full}};

@@ -41,9 +41,12 @@
 // wait on each other in a cycle.
 //
 // Thread-safety: acquire/release/flush/read-ahead may be called from any number of threads.
-// The warp arrays passed to acquire/release belong to the calling thread.
+// The warp arrays passed to acquire/release belong to the calling thread. The read-ahead and
+// background write-back threads are two more of those callers (they take the same set locks
+// and line pins as flush_range).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -95,12 +98,21 @@ struct CacheOptions {
   uint32_t readahead_lines = 0;
   uint32_t bypass_lines = 32;    // transfers of at least this many lines skip the cache
   bool readahead_thread = true;  // fetch the window in the background
+  // Background write-back, the kernel's dirty_background_ratio: once more than this share
+  // of the lines (percent) is dirty, a thread writes dirty lines back, a set at a time, until
+  // half that share is left, and an eviction takes a clean line of its set over a dirty one
+  // where it can. A miss then rarely waits for a victim's write-back (a device round trip
+  // under the set lock). 0, the default: no thread; a dirty victim is written back by the
+  // evicting lane, and lines are written back by flush_range, write_back and flush_all.
+  uint32_t writeback_percent = 0;
 };
 
 struct CacheStats {
   uint64_t hits = 0, misses = 0, locked_hits = 0, evictions = 0, writebacks = 0;
   uint64_t coalesced_lanes = 0, readahead_lines = 0, readahead_hits = 0, bypassed_bytes = 0;
   uint64_t set_full = 0, fill_errors = 0;
+  uint64_t cleaned = 0;      // of the writebacks, those of the background write-back
+  uint64_t dirty_lines = 0;  // dirty now (a momentary figure)
 };
 
 // Per-stream read-ahead state (one per open file, say). Not thread-safe: one user at a time.
@@ -172,6 +184,9 @@ class Cache {
   void note_read(ReadStream* stream, uint64_t block, uint64_t count);
   // Blocks until queued read-ahead has been issued and filled (tests, unmount).
   void drain_readahead();
+  // Blocks until the background write-back (writeback_percent) has nothing left to do:
+  // no more than its low mark dirty, or nothing more it can write (tests).
+  void drain_writeback();
 
   CacheStats stats() const;
   // Test hook: checks the invariants under each set's lock and describes any violation
@@ -216,6 +231,7 @@ class Cache {
   };
   enum class Got { kHit, kReserved, kBusy, kError };
   class ReadAhead;
+  class Cleaner;
 
   Cache(Backend& b, const CacheOptions& o);
   uint32_t set_of(uint64_t block) const {
@@ -233,6 +249,17 @@ class Cache {
   int acquire_scalar(Lane* lane, LineRef* out);
   static constexpr int kScalarRetries = 200;  // ~2 ms of backed-off retries
   Status write_back_locked(uint32_t line, uint64_t block, nvme::Priority p);
+  // Every change of a line's Dirty bit goes through these two, which count dirty lines for
+  // the background write-back (the previous state word says whether the bit changed).
+  void mark_dirty(LineMeta& m, port::Order o, bool kick = true);
+  uint32_t clear_bits(LineMeta& m, uint32_t bits, port::Order o);  // returns the old state
+  // The clock over a set (its lock held): claims a victim (Busy) and returns it, or -1.
+  // `skip_dirty`: pass over unreferenced dirty lines, taking only clean ones.
+  int pick_victim(uint32_t set, bool skip_dirty, uint32_t* prev);
+  // The background write-back's pass: dirty, unreferenced lines of one set after another
+  // (from where the last pass stopped), batches of kMaxOps, until dirty_low_ is reached or a
+  // whole lap finds nothing to write. False if a write failed (the lines stay dirty).
+  bool clean();
   // flush_range's and write_back's steps. A line to write: pinned, Dirty cleared, kWriting
   // set; a line someone else is writing back: pinned, to wait on.
   struct Writing {
@@ -263,13 +290,21 @@ class Cache {
   port::Atomic<uint64_t>* tags_ = nullptr;  // block + 1 per line; 0: empty (cache-line aligned)
   port::Atomic<uint64_t>& tag_of(const LineMeta& m) const { return tags_[&m - meta_.get()]; }
   std::unique_ptr<SetMeta[]> sets_;
-  static constexpr int kStats = 11;
+  static constexpr int kStats = 12;
   static constexpr int kStripes = 16;
   struct alignas(port::kCacheLine) Stripe {
     port::Atomic<uint64_t> v[kStats];
   };
   std::unique_ptr<Stripe[]> stats_;
   std::unique_ptr<ReadAhead> ra_;
+  // The background write-back (writeback_percent > 0). dirty_ counts dirty lines (relaxed:
+  // a figure for the thread's start and stop, momentarily off by the changes in flight);
+  // the thread starts when a change takes it to dirty_high_ and stops at dirty_low_.
+  // clean_hand_ is the thread's own.
+  alignas(port::kCacheLine) std::atomic<int64_t> dirty_{0};
+  int64_t dirty_high_ = 0, dirty_low_ = 0;
+  uint32_t clean_hand_ = 0;
+  std::unique_ptr<Cleaner> cleaner_;
 };
 
 }  // namespace warpfs::cache
