@@ -106,7 +106,7 @@ class Cache::ReadAhead {
 
 // The background write-back: a thread that sleeps until kicked (the dirty count reached its
 // high mark, or an eviction had to write a dirty victim back itself), then runs clean()
-// passes until nothing is left to do. kicks_ and busy_ under mu_.
+// passes until nothing is left to do. Its fields other than c_ and th_ are under mu_.
 class Cache::Cleaner {
  public:
   explicit Cleaner(Cache& c) : c_(c), th_([this] { run(); }) {}
@@ -139,8 +139,9 @@ class Cache::Cleaner {
       seen_ = kicks_;
       busy_ = true;
       l.unlock();
-      // A failed write leaves its lines dirty: the next kick tries again (an eviction that
-      // meets one kicks, so a failing device is retried at the pace of its users).
+      // A failed write ends the pass and leaves its lines dirty: the next kick (a line
+      // dirtied to the high mark, an eviction that wrote a dirty victim) tries again, so a
+      // failing device is retried at the pace of its users.
       c_.clean();
       l.lock();
       busy_ = false;
@@ -664,6 +665,7 @@ void Cache::write_items(WriteBack* wb) {
       LineMeta& m = meta_[wb->items[at + k].line];
       if (ops[k].status.is_ok()) {
         count(kWritebacks);
+        if (wb->background) count(kCleaned);
       } else {
         // Still dirty: not lost. No kick: the background write-back's own failure would
         // start it again at once, on a device that fails every write.
@@ -777,8 +779,9 @@ Status Cache::write_back(const Range* ranges, size_t n) {
   return finish_write_back(&wb);
 }
 
-bool Cache::clean() {
+void Cache::clean() {
   WriteBack wb;
+  wb.background = true;
   // Sets visited since the last one that had something to write: a whole lap of nothing
   // (every dirty line referenced, Busy or being written by someone else) ends the pass.
   uint32_t idle = 0;
@@ -799,17 +802,11 @@ bool Cache::clean() {
     sm.lock.unlock();
     idle = wb.items.size() > before ? 0 : idle + 1;
     if (wb.items.size() >= Backend::kMaxOps) {
-      const size_t n = wb.items.size();
       write_items(&wb);
-      if (!wb.result.is_ok()) return false;
-      count(kCleaned, n);
+      if (!wb.result.is_ok()) return;
     }
   }
-  const size_t n = wb.items.size();
   write_items(&wb);  // collect_line queued no waits: every line taken was dirty and ours
-  if (!wb.result.is_ok()) return false;
-  count(kCleaned, n);
-  return true;
 }
 
 void Cache::drain_writeback() {

@@ -258,8 +258,8 @@ class Cache {
   int pick_victim(uint32_t set, bool skip_dirty, uint32_t* prev);
   // The background write-back's pass: dirty, unreferenced lines of one set after another
   // (from where the last pass stopped), batches of kMaxOps, until dirty_low_ is reached or a
-  // whole lap finds nothing to write. False if a write failed (the lines stay dirty).
-  bool clean();
+  // whole lap finds nothing to write, or a write fails (its lines stay dirty).
+  void clean();
   // flush_range's and write_back's steps. A line to write: pinned, Dirty cleared, kWriting
   // set; a line someone else is writing back: pinned, to wait on.
   struct Writing {
@@ -271,6 +271,7 @@ class Cache {
     std::vector<Writing> items;
     std::vector<uint32_t> waits;
     Status result;
+    bool background = false;  // the background write-back's: its lines also count as cleaned
   };
   // Line w of `set` (its lock held) joins `wb` if it holds a dirty or in-flight block.
   void collect_line(uint32_t w, WriteBack* wb);
