@@ -30,6 +30,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -172,24 +173,48 @@ class PageCacheTracker {
     if (it->second.cached_opens > 0) --it->second.cached_opens;
     if (it->second.cached_opens == 0 && !it->second.stale) m_.erase(it);
   }
-  // After a direct write: true when cached opens exist and the range must be invalidated.
-  bool wrote_direct(Ino ino) {
+  // What the kernel must be told after a direct write changed the file's times.
+  enum class Tell {
+    kNothing,     // no reply with the old times can be cached
+    kAttributes,  // the attributes: call told() once the notification has gone
+    kRange,       // the written range, with the attributes (cached opens exist)
+  };
+  // After a direct write, with `replies` the count of attribute replies begun so far, read
+  // after the write's change (Daemon::attr_replies). The kernel bumps the attributes'
+  // version when an asynchronous direct write completes but does not invalidate them, so a
+  // reply with the old times that it accepted meanwhile would stay cached; such a reply began
+  // before the change and so counts in `replies`. Nothing to tell where no reply began since
+  // the last notification for this inode had gone out (that one came after the reply was
+  // asked for: the kernel invalidated it, or refused it for its older version).
+  Tell wrote_direct(Ino ino, uint64_t replies) {
     std::lock_guard<std::mutex> g(mu_);
     State& s = m_[ino];
-    if (s.cached_opens > 0) return true;
+    if (s.cached_opens > 0) return Tell::kRange;
     s.stale = true;
-    return false;
+    if (s.telling == 0 && s.told_at == replies) return Tell::kNothing;
+    // One telling now: a write answered before it has gone must tell as well.
+    s.told_at = replies;
+    ++s.telling;
+    return Tell::kAttributes;
+  }
+  void told(Ino ino) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = m_.find(ino);
+    if (it != m_.end() && it->second.telling > 0) --it->second.telling;
   }
   void forget(Ino ino) {  // the kernel dropped the inode, and its pages with it
     std::lock_guard<std::mutex> g(mu_);
     auto it = m_.find(ino);
-    if (it != m_.end() && it->second.cached_opens == 0) m_.erase(it);
+    if (it != m_.end() && it->second.cached_opens == 0 && it->second.telling == 0) m_.erase(it);
   }
 
  private:
   struct State {
     uint32_t cached_opens = 0;
-    bool stale = false;  // written directly since the last cached open
+    bool stale = false;    // written directly since the last cached open
+    uint32_t telling = 0;  // attribute notifications being sent
+    // attr_replies when the last one began: none yet
+    uint64_t told_at = std::numeric_limits<uint64_t>::max();
   };
   std::mutex mu_;
   std::unordered_map<Ino, State> m_;
@@ -335,6 +360,9 @@ struct Daemon {
   std::atomic<uint32_t> in_flight[kOpCount] = {};
   std::atomic<uint32_t> peak_in_flight[kOpCount] = {};
   std::atomic<uint64_t> read_bytes{0}, written_bytes{0};
+  // Replies carrying attributes begun (Timed: counted, then a fence, before the handler reads
+  // them); a direct write reads it after its change, behind a fence (PageCacheTracker).
+  std::atomic<uint64_t> attr_replies{0};
   // -o dedup's pass: its state and, once done, its report (dedup_mu, leaf).
   mutable std::mutex dedup_mu;
   std::string dedup_state = "off";  // "off", "running", "done", "stopped" or "failed: ..."
@@ -592,6 +620,14 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   fuse_reply_buf(req, buf.data(), got);
 }
 
+// Daemon::attr_replies as a direct write reads it, after its change to the times: the fence
+// pairs with the one in Timed (either the reply's handler reads the new times, or the write
+// sees the reply counted).
+uint64_t attr_replies_after_change(Daemon* d) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return d->attr_replies.load(std::memory_order_relaxed);
+}
+
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
               fuse_file_info* fi) {
   size_t written = 0;
@@ -614,6 +650,7 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
   // any direct write. A synchronous O_DIRECT writer so sees the error where a short count
   // would have said how far it got.
   const bool direct = !fi->writepage && (fi->fh == kFhDirect || (fi->flags & O_DIRECT) != 0);
+  PageCacheTracker::Tell tell = PageCacheTracker::Tell::kNothing;
   int rc = 0;
   do {
     size_t more = 0;
@@ -643,7 +680,9 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     // for an asynchronous write, drops nothing after it: pages a buffered reader refilled
     // meanwhile go here, as below.
     fuse_lowlevel_notify_inval_inode(d->se, ino, off, static_cast<off_t>(written));
-  } else if (fi->fh == kFhDirect && written > 0 && d->page_cache.wrote_direct(ino)) {
+  } else if (fi->fh == kFhDirect && written > 0 &&
+             (tell = d->page_cache.wrote_direct(ino, attr_replies_after_change(d))) ==
+                 PageCacheTracker::Tell::kRange) {
     // Cached opens read this range from the page cache: drop it there, before the reply, so
     // that a read which starts once the write has returned cannot find a page filled before
     // the new bytes were in place (a buffered reader refills pages while the write is under
@@ -652,14 +691,16 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     // Safe inside the write: the kernel invalidates pages and attributes without the inode
     // lock.
     fuse_lowlevel_notify_inval_inode(d->se, ino, off, static_cast<off_t>(written));
-  } else if (fi->fh == kFhDirect && written > 0 && !dropped_privs) {
+  } else if (tell == PageCacheTracker::Tell::kAttributes) {
     // The times too (that call invalidated them as well): for an asynchronous write the
     // kernel marks the attributes stale when it queues the write (fuse_direct_IO) and only
     // bumps their version when it completes, so the old mtime and ctime of a GETATTR answered
-    // while the write was under way would stay cached for the whole timeout. (A cached open
-    // that fcntl made O_DIRECT reaches the same kernel path and is not told: its writes look
-    // buffered here.) No cost seen: 4 KiB O_DIRECT QD1 writes 28-32k/s with and without.
+    // while the write was under way would stay cached for the whole timeout. Only where such
+    // a reply may have gone out (wrote_direct): the notification was 6 % of the daemon's
+    // samples on 4 KiB O_DIRECT writes. (A cached open that fcntl made O_DIRECT reaches the
+    // same kernel path and is not told: its writes look buffered here.)
     attributes_changed(req, ino);
+    d->page_cache.told(ino);
   }
   d->written_bytes.fetch_add(written, std::memory_order_relaxed);
   if (rc) {
@@ -951,6 +992,13 @@ uint64_t mono_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+// The operations whose replies carry an inode's attributes, which the kernel caches.
+constexpr bool carries_attributes(OpId k) {
+  return k == kOp_lookup || k == kOp_getattr || k == kOp_setattr || k == kOp_mknod ||
+         k == kOp_mkdir || k == kOp_symlink || k == kOp_link || k == kOp_create ||
+         k == kOp_readdirplus;
+}
+
 // An operation timed from its arrival to the return of its handler (which has replied: the
 // request is gone then, so the daemon is taken first).
 template <OpId K, auto Fn>
@@ -959,6 +1007,10 @@ template <OpId K, typename... A, void (*Fn)(fuse_req_t, A...)>
 struct Timed<K, Fn> {
   static void call(fuse_req_t req, A... a) {
     Daemon* d = daemon_of(req);
+    if constexpr (carries_attributes(K)) {
+      d->attr_replies.fetch_add(1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // before the handler reads them
+    }
     const uint64_t t0 = mono_ns();
     const uint32_t now = d->in_flight[K].fetch_add(1, std::memory_order_relaxed) + 1;
     uint32_t peak = d->peak_in_flight[K].load(std::memory_order_relaxed);

@@ -463,6 +463,51 @@ TEST_F(IoTest, BufferedReaderInAnotherProcessSeesEachDirectWriteOnceItReturns) {
                            << stale_after;
 }
 
+// The times under concurrency: while another thread stats the file all along (its replies
+// keep the attributes cached), each O_DIRECT write (asynchronous through io_submit, or a
+// plain pwrite) moves the mtime, and once it has returned a stat shows that. Each round
+// first sets the mtime far in the past, so a stat that shows it saw an attribute reply from
+// before the write that stayed cached.
+TEST_F(IoTest, StatAfterEachDirectWriteShowsItsTimesWhileAnotherThreadStats) {
+  write_file(path("f"), std::string(16 * 4096, 'a'));
+  Fd direct = xopen(path("f"), O_RDWR | O_DIRECT);
+  AlignedBuffer aligned = aligned_buffer(4096);
+  std::memset(aligned.get(), 'b', 4096);
+  Aio aio;
+  ASSERT_TRUE(aio.ok()) << "io_setup: " << std::strerror(errno);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> stats{0};
+  const std::string f = path("f");
+  std::thread hammer([&] {
+    struct stat st {};
+    while (!stop.load()) {
+      if (::stat(f.c_str(), &st) == 0) stats.fetch_add(1);
+    }
+  });
+  int stale = 0;
+  std::string stale_after;
+  for (int i = 0; i < 400; ++i) {
+    const timespec old[2] = {{1000 + i, 0}, {1000 + i, 0}};
+    ASSERT_EQ(::futimens(direct.get(), old), 0) << std::strerror(errno);
+    const off_t at = (i % 16) * 4096;
+    const long n = i % 2 ? aio.pwrite(direct.get(), aligned.get(), 4096, at)
+                         : ::pwrite(direct.get(), aligned.get(), 4096, at);
+    ASSERT_EQ(n, 4096) << (n < 0 ? std::strerror(static_cast<int>(-n)) : "short write") << " at "
+                       << i;
+    struct stat st {};
+    ASSERT_EQ(::stat(f.c_str(), &st), 0);
+    if (st.st_mtim.tv_sec == 1000 + i) {
+      ++stale;
+      stale_after += std::string(i % 2 ? " async" : " sync") + "@" + std::to_string(i);
+    }
+  }
+  stop = true;
+  hammer.join();
+  EXPECT_GT(stats.load(), 0u);
+  EXPECT_EQ(stale, 0) << "stats that showed the mtime from before a direct write had returned:"
+                      << stale_after;
+}
+
 TEST_F(IoTest, LargeSequentialRoundTripWithOddSizedChunks) {
   const std::string data = pattern(123, static_cast<size_t>(16 * kMiB + 4321));
   {
