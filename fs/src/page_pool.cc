@@ -33,6 +33,9 @@ PagePool& PagePool::instance() {
 }
 
 void PagePool::add_chunk() {
+  // Room first: nothing may throw once the chunk is mapped, or its mapping would leak.
+  chunks_.reserve(chunks_.size() + 1);
+  cold_.reserve(cold_.size() + kChunk / kPage);
   void* m = mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) throw std::bad_alloc();
   auto* base = static_cast<uint8_t*>(m);
@@ -80,27 +83,35 @@ void PagePool::give(uint8_t* p) {
 }
 
 size_t PagePool::trim() {
-  std::lock_guard<std::mutex> g(mu_);
-  if (warm_.empty()) return 0;
-  std::sort(warm_.begin(), warm_.end());
+  // The free pages leave the pool while the kernel takes their memory, so that take() and
+  // give() do not wait for madvise: a take() meanwhile finds a cold page or a new chunk.
+  std::deque<uint8_t*> pages;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (warm_.empty()) return 0;
+    cold_.reserve(cold_.size() + warm_.size());  // the pages come back without a throw
+    pages.swap(warm_);
+    trimming_ += pages.size();
+  }
+  std::sort(pages.begin(), pages.end());
   // One madvise per run of neighbouring pages.
   size_t i = 0;
-  while (i < warm_.size()) {
+  while (i < pages.size()) {
     size_t j = i + 1;
-    while (j < warm_.size() && warm_[j] == warm_[j - 1] + kPage) ++j;
+    while (j < pages.size() && pages[j] == pages[j - 1] + kPage) ++j;
     // ASan does not intercept madvise; the pages stay poisoned.
-    madvise(warm_[i], (j - i) * kPage, MADV_DONTNEED);
+    madvise(pages[i], (j - i) * kPage, MADV_DONTNEED);
     i = j;
   }
-  const size_t n = warm_.size();
-  cold_.insert(cold_.end(), warm_.begin(), warm_.end());
-  warm_.clear();
-  return n;
+  std::lock_guard<std::mutex> g(mu_);
+  cold_.insert(cold_.end(), pages.begin(), pages.end());
+  trimming_ -= pages.size();
+  return pages.size();
 }
 
 PagePool::Counts PagePool::counts() const {
   std::lock_guard<std::mutex> g(mu_);
-  return Counts{in_use_, warm_.size(), cold_.size(), chunks_.size()};
+  return Counts{in_use_, warm_.size(), cold_.size() + trimming_, chunks_.size()};
 }
 
 }  // namespace warpfs::fs

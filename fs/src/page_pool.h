@@ -17,7 +17,8 @@
 // buffers are taken again at once. Chunks are never unmapped (their address space only).
 //
 // Thread-safety: take(), give() and trim() may be called from any thread at once; `mu_` (a
-// leaf lock: nothing is called under it but mmap and madvise) guards every member.
+// leaf lock: nothing is called under it but mmap) guards every member. trim() takes the free
+// pages out under it and gives their memory back without it.
 //
 // Under AddressSanitizer a free page is poisoned, so a use after give() is reported until the
 // page is taken again, and free pages are taken oldest first (FIFO, where the optimised build
@@ -65,6 +66,7 @@ class PagePool {
   std::vector<uint8_t*> cold_;  // free pages whose memory the kernel has
   std::vector<uint8_t*> chunks_;
   size_t in_use_ = 0;
+  size_t trimming_ = 0;  // free pages a trim() has out of the lists (counted as released)
 };
 
 }  // namespace warpfs::fs

@@ -34,7 +34,7 @@ TEST(PagePool, GivenPagesAreTakenAgainWithoutNewMemory) {
   for (uint8_t* p : held) pool.give(p);
 }
 
-TEST(PagePool, NoPageIsHeldTwiceUnderConcurrentTakeGiveAndTrim) {
+TEST(PagePool, NoPageIsHeldTwiceOrMiscountedUnderConcurrentTakeGiveAndTrim) {
   PagePool& pool = PagePool::instance();
   const size_t in_use = pool.counts().in_use;
   constexpr int kThreads = 8, kRounds = 4000, kHeld = 6;
@@ -43,6 +43,17 @@ TEST(PagePool, NoPageIsHeldTwiceUnderConcurrentTakeGiveAndTrim) {
   std::thread trimmer([&] {
     while (!done.load(std::memory_order_relaxed)) {
       pool.trim();
+      std::this_thread::yield();
+    }
+  });
+  // Every page of every chunk is held, free or being trimmed, and counted so, at any moment.
+  std::atomic<int> miscounted{0};
+  std::thread counter([&] {
+    while (!done.load(std::memory_order_relaxed)) {
+      const PagePool::Counts c = pool.counts();
+      if (c.in_use + c.free_resident + c.free_released !=
+          c.chunks * (PagePool::kChunk / PagePool::kPage))
+        miscounted.fetch_add(1);
       std::this_thread::yield();
     }
   });
@@ -75,7 +86,9 @@ TEST(PagePool, NoPageIsHeldTwiceUnderConcurrentTakeGiveAndTrim) {
   for (auto& th : ts) th.join();
   done = true;
   trimmer.join();
+  counter.join();
   EXPECT_EQ(clobbered.load(), 0) << "a page was written by another holder, or trimmed while held";
+  EXPECT_EQ(miscounted.load(), 0) << "counts() that did not add up to the chunks' pages";
   EXPECT_EQ(pool.counts().in_use, in_use);
 }
 
