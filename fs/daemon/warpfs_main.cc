@@ -171,7 +171,7 @@ class PageCacheTracker {
     auto it = m_.find(ino);
     if (it == m_.end()) return;
     if (it->second.cached_opens > 0) --it->second.cached_opens;
-    if (it->second.cached_opens == 0 && !it->second.stale) m_.erase(it);
+    if (it->second.cached_opens == 0 && !it->second.stale && it->second.telling == 0) m_.erase(it);
   }
   // What the kernel must be told after a direct write changed the file's times.
   enum class Tell {
@@ -185,7 +185,8 @@ class PageCacheTracker {
   // reply with the old times that it accepted meanwhile would stay cached; such a reply began
   // before the change and so counts in `replies`. Nothing to tell where no reply began since
   // the last notification for this inode had gone out (that one came after the reply was
-  // asked for: the kernel invalidated it, or refused it for its older version).
+  // asked for: the kernel invalidated it, or refused it for its older version). Replies it
+  // takes whatever their version go out already expired (unversioned_attr_timeout).
   Tell wrote_direct(Ino ino, uint64_t replies) {
     std::lock_guard<std::mutex> g(mu_);
     State& s = m_[ino];
@@ -197,10 +198,13 @@ class PageCacheTracker {
     ++s.telling;
     return Tell::kAttributes;
   }
-  void told(Ino ino) {
+  // `sent`: whether the kernel took the notification (else the next write tells again).
+  void told(Ino ino, bool sent) {
     std::lock_guard<std::mutex> g(mu_);
     auto it = m_.find(ino);
-    if (it != m_.end() && it->second.telling > 0) --it->second.telling;
+    if (it == m_.end()) return;
+    if (it->second.telling > 0) --it->second.telling;
+    if (!sent) it->second.told_at = kNeverTold;
   }
   void forget(Ino ino) {  // the kernel dropped the inode, and its pages with it
     std::lock_guard<std::mutex> g(mu_);
@@ -211,11 +215,11 @@ class PageCacheTracker {
  private:
   struct State {
     uint32_t cached_opens = 0;
-    bool stale = false;    // written directly since the last cached open
-    uint32_t telling = 0;  // attribute notifications being sent
-    // attr_replies when the last one began: none yet
-    uint64_t told_at = std::numeric_limits<uint64_t>::max();
+    bool stale = false;             // written directly since the last cached open
+    uint32_t telling = 0;           // attribute notifications being sent
+    uint64_t told_at = kNeverTold;  // attr_replies when the last one began
   };
+  static constexpr uint64_t kNeverTold = std::numeric_limits<uint64_t>::max();
   std::mutex mu_;
   std::unordered_map<Ino, State> m_;
 };
@@ -415,6 +419,18 @@ void attributes_changed(fuse_req_t req, fuse_ino_t ino) {
   fuse_lowlevel_notify_inval_inode(daemon_of(req)->se, ino, -1, 0);
 }
 
+// The attribute timeout of a SETATTR's or LINK's reply. The kernel takes those attributes
+// whatever their version (fuse_do_setattr, and fuse_iget with version 0), so one read before
+// an asynchronous direct write changed the times, and applied after that write's
+// notification, would stay cached: answered as already expired, they are asked for again
+// (GETATTR, whose reply the kernel refuses when its version is older) before the next use.
+// Under the writeback cache the kernel keeps the times itself and every direct write
+// invalidates its range anyway (op_write): the usual timeout.
+double unversioned_attr_timeout(fuse_req_t req) {
+  const Daemon* d = daemon_of(req);
+  return d->writeback_cache.load(std::memory_order_relaxed) ? d->timeout : 0.0;
+}
+
 // The caller's ids and umask. The kernel leaves the umask to the daemon (FUSE_CAP_DONT_MASK):
 // the core applies it, unless the directory's default ACL takes its place.
 warpfs::fs::Caller caller(fuse_req_t req) {
@@ -476,7 +492,14 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int to_set, fus
   s.new_mtime = {st->st_mtim.tv_sec, st->st_mtim.tv_nsec};
   s.new_ctime = {st->st_ctim.tv_sec, st->st_ctim.tv_nsec};
   Attr a;
-  reply_attr_or_err(req, fs_of(req).setattr(ino, s, &a), a);
+  const int rc = fs_of(req).setattr(ino, s, &a);
+  if (rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  struct stat out;
+  a.to_stat(&out);
+  fuse_reply_attr(req, &out, unversioned_attr_timeout(req));
 }
 
 void op_readlink(fuse_req_t req, fuse_ino_t ino) {
@@ -522,7 +545,14 @@ void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t n
 
 void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
   Attr a;
-  reply_entry_or_err(req, fs_of(req).link(ino, newparent, newname, &a), a);
+  if (int rc = fs_of(req).link(ino, newparent, newname, &a); rc) {
+    fuse_reply_err(req, rc);
+    return;
+  }
+  fuse_entry_param e;
+  fill_entry(req, a, &e);
+  e.attr_timeout = unversioned_attr_timeout(req);  // the name's timeout stays
+  fuse_reply_entry(req, &e);
 }
 
 // What an open's file handle (fi->fh) says about it. libfuse hands fh back with every
@@ -699,8 +729,9 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     // a reply may have gone out (wrote_direct): the notification was 6 % of the daemon's
     // samples on 4 KiB O_DIRECT writes. (A cached open that fcntl made O_DIRECT reaches the
     // same kernel path and is not told: its writes look buffered here.)
-    attributes_changed(req, ino);
-    d->page_cache.told(ino);
+    // Told if the kernel took it, or had no such inode (then nothing of it is cached).
+    const int sent = fuse_lowlevel_notify_inval_inode(d->se, ino, -1, 0);
+    d->page_cache.told(ino, sent == 0 || sent == -ENOENT);
   }
   d->written_bytes.fetch_add(written, std::memory_order_relaxed);
   if (rc) {
@@ -992,11 +1023,13 @@ uint64_t mono_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-// The operations whose replies carry an inode's attributes, which the kernel caches.
+// The operations whose replies carry attributes the kernel caches: those of an existing inode
+// (lookup, getattr, readdirplus), which it refuses when their version is older than the
+// inode's (a notification bumps it), and those of a new one. SETATTR's and LINK's replies it
+// takes whatever their version: they are answered as already expired instead (op_setattr).
 constexpr bool carries_attributes(OpId k) {
-  return k == kOp_lookup || k == kOp_getattr || k == kOp_setattr || k == kOp_mknod ||
-         k == kOp_mkdir || k == kOp_symlink || k == kOp_link || k == kOp_create ||
-         k == kOp_readdirplus;
+  return k == kOp_lookup || k == kOp_getattr || k == kOp_mknod || k == kOp_mkdir ||
+         k == kOp_symlink || k == kOp_create || k == kOp_readdirplus;
 }
 
 // An operation timed from its arrival to the return of its handler (which has replied: the

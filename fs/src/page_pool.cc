@@ -33,9 +33,10 @@ PagePool& PagePool::instance() {
 }
 
 void PagePool::add_chunk() {
-  // Room first: nothing may throw once the chunk is mapped, or its mapping would leak.
-  chunks_.reserve(chunks_.size() + 1);
-  cold_.reserve(cold_.size() + kChunk / kPage);
+  // Room first: nothing may throw once the chunk is mapped, or its mapping would leak (and
+  // for the pages a trim() has out: they come back into cold_ without a throw).
+  if (chunks_.size() == chunks_.capacity()) chunks_.reserve(2 * chunks_.size() + 1);
+  cold_.reserve(cold_.size() + trimming_ + kChunk / kPage);
   void* m = mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) throw std::bad_alloc();
   auto* base = static_cast<uint8_t*>(m);
@@ -83,30 +84,43 @@ void PagePool::give(uint8_t* p) {
 }
 
 size_t PagePool::trim() {
-  // The free pages leave the pool while the kernel takes their memory, so that take() and
-  // give() do not wait for madvise: a take() meanwhile finds a cold page or a new chunk.
-  std::deque<uint8_t*> pages;
+  // The free pages leave the pool a batch at a time while the kernel takes their memory, so
+  // that take() and give() do not wait for madvise, and a take() meanwhile finds the batches
+  // trimmed so far (cold) rather than mapping a new chunk. Only the pages free when it
+  // started: what is given back meanwhile waits for the next trim.
+  size_t todo, done = 0;
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (warm_.empty()) return 0;
-    cold_.reserve(cold_.size() + warm_.size());  // the pages come back without a throw
-    pages.swap(warm_);
-    trimming_ += pages.size();
+    todo = warm_.size();
   }
-  std::sort(pages.begin(), pages.end());
-  // One madvise per run of neighbouring pages.
-  size_t i = 0;
-  while (i < pages.size()) {
-    size_t j = i + 1;
-    while (j < pages.size() && pages[j] == pages[j - 1] + kPage) ++j;
-    // ASan does not intercept madvise; the pages stay poisoned.
-    madvise(pages[i], (j - i) * kPage, MADV_DONTNEED);
-    i = j;
+  std::vector<uint8_t*> batch;
+  batch.reserve(kTrimBatch);
+  while (done < todo) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      const size_t n = std::min({kTrimBatch, todo - done, warm_.size()});
+      if (n == 0) break;
+      // cold_ keeps room for every page out (add_chunk too): they come back without a throw.
+      cold_.reserve(cold_.size() + trimming_ + n);
+      batch.assign(warm_.end() - static_cast<std::ptrdiff_t>(n), warm_.end());
+      warm_.erase(warm_.end() - static_cast<std::ptrdiff_t>(n), warm_.end());
+      trimming_ += n;
+    }
+    std::sort(batch.begin(), batch.end());
+    // One madvise per run of neighbouring pages.
+    for (size_t i = 0; i < batch.size();) {
+      size_t k = i + 1;
+      while (k < batch.size() && batch[k] == batch[k - 1] + kPage) ++k;
+      // ASan does not intercept madvise; the pages stay poisoned.
+      madvise(batch[i], (k - i) * kPage, MADV_DONTNEED);
+      i = k;
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    cold_.insert(cold_.end(), batch.begin(), batch.end());
+    trimming_ -= batch.size();
+    done += batch.size();
   }
-  std::lock_guard<std::mutex> g(mu_);
-  cold_.insert(cold_.end(), pages.begin(), pages.end());
-  trimming_ -= pages.size();
-  return pages.size();
+  return done;
 }
 
 PagePool::Counts PagePool::counts() const {

@@ -18,7 +18,7 @@
 //
 // Thread-safety: take(), give() and trim() may be called from any thread at once; `mu_` (a
 // leaf lock: nothing is called under it but mmap) guards every member. trim() takes the free
-// pages out under it and gives their memory back without it.
+// pages out under it, kTrimBatch at a time, and gives their memory back without it.
 //
 // Under AddressSanitizer a free page is poisoned, so a use after give() is reported until the
 // page is taken again, and free pages are taken oldest first (FIFO, where the optimised build
@@ -38,6 +38,7 @@ class PagePool {
  public:
   static constexpr size_t kPage = 4096;
   static constexpr size_t kChunk = size_t{1} << 20;  // pages come from the kernel this many at once
+  static constexpr size_t kTrimBatch = 256;          // pages a trim() has out at once, at most
 
   // The process's pool (every mounted filesystem and tool in the process shares it).
   static PagePool& instance();
@@ -47,8 +48,8 @@ class PagePool {
   uint8_t* take();
   // Back to the pool. REQUIRES: `p` came from take() and is not used afterwards.
   void give(uint8_t* p);
-  // Gives the memory of every free page touched since the last trim back to the kernel.
-  // Returns how many pages it gave back.
+  // Gives the memory of every free page touched since the last trim back to the kernel (those
+  // free when it starts). Returns how many pages it gave back.
   size_t trim();
 
   // For tests and the stats: pages handed out now, free pages that hold memory, free pages

@@ -703,6 +703,25 @@ a = json.load(open(w + "/after.json"))["commands"]["write"]
 assert a["bytes"] - b["bytes"] >= 8 << 20, (b, a)
 assert a["bounced_bytes"] - b["bounced_bytes"] < 1 << 20, (b, a)
 PY
+    # A SETATTR's or LINK's reply goes out already expired (the kernel takes those attributes
+    # whatever their version, so an asynchronous direct write's notification could not undo
+    # them): the next stat asks the daemon once, the one after it is the kernel's.
+    touch "$mnt/t" && stat "$mnt/t" >/dev/null || fail "touch t"
+    for change in "touch -d @1000 $mnt/t" "ln $mnt/t $mnt/t2"; do
+      $change || fail "$change"
+      stat "$mnt" >/dev/null || fail "stat of the root"  # its own GETATTR after a new name
+      "$STAT" --json "$mnt" >"$work/sa0.json" || fail "warpfs-stat --json"
+      m1=$(stat -c %Y "$mnt/t") && m2=$(stat -c %Y "$mnt/t") || fail "stat t"
+      "$STAT" --json "$mnt" >"$work/sa1.json" || fail "warpfs-stat --json"
+      [[ $m1 == 1000 && $m2 == 1000 ]] || fail "mtime after '$change': $m1 $m2"
+      python3 - "$work" "$change" <<'PY' || fail "the reply to '$change' was not asked for again once"
+import json, sys
+w = sys.argv[1]
+b = json.load(open(w + "/sa0.json"))["ops"]["getattr"]["count"]
+a = json.load(open(w + "/sa1.json"))["ops"]["getattr"]["count"]
+assert a - b == 1, (sys.argv[2], b, a)
+PY
+    done
     text=$("$STAT" "$mnt")
     grep -q "^write " <<<"$text" || fail "warpfs-stat (text) shows no write line"
     grep -q "^dev.flush " <<<"$text" || fail "warpfs-stat (text) shows no device flush line: $text"
