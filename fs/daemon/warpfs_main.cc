@@ -419,16 +419,14 @@ void attributes_changed(fuse_req_t req, fuse_ino_t ino) {
   fuse_lowlevel_notify_inval_inode(daemon_of(req)->se, ino, -1, 0);
 }
 
-// The attribute timeout of a SETATTR's or LINK's reply. The kernel takes those attributes
-// whatever their version (fuse_do_setattr, and fuse_iget with version 0), so one read before
-// an asynchronous direct write changed the times, and applied after that write's
-// notification, would stay cached: answered as already expired, they are asked for again
-// (GETATTR, whose reply the kernel refuses when its version is older) before the next use.
-// Under the writeback cache the kernel keeps the times itself and every direct write
-// invalidates its range anyway (op_write): the usual timeout.
-double unversioned_attr_timeout(fuse_req_t req) {
-  const Daemon* d = daemon_of(req);
-  return d->writeback_cache.load(std::memory_order_relaxed) ? d->timeout : 0.0;
+// The attribute timeout of a SETATTR's or LINK's reply for `a`. The kernel takes those
+// attributes whatever their version (fuse_do_setattr, and fuse_iget with version 0), so a
+// regular file's, read before an asynchronous direct write changed its times (or blocks) and
+// applied after that write's notification, would stay cached: answered as already expired,
+// they are asked for again (GETATTR, whose reply the kernel refuses when its version is older)
+// before the next use. Other files take no direct writes: the usual timeout.
+double unversioned_attr_timeout(fuse_req_t req, const Attr& a) {
+  return S_ISREG(a.mode) ? 0.0 : daemon_of(req)->timeout;
 }
 
 // The caller's ids and umask. The kernel leaves the umask to the daemon (FUSE_CAP_DONT_MASK):
@@ -499,7 +497,7 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int to_set, fus
   }
   struct stat out;
   a.to_stat(&out);
-  fuse_reply_attr(req, &out, unversioned_attr_timeout(req));
+  fuse_reply_attr(req, &out, unversioned_attr_timeout(req, a));
 }
 
 void op_readlink(fuse_req_t req, fuse_ino_t ino) {
@@ -551,7 +549,7 @@ void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* n
   }
   fuse_entry_param e;
   fill_entry(req, a, &e);
-  e.attr_timeout = unversioned_attr_timeout(req);  // the name's timeout stays
+  e.attr_timeout = unversioned_attr_timeout(req, a);  // the name's timeout stays
   fuse_reply_entry(req, &e);
 }
 
@@ -1023,13 +1021,13 @@ uint64_t mono_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-// The operations whose replies carry attributes the kernel caches: those of an existing inode
-// (lookup, getattr, readdirplus), which it refuses when their version is older than the
-// inode's (a notification bumps it), and those of a new one. SETATTR's and LINK's replies it
-// takes whatever their version: they are answered as already expired instead (op_setattr).
+// The operations whose replies carry attributes of an existing inode that the kernel caches
+// (lookup, getattr, readdirplus): it refuses them when their version is older than the
+// inode's, which a notification bumps. A new inode's (mknod, mkdir, symlink, create) cannot
+// predate a direct write to it; SETATTR's and LINK's replies the kernel takes whatever their
+// version: a regular file's go out already expired instead (unversioned_attr_timeout).
 constexpr bool carries_attributes(OpId k) {
-  return k == kOp_lookup || k == kOp_getattr || k == kOp_mknod || k == kOp_mkdir ||
-         k == kOp_symlink || k == kOp_create || k == kOp_readdirplus;
+  return k == kOp_lookup || k == kOp_getattr || k == kOp_readdirplus;
 }
 
 // An operation timed from its arrival to the return of its handler (which has replied: the

@@ -26,6 +26,17 @@
 
 namespace warpfs::fs {
 
+namespace {
+
+// Room for `more` elements past v's size, growing the capacity geometrically (reserve alone
+// would grow it by exactly what is asked, and copy the whole vector each time).
+void reserve_more(std::vector<uint8_t*>& v, size_t more) {
+  const size_t need = v.size() + more;
+  if (need > v.capacity()) v.reserve(std::max(need, 2 * v.capacity()));
+}
+
+}  // namespace
+
 PagePool& PagePool::instance() {
   // Never destroyed: a buffer may be given back from a static destructor after main().
   static PagePool* const pool = new PagePool;
@@ -35,8 +46,8 @@ PagePool& PagePool::instance() {
 void PagePool::add_chunk() {
   // Room first: nothing may throw once the chunk is mapped, or its mapping would leak (and
   // for the pages a trim() has out: they come back into cold_ without a throw).
-  if (chunks_.size() == chunks_.capacity()) chunks_.reserve(2 * chunks_.size() + 1);
-  cold_.reserve(cold_.size() + trimming_ + kChunk / kPage);
+  reserve_more(chunks_, 1);
+  reserve_more(cold_, trimming_ + kChunk / kPage);
   void* m = mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) throw std::bad_alloc();
   auto* base = static_cast<uint8_t*>(m);
@@ -101,9 +112,10 @@ size_t PagePool::trim() {
       const size_t n = std::min({kTrimBatch, todo - done, warm_.size()});
       if (n == 0) break;
       // cold_ keeps room for every page out (add_chunk too): they come back without a throw.
-      cold_.reserve(cold_.size() + trimming_ + n);
-      batch.assign(warm_.end() - static_cast<std::ptrdiff_t>(n), warm_.end());
-      warm_.erase(warm_.end() - static_cast<std::ptrdiff_t>(n), warm_.end());
+      reserve_more(cold_, trimming_ + n);
+      // The oldest first: what is given back meanwhile goes to the other end.
+      batch.assign(warm_.begin(), warm_.begin() + static_cast<std::ptrdiff_t>(n));
+      warm_.erase(warm_.begin(), warm_.begin() + static_cast<std::ptrdiff_t>(n));
       trimming_ += n;
     }
     std::sort(batch.begin(), batch.end());
