@@ -476,14 +476,17 @@ TEST_F(IoTest, StatAfterEachDirectWriteShowsItsTimesWhileAnotherThreadStats) {
   Aio aio;
   ASSERT_TRUE(aio.ok()) << "io_setup: " << std::strerror(errno);
   std::atomic<bool> stop{false};
-  std::atomic<uint64_t> stats{0};
+  std::atomic<uint64_t> stats{0}, tries{0};
   const std::string f = path("f");
   std::thread hammer([&] {
     struct stat st {};
     while (!stop.load()) {
       if (::stat(f.c_str(), &st) == 0) stats.fetch_add(1);
+      tries.fetch_add(1);
     }
   });
+  // The rounds start once the other thread stats (on tmpfs all 400 take a few milliseconds).
+  while (tries.load() == 0) std::this_thread::yield();
   int stale = 0;
   std::string stale_after;
   for (int i = 0; i < 400; ++i) {
