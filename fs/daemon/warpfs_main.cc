@@ -364,8 +364,8 @@ struct Daemon {
   std::atomic<uint32_t> in_flight[kOpCount] = {};
   std::atomic<uint32_t> peak_in_flight[kOpCount] = {};
   std::atomic<uint64_t> read_bytes{0}, written_bytes{0};
-  // Replies carrying attributes begun (Timed: counted, then a fence, before the handler reads
-  // them); a direct write reads it after its change, behind a fence (PageCacheTracker).
+  // Replies carrying attributes begun (Timed: counted before the handler reads them); a direct
+  // write reads it after its change (attr_replies_after_change, PageCacheTracker).
   std::atomic<uint64_t> attr_replies{0};
   // -o dedup's pass: its state and, once done, its report (dedup_mu, leaf).
   mutable std::mutex dedup_mu;
@@ -648,12 +648,13 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   fuse_reply_buf(req, buf.data(), got);
 }
 
-// Daemon::attr_replies as a direct write reads it, after its change to the times: the fence
-// pairs with the one in Timed (either the reply's handler reads the new times, or the write
-// sees the reply counted).
+// Daemon::attr_replies as a direct write reads it, after its change to the times. Both sides
+// are read-modify-writes of the counter (acq_rel, no fences: TSan does not model them): if
+// this one comes later in the counter's order it sees the reply counted; if earlier, the
+// reply's count reads what it wrote and so happens after the change, and its handler reads
+// the new times.
 uint64_t attr_replies_after_change(Daemon* d) {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  return d->attr_replies.load(std::memory_order_relaxed);
+  return d->attr_replies.fetch_add(0, std::memory_order_acq_rel);
 }
 
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
@@ -1039,8 +1040,7 @@ struct Timed<K, Fn> {
   static void call(fuse_req_t req, A... a) {
     Daemon* d = daemon_of(req);
     if constexpr (carries_attributes(K)) {
-      d->attr_replies.fetch_add(1, std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_seq_cst);  // before the handler reads them
+      d->attr_replies.fetch_add(1, std::memory_order_acq_rel);  // before the handler reads them
     }
     const uint64_t t0 = mono_ns();
     const uint32_t now = d->in_flight[K].fetch_add(1, std::memory_order_relaxed) + 1;
