@@ -186,7 +186,7 @@ class PageCacheTracker {
   // before the change and so counts in `replies`. Nothing to tell where no reply began since
   // the last notification for this inode had gone out (that one came after the reply was
   // asked for: the kernel invalidated it, or refused it for its older version). Replies it
-  // takes whatever their version go out already expired (unversioned_attr_timeout).
+  // takes whatever their version go out already expired (attr_timeout).
   Tell wrote_direct(Ino ino, uint64_t replies) {
     std::lock_guard<std::mutex> g(mu_);
     State& s = m_[ino];
@@ -391,42 +391,43 @@ void fill_entry(fuse_req_t req, const Attr& a, fuse_entry_param* e) {
   e->entry_timeout = daemon_of(req)->timeout;
 }
 
-void reply_entry_or_err(fuse_req_t req, int rc, const Attr& a) {
+// The attribute timeout of a reply for `a`. `unversioned`: a SETATTR's or LINK's reply. The
+// kernel takes those attributes whatever their version (fuse_do_setattr, and fuse_iget with
+// version 0), so a regular file's, read before an asynchronous direct write changed its times
+// (or blocks) and applied after that write's notification, would stay cached: answered as
+// already expired, they are asked for again (GETATTR, whose reply the kernel refuses when its
+// version is older) before the next use. Other files take no direct writes.
+double attr_timeout(fuse_req_t req, const Attr& a, bool unversioned) {
+  return unversioned && S_ISREG(a.mode) ? 0.0 : daemon_of(req)->timeout;
+}
+
+void reply_entry_or_err(fuse_req_t req, int rc, const Attr& a, bool unversioned = false) {
   if (rc) {
     fuse_reply_err(req, rc);
     return;
   }
   fuse_entry_param e;
   fill_entry(req, a, &e);
+  e.attr_timeout = attr_timeout(req, a, unversioned);  // the name's timeout stays
   fuse_reply_entry(req, &e);
 }
 
-void reply_attr_or_err(fuse_req_t req, int rc, const Attr& a) {
+void reply_attr_or_err(fuse_req_t req, int rc, const Attr& a, bool unversioned = false) {
   if (rc) {
     fuse_reply_err(req, rc);
     return;
   }
   struct stat st;
   a.to_stat(&st);
-  fuse_reply_attr(req, &st, daemon_of(req)->timeout);
+  fuse_reply_attr(req, &st, attr_timeout(req, a, unversioned));
 }
 
 // An attribute the kernel caches (for `timeout` seconds) changed beyond what it updates itself
 // after the request: it must ask again. Attributes only (offset -1): the kernel takes no
 // inode lock for it, so this is safe inside a request that holds one (write, setxattr, the
-// fileattr ioctls).
-void attributes_changed(fuse_req_t req, fuse_ino_t ino) {
-  fuse_lowlevel_notify_inval_inode(daemon_of(req)->se, ino, -1, 0);
-}
-
-// The attribute timeout of a SETATTR's or LINK's reply for `a`. The kernel takes those
-// attributes whatever their version (fuse_do_setattr, and fuse_iget with version 0), so a
-// regular file's, read before an asynchronous direct write changed its times (or blocks) and
-// applied after that write's notification, would stay cached: answered as already expired,
-// they are asked for again (GETATTR, whose reply the kernel refuses when its version is older)
-// before the next use. Other files take no direct writes: the usual timeout.
-double unversioned_attr_timeout(fuse_req_t req, const Attr& a) {
-  return S_ISREG(a.mode) ? 0.0 : daemon_of(req)->timeout;
+// fileattr ioctls). Returns fuse_lowlevel_notify_inval_inode's result.
+int attributes_changed(fuse_req_t req, fuse_ino_t ino) {
+  return fuse_lowlevel_notify_inval_inode(daemon_of(req)->se, ino, -1, 0);
 }
 
 // The caller's ids and umask. The kernel leaves the umask to the daemon (FUSE_CAP_DONT_MASK):
@@ -490,14 +491,7 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* st, int to_set, fus
   s.new_mtime = {st->st_mtim.tv_sec, st->st_mtim.tv_nsec};
   s.new_ctime = {st->st_ctim.tv_sec, st->st_ctim.tv_nsec};
   Attr a;
-  const int rc = fs_of(req).setattr(ino, s, &a);
-  if (rc) {
-    fuse_reply_err(req, rc);
-    return;
-  }
-  struct stat out;
-  a.to_stat(&out);
-  fuse_reply_attr(req, &out, unversioned_attr_timeout(req, a));
+  reply_attr_or_err(req, fs_of(req).setattr(ino, s, &a), a, /*unversioned=*/true);
 }
 
 void op_readlink(fuse_req_t req, fuse_ino_t ino) {
@@ -543,14 +537,7 @@ void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t n
 
 void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
   Attr a;
-  if (int rc = fs_of(req).link(ino, newparent, newname, &a); rc) {
-    fuse_reply_err(req, rc);
-    return;
-  }
-  fuse_entry_param e;
-  fill_entry(req, a, &e);
-  e.attr_timeout = unversioned_attr_timeout(req, a);  // the name's timeout stays
-  fuse_reply_entry(req, &e);
+  reply_entry_or_err(req, fs_of(req).link(ino, newparent, newname, &a), a, /*unversioned=*/true);
 }
 
 // What an open's file handle (fi->fh) says about it. libfuse hands fh back with every
@@ -729,7 +716,7 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
     // samples on 4 KiB O_DIRECT writes. (A cached open that fcntl made O_DIRECT reaches the
     // same kernel path and is not told: its writes look buffered here.)
     // Told if the kernel took it, or had no such inode (then nothing of it is cached).
-    const int sent = fuse_lowlevel_notify_inval_inode(d->se, ino, -1, 0);
+    const int sent = attributes_changed(req, ino);
     d->page_cache.told(ino, sent == 0 || sent == -ENOENT);
   }
   d->written_bytes.fetch_add(written, std::memory_order_relaxed);
@@ -1026,7 +1013,7 @@ uint64_t mono_ns() {
 // (lookup, getattr, readdirplus): it refuses them when their version is older than the
 // inode's, which a notification bumps. A new inode's (mknod, mkdir, symlink, create) cannot
 // predate a direct write to it; SETATTR's and LINK's replies the kernel takes whatever their
-// version: a regular file's go out already expired instead (unversioned_attr_timeout).
+// version: a regular file's go out already expired instead (attr_timeout).
 constexpr bool carries_attributes(OpId k) {
   return k == kOp_lookup || k == kOp_getattr || k == kOp_readdirplus;
 }

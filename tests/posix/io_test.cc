@@ -475,6 +475,11 @@ TEST_F(IoTest, StatAfterEachDirectWriteShowsItsTimesWhileAnotherThreadStats) {
   std::memset(aligned.get(), 'b', 4096);
   Aio aio;
   ASSERT_TRUE(aio.ok()) << "io_setup: " << std::strerror(errno);
+  // One block written directly, through io_submit or pwrite: its result (bytes or -errno).
+  auto write_block = [&](bool async, off_t at) {
+    return async ? aio.pwrite(direct.get(), aligned.get(), 4096, at)
+                 : ::pwrite(direct.get(), aligned.get(), 4096, at);
+  };
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> stats{0}, tries{0};
   const std::string f = path("f");
@@ -493,8 +498,7 @@ TEST_F(IoTest, StatAfterEachDirectWriteShowsItsTimesWhileAnotherThreadStats) {
     const timespec old[2] = {{1000 + i, 0}, {1000 + i, 0}};
     ASSERT_EQ(::futimens(direct.get(), old), 0) << std::strerror(errno);
     const off_t at = (i % 16) * 4096;
-    const long n = i % 2 ? aio.pwrite(direct.get(), aligned.get(), 4096, at)
-                         : ::pwrite(direct.get(), aligned.get(), 4096, at);
+    const long n = write_block(i % 2, at);
     ASSERT_EQ(n, 4096) << (n < 0 ? std::strerror(static_cast<int>(-n)) : "short write") << " at "
                        << i;
     struct stat st {};
@@ -517,8 +521,7 @@ TEST_F(IoTest, StatAfterEachDirectWriteShowsItsTimesWhileAnotherThreadStats) {
     ASSERT_EQ(st.st_mtim.tv_sec, 5000 + i) << "futimens did not set the mtime";
     for (int k = 0; k < 4; ++k) {
       const off_t at = ((i + k) % 16) * 4096;
-      const long n = k % 2 ? aio.pwrite(direct.get(), aligned.get(), 4096, at)
-                           : ::pwrite(direct.get(), aligned.get(), 4096, at);
+      const long n = write_block(k % 2, at);
       ASSERT_EQ(n, 4096) << (n < 0 ? std::strerror(static_cast<int>(-n)) : "short write");
     }
     ASSERT_EQ(::stat(f.c_str(), &st), 0);
