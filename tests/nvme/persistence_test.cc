@@ -2,6 +2,8 @@
 // may lose unflushed writes but never tears one inside the atomic write unit. Power cuts are
 // the emulated controller's hook, so every test here is about the model (on any device,
 // Controller.ResetDeletesQueuesAndBringUpWorksAgain checks that a shutdown keeps the data).
+#include <fcntl.h>
+#include <linux/falloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -227,6 +229,74 @@ TEST(ImageFile, SurvivesTheFileCutShortUnderItsMapping) {
   ASSERT_TRUE(store->read(768 << 10, b.data(), b.size()).is_ok());
   EXPECT_EQ(b, a);
   store.reset();
+  unlink(path);
+}
+
+// Large writes populate the mapping first (one madvise instead of a fault per page) and
+// remember where; what they write must land in the file all the same: in holes, at region
+// edges, after a punch (the store's own, or one behind its back), and past a cut the file
+// suffered under the mapping (the populate fails there, the copy faults, pwrite lands it).
+// Four threads at once, each in its own slice; every check reads the file itself (pread on
+// a descriptor of its own), not the store's mapping.
+TEST(ImageFile, LargeWritesLandInHolesAfterPunchesAndPastACut) {
+  char path[] = "/tmp/warpfs-nvme-test-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  std::string err;
+  auto store = BackingStore::open_file(path, 8 << 20, &err);
+  ASSERT_TRUE(store) << err;
+  auto pattern = [](uint64_t off, size_t len, uint8_t seed) {
+    std::vector<uint8_t> v(len);
+    for (size_t i = 0; i < len; ++i) v[i] = static_cast<uint8_t>(((off + i) >> 9) * 31 + seed);
+    return v;
+  };
+  auto on_file = [&](uint64_t off, size_t len) {
+    std::vector<uint8_t> v(len, 0x5a);
+    const ssize_t n = pread(fd, v.data(), len, static_cast<off_t>(off));
+    if (n >= 0 && static_cast<size_t>(n) < len) std::fill(v.begin() + n, v.end(), 0);
+    return v;
+  };
+  // Each thread: a 256 KiB write at its slice's start, one of 100 KiB that starts 4 KiB into
+  // a region and ends inside another, then both again over the first (populated) ones.
+  std::vector<int> wrong(4, 0);
+  std::vector<std::thread> writers;
+  for (int t = 0; t < 4; ++t) {
+    writers.emplace_back([&, t] {
+      const uint64_t base = uint64_t(t) << 20;
+      for (uint8_t seed = 1; seed <= 2; ++seed) {
+        for (auto [off, len] : {std::pair<uint64_t, size_t>{base, 256 << 10},
+                                std::pair<uint64_t, size_t>{base + (260 << 10), 100 << 10}}) {
+          const auto v = pattern(off, len, static_cast<uint8_t>(seed + t * 4));
+          if (!store->write(off, v.data(), v.size()).is_ok() || on_file(off, len) != v) ++wrong[t];
+        }
+      }
+    });
+  }
+  for (auto& w : writers) w.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
+  // The store's punch of a populated range: zeroes, and a new write lands.
+  ASSERT_TRUE(store->punch(0, 256 << 10).is_ok());
+  std::vector<uint8_t> got(256 << 10, 0x77);
+  ASSERT_TRUE(store->read(0, got.data(), got.size()).is_ok());
+  EXPECT_EQ(got, std::vector<uint8_t>(256 << 10, 0));
+  auto v = pattern(0, 256 << 10, 9);
+  ASSERT_TRUE(store->write(0, v.data(), v.size()).is_ok());
+  EXPECT_EQ(on_file(0, v.size()), v);
+  // A punch behind its back: the region stays marked, its pages are gone; the write lands.
+  ASSERT_EQ(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 1 << 20, 256 << 10), 0);
+  v = pattern(1 << 20, 256 << 10, 10);
+  ASSERT_TRUE(store->write(1 << 20, v.data(), v.size()).is_ok());
+  EXPECT_EQ(on_file(1 << 20, v.size()), v);
+  // The file cut short under the mapping: a large write past the cut lands in the file.
+  ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+  v = pattern(5 << 20, 512 << 10, 11);
+  ASSERT_TRUE(store->write(5 << 20, v.data(), v.size()).is_ok());
+  EXPECT_EQ(on_file(5 << 20, v.size()), v);
+  struct stat st {};
+  ASSERT_EQ(fstat(fd, &st), 0);
+  EXPECT_EQ(st.st_size, (5 << 20) + (512 << 10));
+  store.reset();
+  close(fd);
   unlink(path);
 }
 
