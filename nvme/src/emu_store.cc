@@ -216,8 +216,8 @@ class FileStore final : public BackingStore {
   }
 
  private:
-  static constexpr uint64_t kRegionBytes = 64 << 10;       // one bit of populated_
-  static constexpr size_t kPopulateMinBytes = 64 << 10;    // smaller writes just fault
+  static constexpr uint64_t kRegionBytes = 64 << 10;     // one bit of populated_
+  static constexpr size_t kPopulateMinBytes = 64 << 10;  // smaller writes just fault
 
   bool mapped(uint64_t off, size_t len) const {
     return map_ != nullptr && off <= bytes_ && len <= bytes_ - off;
@@ -275,8 +275,8 @@ class FileStore final : public BackingStore {
   // the file), so relaxed atomics from every writer and puncher are enough; a wrong bit costs
   // page faults or one madvise, never data. Null for a read-only open.
   std::unique_ptr<std::atomic<uint64_t>[]> populated_;
-  std::atomic<bool> populate_works_{true};
-  const uint64_t page_bytes_ = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));  // cleared once if the kernel lacks the advice
+  std::atomic<bool> populate_works_{true};  // cleared once if the kernel lacks the advice
+  const uint64_t page_bytes_ = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 };
 
 }  // namespace
