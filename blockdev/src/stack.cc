@@ -268,7 +268,9 @@ bool DeviceStack::build(uint32_t nsid_asked, const StackOptions& o, std::string*
   raw_ = std::make_unique<NvmeBlockDevice>(*ns_);
   if (o.cache_mb == 0) return true;
   backend_ = std::make_unique<cache::NamespaceBackend>(*ns_);
-  cached_ = CachedBlockDevice::create(*backend_, cache_of_size(o.cache_mb, o.block_bytes), error);
+  cache::CacheOptions cache_options = cache_of_size(o.cache_mb, o.block_bytes);
+  cache_options.evict_with_set = !engine_->prompt();  // see CacheOptions::evict_with_set
+  cached_ = CachedBlockDevice::create(*backend_, cache_options, error);
   if (!cached_) *error = "cache: " + *error;
   return cached_ != nullptr;
 }

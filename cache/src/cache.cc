@@ -285,6 +285,38 @@ Status Cache::write_back_locked(uint32_t line, uint64_t block, nvme::Priority p)
   return op.status;
 }
 
+// An eviction's write-back while the background one is on: the victim goes to the device in
+// one batch with the set's other dirty lines that nobody holds (the lines Cache::clean takes),
+// so that the device round trip the evicting lane waits for also cleans the set for the next
+// misses. Random 4 KiB overwrites of a file four times the cache left half of all write-backs
+// to evicting lanes, each waited for alone: the background thread, one among the FUSE
+// workers, cleaned about half of what they dirtied. REQUIRES: the set's lock, the victim Busy.
+Status Cache::write_back_victim_and_set_locked(uint32_t set, uint32_t victim, uint64_t block,
+                                               nvme::Priority p) {
+  WriteBack wb;
+  for (uint32_t w = set * ways_; w < (set + 1) * ways_; ++w) {
+    if (w == victim || wb.items.size() + 1 >= static_cast<size_t>(Backend::kMaxOps)) continue;
+    LineMeta& m = meta_[w];
+    const uint32_t st = m.state.load(port::Order::kAcquire);
+    // As clean(): a line in use may be being written into, and is not the next victim.
+    if ((st & kCountMask) || (st & kBusy) || !(st & kValid) || !(st & kDirty)) continue;
+    if (m.flags.load(port::Order::kAcquire) & kWriting) continue;  // another flusher's
+    collect_line(w, &wb);
+  }
+  Backend::Op ops[Backend::kMaxOps];
+  ops[0] = Backend::Op{};
+  ops[0].block = block;
+  ops[0].priority = p;
+  ops[0].write = true;
+  ops[0].data = data_of(victim);
+  const int n = 1 + static_cast<int>(wb.items.size());
+  for (int k = 1; k < n; ++k) ops[k] = item_op(wb.items[k - 1]);
+  b_.io(ops, n);
+  for (int k = 1; k < n; ++k) finish_item(wb.items[k - 1], ops[k], &wb);
+  if (ops[0].status.is_ok()) count(kWritebacks);
+  return ops[0].status;
+}
+
 void Cache::mark_dirty(LineMeta& m, port::Order o, bool kick) {
   if (m.state.fetch_or(kDirty, o) & kDirty) return;
   // The change that takes the count to the high mark wakes the background write-back.
@@ -389,8 +421,11 @@ Cache::Got Cache::try_acquire(const Lane& lane, uint16_t cnt, bool prefetch, Lin
     // The evicting lane waits on the write-back: the more urgent of its class and the data's.
     const nvme::Priority p =
         (m.flags.load(port::Order::kRelaxed) & kMeta) ? nvme::Priority::kMetadata : lane.priority;
-    Status st = write_back_locked(static_cast<uint32_t>(victim),
-                                  tag_of(m).load(port::Order::kRelaxed) - 1, p);
+    const uint64_t victim_block = tag_of(m).load(port::Order::kRelaxed) - 1;
+    Status st =
+        cleaner_ && o_.evict_with_set
+            ? write_back_victim_and_set_locked(set, static_cast<uint32_t>(victim), victim_block, p)
+            : write_back_locked(static_cast<uint32_t>(victim), victim_block, p);
     if (!st.is_ok()) {  // keep the dirty line: its data must not be lost
       m.state.fetch_and(~kBusy, port::Order::kRelease);
       sm.lock.unlock();
@@ -653,30 +688,35 @@ void Cache::write_items(WriteBack* wb) {
   for (size_t at = 0; at < wb->items.size(); at += Backend::kMaxOps) {
     const int n = static_cast<int>(std::min<size_t>(Backend::kMaxOps, wb->items.size() - at));
     Backend::Op ops[Backend::kMaxOps];
-    for (int k = 0; k < n; ++k) {
-      ops[k] = Backend::Op{};
-      ops[k].block = wb->items[at + k].block;
-      ops[k].write = true;
-      ops[k].data = data_of(wb->items[at + k].line);
-      ops[k].priority = wb->items[at + k].priority;
-    }
+    for (int k = 0; k < n; ++k) ops[k] = item_op(wb->items[at + k]);
     b_.io(ops, n);
-    for (int k = 0; k < n; ++k) {
-      LineMeta& m = meta_[wb->items[at + k].line];
-      if (ops[k].status.is_ok()) {
-        count(kWritebacks);
-        if (wb->background) count(kCleaned);
-      } else {
-        // Still dirty: not lost. No kick: the background write-back's own failure would
-        // start it again at once, on a device that fails every write.
-        mark_dirty(m, port::Order::kRelaxed, false);
-        if (wb->result.is_ok()) wb->result = ops[k].status;
-      }
-      m.flags.fetch_and(~kWriting, port::Order::kRelease);
-      m.state.fetch_sub(1, port::Order::kRelease);
-    }
+    for (int k = 0; k < n; ++k) finish_item(wb->items[at + k], ops[k], wb);
   }
   wb->items.clear();
+}
+
+Backend::Op Cache::item_op(const Writing& it) const {
+  Backend::Op op;
+  op.block = it.block;
+  op.write = true;
+  op.data = data_of(it.line);
+  op.priority = it.priority;
+  return op;
+}
+
+void Cache::finish_item(const Writing& it, const Backend::Op& op, WriteBack* wb) {
+  LineMeta& m = meta_[it.line];
+  if (op.status.is_ok()) {
+    count(kWritebacks);
+    if (wb->background) count(kCleaned);
+  } else {
+    // Still dirty: not lost. No kick: the background write-back's own failure would
+    // start it again at once, on a device that fails every write.
+    mark_dirty(m, port::Order::kRelaxed, false);
+    if (wb->result.is_ok()) wb->result = op.status;
+  }
+  m.flags.fetch_and(~kWriting, port::Order::kRelease);
+  m.state.fetch_sub(1, port::Order::kRelease);
 }
 
 Status Cache::finish_write_back(WriteBack* wb) {

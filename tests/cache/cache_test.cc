@@ -15,13 +15,14 @@ namespace warpfs::cache::test {
 namespace {
 
 std::unique_ptr<Cache> make_cache(Backend& b, uint32_t sets, uint32_t ways, bool ra_thread = true,
-                                  uint32_t writeback_percent = 0) {
+                                  uint32_t writeback_percent = 0, bool evict_with_set = false) {
   CacheOptions o;
   o.sets = sets;
   o.ways = ways;
   o.readahead_lines = 32;
   o.readahead_thread = ra_thread;
   o.writeback_percent = writeback_percent;
+  o.evict_with_set = evict_with_set;
   std::string err;
   auto c = Cache::create(b, o, &err);
   EXPECT_TRUE(c) << err;
@@ -207,13 +208,14 @@ TEST(Cache, WriteBackWaitsForAConcurrentFlushOfTheSameLine) {
 // Threads own disjoint blocks that share a tiny cache's sets, so every operation fights
 // eviction; each thread checks reads against its model, and at the end the device must
 // hold exactly the model.
-void write_back_matches_model(uint32_t writeback_percent) {
+void write_back_matches_model(uint32_t writeback_percent, bool evict_with_set = false,
+                              uint32_t sets = 4, uint32_t ways = 2) {
   auto s = Stack::make();
   ASSERT_TRUE(s);
   constexpr int kThreads = 4;
   constexpr uint64_t kBlocks = 48;
   seed_device(*s->backend, 0, kBlocks, 0);
-  auto c = make_cache(*s->backend, 4, 2, true, writeback_percent);
+  auto c = make_cache(*s->backend, sets, ways, true, writeback_percent, evict_with_set);
   std::atomic<int> bad{0};
   std::mutex first_mu;
   std::string first_error;  // the first thing that went wrong, for the failure message
@@ -294,6 +296,14 @@ TEST(Cache, ConcurrentWriteBackMatchesModelUnderEvictionPressure) {
 // all the time), racing the writers, the flushers and the evictions for the same lines.
 TEST(Cache, ConcurrentWriteBackMatchesModelWithTheBackgroundWriteBack) {
   write_back_matches_model(25);
+}
+
+// The same where an eviction that writes its dirty victim back sends the set's other dirty,
+// unheld lines with it (CacheOptions::evict_with_set): 2 sets of 8 ways, so each such batch
+// can take up to 7 lines that other threads are about to write, read, flush or evict, while
+// the background write-back takes lines of the same sets.
+TEST(Cache, ConcurrentWriteBackMatchesModelWhenEvictionsWriteBackTheirSet) {
+  write_back_matches_model(25, true, 2, 8);
 }
 
 // 128 lines at 25 %: the thread starts when the 32nd line turns dirty and writes lines back
