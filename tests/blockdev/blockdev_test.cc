@@ -117,7 +117,11 @@ TEST(DeviceStack, PromptOnlyWhereCompletionsComeInlineAtOnce) {
 // Threads own disjoint block ranges and do random reads and writes of 1..40 blocks (the
 // larger ones bypass the cache); each read is checked against the model, and after a flush
 // the NVMe device itself must hold the model.
-TEST(CachedBlockDevice, ConcurrentRandomIoMatchesModel) {
+// Threads at once over their own spans (larger than the cache): writes, reads and batches of
+// one-block reads in either class, checked against each thread's model, then the device.
+// `set_evictions`: with the background write-back, and evictions that write their set back
+// with their victim (CacheOptions::evict_with_set), through the NVMe queues in one batch.
+void random_io_matches_model(bool set_evictions) {
   auto s = Stack::make(16ull << 20);
   ASSERT_TRUE(s);
   std::string err;
@@ -127,6 +131,10 @@ TEST(CachedBlockDevice, ConcurrentRandomIoMatchesModel) {
   o.sets = 8;
   o.ways = 4;
   o.bypass_lines = 24;
+  if (set_evictions) {
+    o.writeback_percent = 25;
+    o.evict_with_set = true;
+  }
   auto d = CachedBlockDevice::create(*s->backend, o, &err);
   ASSERT_TRUE(d) << err;
   roundtrip(*d);
@@ -190,7 +198,16 @@ TEST(CachedBlockDevice, ConcurrentRandomIoMatchesModel) {
     }
   }
   EXPECT_GT(d->cache().stats().bypassed_bytes, 0u);
+  if (set_evictions) d->cache().drain_writeback();
   EXPECT_EQ(d->cache().audit(true), "");
+}
+
+TEST(CachedBlockDevice, ConcurrentRandomIoMatchesModel) {
+  random_io_matches_model(false);
+}
+
+TEST(CachedBlockDevice, ConcurrentRandomIoMatchesModelWhenEvictionsWriteBackTheirSet) {
+  random_io_matches_model(true);
 }
 
 // Every line of the (single) set is referenced by someone: the device still serves reads
