@@ -275,11 +275,7 @@ bool Cache::wait_not_busy(LineMeta& m, uint64_t block) {
 // Writes a dirty victim back before its line is reused. Called under the set lock, so a
 // reader of the old block (same set) cannot fetch stale data from the device meanwhile.
 Status Cache::write_back_locked(uint32_t line, uint64_t block, nvme::Priority p) {
-  Backend::Op op;
-  op.block = block;
-  op.priority = p;
-  op.write = true;
-  op.data = data_of(line);
+  Backend::Op op = item_op(Writing{line, block, p});
   b_.io(&op, 1);
   if (op.status.is_ok()) count(kWritebacks);
   return op.status;
@@ -294,21 +290,12 @@ Status Cache::write_back_locked(uint32_t line, uint64_t block, nvme::Priority p)
 Status Cache::write_back_victim_and_set_locked(uint32_t set, uint32_t victim, uint64_t block,
                                                nvme::Priority p) {
   WriteBack wb;
-  for (uint32_t w = set * ways_; w < (set + 1) * ways_; ++w) {
-    if (w == victim || wb.items.size() + 1 >= static_cast<size_t>(Backend::kMaxOps)) continue;
-    LineMeta& m = meta_[w];
-    const uint32_t st = m.state.load(port::Order::kAcquire);
-    // As clean(): a line in use may be being written into, and is not the next victim.
-    if ((st & kCountMask) || (st & kBusy) || !(st & kValid) || !(st & kDirty)) continue;
-    if (m.flags.load(port::Order::kAcquire) & kWriting) continue;  // another flusher's
-    collect_line(w, &wb);
+  for (uint32_t w = set * ways_;
+       w < (set + 1) * ways_ && wb.items.size() + 1 < static_cast<size_t>(Backend::kMaxOps); ++w) {
+    if (w != victim && cleanable(meta_[w])) collect_line(w, &wb);
   }
   Backend::Op ops[Backend::kMaxOps];
-  ops[0] = Backend::Op{};
-  ops[0].block = block;
-  ops[0].priority = p;
-  ops[0].write = true;
-  ops[0].data = data_of(victim);
+  ops[0] = item_op(Writing{victim, block, p});
   const int n = 1 + static_cast<int>(wb.items.size());
   for (int k = 1; k < n; ++k) ops[k] = item_op(wb.items[k - 1]);
   b_.io(ops, n);
@@ -695,6 +682,15 @@ void Cache::write_items(WriteBack* wb) {
   wb->items.clear();
 }
 
+// A dirty line the background write-back may take: nobody holds it (a writer may be copying
+// into one that is held, and a held line is not the next victim), it is not Busy (being
+// filled or evicted), and no other flusher is writing it. REQUIRES: its set's lock.
+bool Cache::cleanable(const LineMeta& m) const {
+  const uint32_t st = m.state.load(port::Order::kAcquire);
+  if ((st & kCountMask) || (st & kBusy) || !(st & kValid) || !(st & kDirty)) return false;
+  return !(m.flags.load(port::Order::kAcquire) & kWriting);
+}
+
 Backend::Op Cache::item_op(const Writing& it) const {
   Backend::Op op;
   op.block = it.block;
@@ -832,12 +828,7 @@ void Cache::clean() {
     SetMeta& sm = sets_[set];
     sm.lock.lock();
     for (uint32_t w = set * ways_; w < (set + 1) * ways_; ++w) {
-      LineMeta& m = meta_[w];
-      const uint32_t st = m.state.load(port::Order::kAcquire);
-      // In use: a writer may be copying into it, and it is not the next to be evicted.
-      if ((st & kCountMask) || (st & kBusy) || !(st & kValid) || !(st & kDirty)) continue;
-      if (m.flags.load(port::Order::kAcquire) & kWriting) continue;  // another flusher's
-      collect_line(w, &wb);
+      if (cleanable(meta_[w])) collect_line(w, &wb);
     }
     sm.lock.unlock();
     idle = wb.items.size() > before ? 0 : idle + 1;

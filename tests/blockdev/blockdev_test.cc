@@ -115,12 +115,11 @@ TEST(DeviceStack, PromptOnlyWhereCompletionsComeInlineAtOnce) {
 }
 
 // Threads own disjoint block ranges and do random reads and writes of 1..40 blocks (the
-// larger ones bypass the cache); each read is checked against the model, and after a flush
-// the NVMe device itself must hold the model.
-// Threads at once over their own spans (larger than the cache): writes, reads and batches of
-// one-block reads in either class, checked against each thread's model, then the device.
-// `set_evictions`: with the background write-back, and evictions that write their set back
-// with their victim (CacheOptions::evict_with_set), through the NVMe queues in one batch.
+// larger ones bypass the cache; reads also as batches of one-block transfers in either
+// class); each read is checked against the model, and after a flush the NVMe device itself
+// must hold the model. `set_evictions`: with the background write-back, and evictions that
+// write their set back with their victim (CacheOptions::evict_with_set), through the NVMe
+// queues in one batch.
 void random_io_matches_model(bool set_evictions) {
   auto s = Stack::make(16ull << 20);
   ASSERT_TRUE(s);

@@ -109,9 +109,9 @@ struct CacheOptions {
   // the set's other dirty lines that nobody holds in the same batch, so that the one device
   // round trip it waits for cleans the set for the next misses. For devices whose commands
   // take tens of microseconds (4 KiB random overwrites at QD32 with 80 µs of emulated
-  // latency, 2 cores: 1.10-1.14x); where commands complete at once the batch only holds the
-  // set's lock longer (0.92x there at zero latency), so the device stack sets it for those
-  // that are not prompt.
+  // latency, 2 cores: 1.05-1.17x per round); where commands complete at once the batch only holds
+  // the set's lock longer (0.92x there at zero latency), so the device stack sets it for those that
+  // are not prompt.
   bool evict_with_set = false;
 };
 
@@ -285,7 +285,8 @@ class Cache {
   };
   // Line w of `set` (its lock held) joins `wb` if it holds a dirty or in-flight block.
   void collect_line(uint32_t w, WriteBack* wb);
-  void write_items(WriteBack* wb);  // writes the items (batches of kMaxOps), unpins them
+  void write_items(WriteBack* wb);          // writes the items (batches of kMaxOps), unpins them
+  bool cleanable(const LineMeta& m) const;  // clean() may take it (set lock held)
   Backend::Op item_op(const Writing& it) const;  // the device write of one item
   // After its write: counted, or dirty again on failure (wb->result); unpinned.
   void finish_item(const Writing& it, const Backend::Op& op, WriteBack* wb);
