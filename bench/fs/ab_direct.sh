@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A/B of two warpfs daemons on O_DIRECT 4 KiB random I/O to one file (JOBS=random, the
-# default), on 1 MiB sequential I/O, O_DIRECT and buffered (JOBS=sequential), or both
-# (JOBS=all), side by side in one run (rounds alternate A and B), zero and 80 µs emulated
-# device latency. Used where bench/run fs cannot run (a machine without libfuse's examples or
-# fuse2fs), e.g. the 16-core device machine with the binaries, their libraries and fio
-# carried in.
+# default; JOBS=reads: its read jobs alone, on a file only the layout wrote, so that no
+# write job's dirty lines are left in the cache), on 1 MiB sequential I/O, O_DIRECT and
+# buffered (JOBS=sequential), or both random and sequential (JOBS=all), side by side in one
+# run (rounds alternate A and B), zero and 80 µs emulated device latency. Used where
+# bench/run fs cannot run (a machine without libfuse's examples or fuse2fs), e.g. the 16-core
+# device machine with the binaries, their libraries and fio carried in.
 #   usage: ab_direct.sh WARPFS_A WARPFS_B [ROUNDS]     (MKFS=mkfs.warpfs, fio and fusermount3
 #          on PATH; the images go to TMPDIR, default /dev/shm). Two warpfs-null daemons (a
 #          name containing "null") are compared the same way, without a device (latency 0).
@@ -66,7 +67,11 @@ for ((round = 1; round <= rounds; ++round)); do
       # Written once in full, so that the random writes overwrite allocated, written blocks.
       fio --name=lay --filename="$mnt/f" --size=256m --bs=1m --rw=write --direct=1 \
         --fallocate=none --output=/dev/null || exit 1
-      if [[ $jobs != sequential ]]; then
+      if [[ $jobs == reads ]]; then
+        job $v $lat randread_qd32 --rw=randread --iodepth=32
+        job $v $lat randread_qd32_4jobs --rw=randread --iodepth=8 --numjobs=4
+        job $v $lat randread_qd1 --rw=randread --iodepth=1
+      elif [[ $jobs != sequential ]]; then
         job $v $lat randwrite_qd32 --rw=randwrite --iodepth=32
         job $v $lat randwrite_qd32_4jobs --rw=randwrite --iodepth=8 --numjobs=4
         job $v $lat randread_qd32 --rw=randread --iodepth=32
@@ -74,7 +79,7 @@ for ((round = 1; round <= rounds; ++round)); do
         job $v $lat randwrite_qd1 --rw=randwrite --iodepth=1
         job $v $lat randwrite_psync4 --rw=randwrite --iodepth=1 --numjobs=4 --ioengine=psync
       fi
-      if [[ $jobs != random ]]; then
+      if [[ $jobs != random && $jobs != reads ]]; then
         job $v $lat seqwrite_1m --rw=write --bs=1m --iodepth=1
         job $v $lat seqread_1m --rw=read --bs=1m --iodepth=1
         job $v $lat seqwrite_1m_buffered --rw=write --bs=1m --direct=0 --ioengine=psync

@@ -902,7 +902,8 @@ void Cache::unpin(const std::vector<std::pair<uint64_t, uint32_t>>& pins) {
 // Reads the device with every cached line of the range pinned, then lays those lines over
 // the result: a cached line is never older than the device (SPIN's consistency rule, §4),
 // and a block that was not cached has its newest data on the device (evictions write back
-// under the set lock before the block leaves; flushes pin the line while they write).
+// under the set lock before the block leaves; flushes pin the line while they write). A
+// range the cache holds whole is copied from its lines, without the device.
 Status Cache::read_direct(uint64_t first, uint64_t count_lines, void* buf, nvme::Priority p) {
   const auto pins = pin_range(first, count_lines);
   Backend::Op op;
@@ -910,12 +911,16 @@ Status Cache::read_direct(uint64_t first, uint64_t count_lines, void* buf, nvme:
   op.count = static_cast<uint32_t>(count_lines);
   op.priority = p;
   op.data = static_cast<uint8_t*>(buf);
-  b_.io(&op, 1);
+  if (pins.size() < count_lines) b_.io(&op, 1);
   if (op.status.is_ok()) {
     for (const auto& [b, w] : pins) {
       std::memcpy(static_cast<uint8_t*>(buf) + (b - first) * line_bytes_, data_of(w), line_bytes_);
     }
-    count(kBypassed, count_lines * line_bytes_);
+    if (pins.size() < count_lines) {
+      count(kBypassed, count_lines * line_bytes_);
+    } else {
+      count(kHits, count_lines);
+    }
   }
   unpin(pins);
   return op.status;

@@ -623,11 +623,18 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   }
 }
 
-void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+// An O_DIRECT read (FOPEN_DIRECT_IO, or the kernel's direct path under the writeback cache)
+// leaves the device's cache as it was: what it misses goes from the device into the reply's
+// buffer, DMA memory (ReadBuffers), so the only copy in user space is none.
+void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   Daemon* d = daemon_of(req);
   ReadBuffers::Lease buf(d->read_buffers, size);
   size_t got = 0;
-  if (int rc = fs_of(req).read(ino, static_cast<uint64_t>(off), size, buf.data(), &got); rc) {
+  const warpfs::fs::ReadFor purpose = fi->fh == kFhDirect || (fi->flags & O_DIRECT) != 0
+                                          ? warpfs::fs::ReadFor::kDirect
+                                          : warpfs::fs::ReadFor::kCache;
+  if (int rc = fs_of(req).read(ino, static_cast<uint64_t>(off), size, buf.data(), &got, purpose);
+      rc) {
     fuse_reply_err(req, rc);
     return;
   }

@@ -21,14 +21,17 @@ constexpr uint32_t kBlocksPerTxn = 256;  // a write transaction maps at most 1 M
 
 // Blocks [first, first + count) of the file into dst: holes and unwritten extents as zeroes,
 // the rest in as few device reads as the mapping allows.
-int FsImpl::read_blocks(Node& n, uint64_t first, uint64_t count, uint8_t* dst) {
+int FsImpl::read_blocks(Node& n, uint64_t first, uint64_t count, uint8_t* dst, ReadFor purpose) {
   for (uint64_t b = first; b < first + count;) {
     const Mapping m = map_lookup(n, static_cast<uint32_t>(b));
     const uint64_t run = std::min<uint64_t>(m.length, first + count - b);
     uint8_t* p = dst + (b - first) * kBlockSize;
     if (m.hole || m.unwritten) {
       std::memset(p, 0, run * kBlockSize);
-    } else if (auto st = dev_.read(m.physical, static_cast<uint32_t>(run), p); !st.is_ok()) {
+    } else if (auto st = purpose == ReadFor::kDirect
+                             ? dev_.read_uncached(m.physical, static_cast<uint32_t>(run), p)
+                             : dev_.read(m.physical, static_cast<uint32_t>(run), p);
+               !st.is_ok()) {
       log("inode " + std::to_string(n.ino) + ": read of blocks " + std::to_string(m.physical) +
           "+" + std::to_string(run) + " failed: " + st.to_string());
       return errno_of(st);
@@ -38,7 +41,7 @@ int FsImpl::read_blocks(Node& n, uint64_t first, uint64_t count, uint8_t* dst) {
   return 0;
 }
 
-int FsImpl::read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) {
+int FsImpl::read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got, ReadFor purpose) {
   *got = 0;
   NodeRef n;
   if (int rc = get_node(ino, &n); rc) return rc;
@@ -54,16 +57,16 @@ int FsImpl::read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) {
     // the way); only a partial last block (the file's end) goes through a block of our own.
     const uint64_t whole = len / kBlockSize;
     const size_t tail = len % kBlockSize;
-    if (int rc = whole ? read_blocks(*n, first, whole, out) : 0; rc) return rc;
+    if (int rc = whole ? read_blocks(*n, first, whole, out, purpose) : 0; rc) return rc;
     if (tail != 0) {
       alignas(64) uint8_t last[kBlockSize];
-      if (int rc = read_blocks(*n, first + whole, 1, last); rc) return rc;
+      if (int rc = read_blocks(*n, first + whole, 1, last, purpose); rc) return rc;
       std::memcpy(out + whole * kBlockSize, last, tail);
     }
   } else {  // an unaligned start (O_DIRECT with odd offsets): whole blocks, then the slice
     const uint64_t nblocks = (off + len - 1) / kBlockSize - first + 1;
     std::vector<uint8_t> blocks(nblocks * kBlockSize);
-    if (int rc = read_blocks(*n, first, nblocks, blocks.data()); rc) return rc;
+    if (int rc = read_blocks(*n, first, nblocks, blocks.data(), purpose); rc) return rc;
     std::memcpy(out, blocks.data() + off % kBlockSize, len);
   }
   *got = len;

@@ -254,7 +254,8 @@ class FsImpl final : public Filesystem {
                            std::string_view new_name, unsigned flags) override;
   [[nodiscard]] int open(Ino ino, int flags) override;
   void release(Ino ino) override;
-  [[nodiscard]] int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) override;
+  [[nodiscard]] int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got,
+                         ReadFor purpose) override;
   [[nodiscard]] int write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written,
                           bool* dropped_privs = nullptr,
                           WriteFrom from = WriteFrom::kWriter) override;
@@ -432,7 +433,8 @@ class FsImpl final : public Filesystem {
   };
   Mapping map_lookup(Node& n, uint32_t lblk);
   // Whole blocks of a file into dst (holes as zeroes). REQUIRES: n.rw held, n mapped.
-  int read_blocks(Node& n, uint64_t first, uint64_t count, uint8_t* dst);
+  int read_blocks(Node& n, uint64_t first, uint64_t count, uint8_t* dst,
+                  ReadFor purpose = ReadFor::kCache);
   // Removes [l, l + count) from the mapping; removed runs go to `removed`.
   [[nodiscard]] int map_remove(Node& n, uint32_t l, uint64_t count, std::vector<Extent>* removed);
   [[nodiscard]] int map_insert(Node& n, Extent e);  // REQUIRES: [e.logical, +blocks) is a hole

@@ -116,10 +116,11 @@ TEST(DeviceStack, PromptOnlyWhereCompletionsComeInlineAtOnce) {
 
 // Threads own disjoint block ranges and do random reads and writes of 1..40 blocks (the
 // larger ones bypass the cache; reads also as batches of one-block transfers in either
-// class); each read is checked against the model, and after a flush the NVMe device itself
-// must hold the model. `set_evictions`: with the background write-back, and evictions that
-// write their set back with their victim (CacheOptions::evict_with_set), through the NVMe
-// queues in one batch.
+// class, and around the cache with read_uncached, which must see the lines other threads'
+// misses keep evicting and writing back); each read is checked against the model, and after
+// a flush the NVMe device itself must hold the model. `set_evictions`: with the background
+// write-back, and evictions that write their set back with their victim
+// (CacheOptions::evict_with_set), through the NVMe queues in one batch.
 void random_io_matches_model(bool set_evictions) {
   auto s = Stack::make(16ull << 20);
   ASSERT_TRUE(s);
@@ -163,8 +164,11 @@ void random_io_matches_model(bool set_evictions) {
           }
           if (!d->write(base + off, n, buf.data()).is_ok()) bad++;
         } else {
-          if (rng() % 2) {
+          const uint64_t how = rng() % 3;
+          if (how == 0) {
             if (!d->read(base + off, n, buf.data()).is_ok()) bad++;
+          } else if (how == 1) {  // around the cache: cached lines, else the device
+            if (!d->read_uncached(base + off, n, buf.data()).is_ok()) bad++;
           } else {  // the same blocks as n one-block transfers in one batch, any class
             std::vector<BlockDevice::Io> ios(n);
             for (uint32_t i = 0; i < n; ++i) {

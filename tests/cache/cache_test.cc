@@ -471,6 +471,38 @@ TEST(Cache, BypassIsConsistentWithCachedLines) {
   EXPECT_TRUE(block_is(device_block(*s->backend, 10).data(), 10, 3));
 }
 
+// read_direct of blocks the cache holds whole copies them from the lines (the dirty one's
+// new data) without a device read; of one it does not hold, it reads the device into the
+// buffer and takes no line: the next cached read of that block is a miss.
+TEST(Cache, DirectReadsOfCachedLinesSkipTheDeviceAndMissesTakeNoLine) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  seed_device(*s->backend, 0, 64, 1);
+  auto c = make_cache(*s->backend, 16, 4);
+  std::vector<uint8_t> buf(4096), two(2 * 4096);
+  fill_block(buf.data(), 10, 2);
+  ASSERT_TRUE(c->write(10, 0, buf.data(), 4096).is_ok());  // dirty
+  ASSERT_TRUE(c->read(11, 0, buf.data(), 4096).is_ok());   // clean
+  const CacheStats before = c->stats();
+  const uint64_t reads = s->device_reads();
+  ASSERT_TRUE(c->read_direct(10, 2, two.data()).is_ok());
+  EXPECT_EQ(s->device_reads(), reads);
+  EXPECT_TRUE(block_is(two.data(), 10, 2));
+  EXPECT_TRUE(block_is(two.data() + 4096, 11, 1));
+  EXPECT_EQ(c->stats().hits, before.hits + 2);
+  EXPECT_EQ(c->stats().bypassed_bytes, before.bypassed_bytes);
+  // Block 12 is not cached: one device read, no line, no miss counted.
+  ASSERT_TRUE(c->read_direct(12, 1, buf.data()).is_ok());
+  EXPECT_EQ(s->device_reads(), reads + 1);
+  EXPECT_TRUE(block_is(buf.data(), 12, 1));
+  EXPECT_EQ(c->stats().misses, before.misses);
+  EXPECT_EQ(c->stats().bypassed_bytes, before.bypassed_bytes + 4096);
+  ASSERT_TRUE(c->read(12, 0, buf.data(), 4096).is_ok());
+  EXPECT_EQ(c->stats().misses, before.misses + 1);
+  EXPECT_EQ(s->device_reads(), reads + 2);
+  EXPECT_EQ(c->audit(true), "");
+}
+
 TEST(Cache, ReadAheadFetchesAheadOfSequentialStreamsAndStaysFresh) {
   auto s = Stack::make();
   ASSERT_TRUE(s);

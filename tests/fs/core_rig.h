@@ -86,6 +86,9 @@ class CutDevice final : public blockdev::BlockDevice {
   blockdev::Status read(uint64_t b, uint32_t n, void* buf) override {
     return cut_ ? dead() : d_.read(b, n, buf);
   }
+  blockdev::Status read_uncached(uint64_t b, uint32_t n, void* buf) override {
+    return cut_ ? dead() : d_.read_uncached(b, n, buf);
+  }
   blockdev::Status write(uint64_t b, uint32_t n, const void* buf) override {
     if (cut_) return dead();
     if (arrive()) {

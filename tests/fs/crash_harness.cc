@@ -1545,7 +1545,8 @@ std::string run_op(Filesystem& fs, Model& m, const Op& op, const CutDevice* cut,
     case OpKind::kRead: {
       std::string buf(op.len, '\0');
       size_t got = 0;
-      *rc = fs.read(ino_of(op.id), op.off, op.len, buf.data(), &got);
+      *rc = fs.read(ino_of(op.id), op.off, op.len, buf.data(), &got,
+                    op.via == Via::kDirect ? ReadFor::kDirect : ReadFor::kCache);
       if (*rc || is_cut()) return "";  // a read of a cut device proves nothing
       const MNode& n = *m.node(op.id);
       const uint64_t want = op.off >= n.size ? 0 : std::min<uint64_t>(op.len, n.size - op.off);

@@ -247,9 +247,10 @@ enum class OpKind : uint8_t {
                // model (changes nothing a read sees); through a mount, skipped (FIDEDUPERANGE
                // does not reach a FUSE daemon)
 };
-// How a write or a read reaches the file through a mount (the in-process runner ignores
-// it): pwrite/pread, O_DIRECT (block-aligned offsets and lengths only), or a shared mapping
-// (writes only within the file's size).
+// How a write or a read reaches the file through a mount: pwrite/pread, O_DIRECT
+// (block-aligned offsets and lengths only), or a shared mapping (writes only within the
+// file's size). The in-process runner reads kDirect with ReadFor::kDirect (around the
+// device's cache) and ignores the rest.
 enum class Via : uint8_t { kPlain, kDirect, kMmap };
 struct Op {
   OpKind kind = OpKind::kSync;

@@ -471,7 +471,8 @@ void Run::sharer_loop(int index, uint64_t seed) {
           rc = fs.write(ino, blk * kB, nb * kB, reinterpret_cast<const char*>(buf.data()), &w);
         } else if (what < 7) {
           size_t got = 0;
-          rc = fs.read(ino, blk * kB, nb * kB, reinterpret_cast<char*>(buf.data()), &got);
+          rc = fs.read(ino, blk * kB, nb * kB, reinterpret_cast<char*>(buf.data()), &got,
+                       what == 6 ? ReadFor::kDirect : ReadFor::kCache);
           if (rc == 0 && !cut()) {
             for (uint64_t i = 0; i * kB < got; ++i) {
               if (std::string e = crash::check_stamped_block(

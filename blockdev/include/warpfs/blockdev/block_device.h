@@ -37,6 +37,12 @@ class BlockDevice {
   // One transfer in the bulk class (file data).
   virtual Status read(uint64_t block, uint32_t count, void* buf) = 0;
   virtual Status write(uint64_t block, uint32_t count, const void* buf) = 0;
+  // read() that brings nothing into a cache of the device's own: the blocks it holds come
+  // from there, the others straight from the device into buf (O_DIRECT, whose reader keeps
+  // its own copy, as the kernel's direct reads leave the page cache alone). Default: read().
+  virtual Status read_uncached(uint64_t block, uint32_t count, void* buf) {
+    return read(block, count, buf);
+  }
   // Everything written before is durable when this returns ok: what a cache of the device's
   // own holds is written back (write_back of every block), then flush_device().
   virtual Status flush() = 0;

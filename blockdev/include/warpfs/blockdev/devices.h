@@ -77,6 +77,7 @@ class CachedBlockDevice final : public BlockDevice {
   uint64_t block_count() const override { return below_.line_count(); }
   Status read(uint64_t block, uint32_t count, void* buf) override;
   Status write(uint64_t block, uint32_t count, const void* buf) override;
+  Status read_uncached(uint64_t block, uint32_t count, void* buf) override;
   Status flush() override;
   Status write_back(const Range* ranges, size_t n) override;
   Status flush_device() override;

@@ -176,12 +176,14 @@ class Cache {
   // trim). Lines still referenced are left alone and reported with kSetFull.
   Status invalidate_range(uint64_t first, uint64_t count);
 
-  // SPIN's P-router: moves [first, first + count) directly between the device and `buf`.
-  // Cached lines of the range stay authoritative (pinned meanwhile): reads take them over
-  // the device's data; writes update them (Dirty) and also any line a concurrent fill (say,
-  // read-ahead) brought in while the device write was in flight.
-  // REQUIRES (unchecked: the cache cannot tell one writer from another): no other writer of
-  // the range meanwhile (the filesystem holds the file's lock).
+  // SPIN's P-router: moves [first, first + count) directly between the device and `buf`,
+  // taking no line. Cached lines of the range stay authoritative (pinned meanwhile): reads
+  // take them over the device's data (a range cached whole does not touch the device);
+  // writes update them (Dirty) and also any line a concurrent fill (say, read-ahead) brought
+  // in while the device write was in flight. A read racing a write of a block gets either
+  // content, as through acquire().
+  // REQUIRES of write_direct (unchecked: the cache cannot tell one writer from another): no
+  // other writer of the range meanwhile (the filesystem holds the file's lock).
   Status read_direct(uint64_t first, uint64_t count, void* buf,
                      nvme::Priority p = nvme::Priority::kBulk);
   Status write_direct(uint64_t first, uint64_t count, const void* buf,

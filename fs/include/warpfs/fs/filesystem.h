@@ -68,6 +68,12 @@ struct SetAttr {
 // page that holds the old end) as long as it leaves them as they are.
 enum class WriteFrom { kWriter, kPageCache };
 
+// Where a read's data is meant to stay. kDirect: an O_DIRECT read, whose reader keeps its own
+// copy: blocks the device's cache does not hold go from the device to the caller's buffer
+// without taking a cache line (BlockDevice::read_uncached), as the kernel's direct reads
+// leave its page cache alone.
+enum class ReadFor { kCache, kDirect };
+
 struct MountOptions {
   bool read_only = false;
   // Commit the running transaction at least this often (ext4's commit=5); 0: the
@@ -207,7 +213,8 @@ class Filesystem {
   // Files. open/release count users of an inode: an unlinked inode lives until the last.
   [[nodiscard]] virtual int open(Ino ino, int flags) = 0;
   virtual void release(Ino ino) = 0;
-  [[nodiscard]] virtual int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got) = 0;
+  [[nodiscard]] virtual int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got,
+                                 ReadFor purpose = ReadFor::kCache) = 0;
   // A write clears set-user-ID (and set-group-ID on a group-executable file), as the kernel's
   // filesystems do for a writer without CAP_FSETID; *dropped_privs (when given) says whether
   // this one did, so that a FUSE daemon can tell the kernel, whose cached mode is stale then.
