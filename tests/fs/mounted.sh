@@ -693,7 +693,8 @@ PY
     # without a bounce: 8 MiB more written, (almost) nothing more bounced (a journal commit
     # meanwhile may bounce its few blocks).
     "$STAT" --json "$mnt" >"$work/before.json" || fail "warpfs-stat --json"
-    dd if=/dev/urandom of="$mnt/big" bs=1M count=8 oflag=direct status=none || fail "dd direct"
+    head -c 8M /dev/urandom >"$work/big.src" || fail "head /dev/urandom"
+    dd if="$work/big.src" of="$mnt/big" bs=1M oflag=direct status=none || fail "dd direct"
     "$STAT" --json "$mnt" >"$work/after.json" || fail "warpfs-stat --json"
     python3 - "$work" <<'PY' || fail "warpfs-stat: a large direct write was bounced"
 import json, sys
@@ -703,6 +704,38 @@ a = json.load(open(w + "/after.json"))["commands"]["write"]
 assert a["bytes"] - b["bytes"] >= 8 << 20, (b, a)
 assert a["bounced_bytes"] - b["bounced_bytes"] < 1 << 20, (b, a)
 PY
+    # Reads take no line of the software cache (the page cache, or an O_DIRECT reader's
+    # buffer, keeps what was read): four readers at once of that file, which its writes left
+    # outside the cache, two buffered with fadvise(RANDOM) (no read-ahead: each page a 4 KiB
+    # request) and two O_DIRECT, 4 KiB at random. Every byte is the file's, and no read is a
+    # miss (a line taken and filled); the direct ones alone moved around the cache. sync
+    # first, so that no commit's journal writes (which take lines) fall inside the window.
+    sync -f "$mnt" || fail "sync"
+    misses0=$(stat_of cache.misses) && bypassed0=$(stat_of cache.bypassed_bytes) || fail "stat"
+    pids=()
+    for i in 1 2 3 4; do
+      python3 - "$mnt/big" "$work/big.src" "$i" <<'PY' &
+import mmap, os, random, sys
+path, src, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+want = open(src, "rb").read()
+direct = seed % 2 == 0
+fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+if not direct:
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+buf = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT needs
+rng = random.Random(seed)
+for _ in range(300):
+    off = rng.randrange(len(want) // 4096) * 4096
+    n = os.preadv(fd, [buf], off)
+    assert n == 4096 and buf[:] == want[off:off + 4096], (path, direct, off, n)
+PY
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || fail "a reader of big read other bytes"; done
+    misses1=$(stat_of cache.misses) && bypassed1=$(stat_of cache.bypassed_bytes) || fail "stat"
+    ((misses1 == misses0)) || fail "reads took cache lines: misses $misses0 -> $misses1"
+    ((bypassed1 - bypassed0 >= 2 * 300 * 4096)) ||
+      fail "reads around the cache: bypassed bytes $bypassed0 -> $bypassed1"
     # A SETATTR's or LINK's reply goes out already expired (the kernel takes those attributes
     # whatever their version, so an asynchronous direct write's notification could not undo
     # them): the next stat asks the daemon once, the one after it is the kernel's.

@@ -68,10 +68,11 @@ struct SetAttr {
 // page that holds the old end) as long as it leaves them as they are.
 enum class WriteFrom { kWriter, kPageCache };
 
-// Where a read's data is meant to stay. kDirect: an O_DIRECT read, whose reader keeps its own
-// copy: blocks the device's cache does not hold go from the device to the caller's buffer
-// without taking a cache line (BlockDevice::read_uncached), as the kernel's direct reads
-// leave its page cache alone.
+// Where a read's data is meant to stay. kCache: in the device's cache too (a reader with no
+// cache of its own). kDirect: a reader that keeps its own copy (an O_DIRECT reader, the
+// kernel's page cache: every read of the FUSE daemon): blocks the device's cache does not
+// hold go from the device to the caller's buffer without taking a cache line
+// (BlockDevice::read_uncached), as the kernel's direct reads leave its page cache alone.
 enum class ReadFor { kCache, kDirect };
 
 struct MountOptions {
