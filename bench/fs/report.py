@@ -13,6 +13,10 @@ Subcommands (each prints JSON lines on stdout; see bench/README.md, "## fs"):
 The --fields of idle and meta, and --fs-fields of fio, are added to every line (warpfs's
 emulated device latency).
   ratios RESULTS.jsonl                    ratio lines between filesystems, per workload
+A run of several rounds (run.sh --rounds) has each measured line once a round, with its
+"round": a workload's value is then the median of its rounds', and a ratio the median of each
+round's ratio (the two runs of one round were close together in time, so the machine's noise
+of that moment fell on both), with the rounds' ratios beside it.
   charts RESULTS.jsonl STEM               STEM-*.png through gnuplot (prints the file names)
   table RESULTS.jsonl                     a Markdown table: value per filesystem and ratios
 Only the standard library.
@@ -163,13 +167,52 @@ def load(path):
         return [json.loads(l) for l in f if l.strip().startswith("{")]
 
 
-def results_by_key(lines):
-    """{(fs, workload): line} of the measured lines (no ratios, no info)."""
+def median(values):
+    v = sorted(values)
+    n = len(v)
+    if n == 0:
+        return None
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def rounds_by_key(lines):
+    """{(fs, workload): [line, ...]} of the measured lines (no ratios, no info): one a round."""
     out = {}
     for l in lines:
         if "fs" in l and "workload" in l and "ratio" not in l:
-            out[(l["fs"], l["workload"])] = l
+            out.setdefault((l["fs"], l["workload"]), []).append(l)
     return out
+
+
+def results_by_key(lines):
+    """{(fs, workload): line}; a workload measured in several rounds as one line: the last
+    round's, with the median of the rounds' value and CPU cost, and "values" (each round's)."""
+    out = {}
+    for k, ls in rounds_by_key(lines).items():
+        if len(ls) == 1:
+            out[k] = ls[0]
+            continue
+        m = dict(ls[-1])
+        m.pop("round", None)
+        values = [l.get("value") for l in ls]
+        m["value"] = median([v for v in values if v])
+        m["cpu_us_per_unit"] = median([l["cpu_us_per_unit"] for l in ls
+                                       if l.get("cpu_us_per_unit")])
+        m["values"] = values
+        out[k] = m
+    return out
+
+
+def paired_ratio(by_key, num, den, w, key="value"):
+    """(median, [each round's]) of num/den on workload w over the rounds that measured both
+    (by_key: rounds_by_key); (None, []) where none did. A run without rounds: its one ratio."""
+    den_of = {l.get("round"): l for l in by_key.get((den, w), [])}
+    rs = []
+    for x in by_key.get((num, w), []):
+        y = den_of.get(x.get("round"))
+        if y and x.get(key) and y.get(key):
+            rs.append(x[key] / y[key])
+    return median(rs), rs
 
 
 def workloads_in_order(lines):
@@ -193,20 +236,21 @@ def group_of(workload):
 
 def cmd_ratios(a):
     lines = load(a.results)
-    res = results_by_key(lines)
+    by_key = rounds_by_key(lines)
     workloads = workloads_in_order(lines)
     for num, den in RATIO_PAIRS:
         logs = {}
         for w in workloads:
-            x, y = res.get((num, w)), res.get((den, w))
-            if not x or not y or not x.get("value") or not y.get("value"):
+            r, rs = paired_ratio(by_key, num, den, w)
+            if r is None:
                 continue
-            r = x["value"] / y["value"]
-            cpu = None
-            if x.get("cpu_us_per_unit") and y.get("cpu_us_per_unit"):
-                cpu = x["cpu_us_per_unit"] / y["cpu_us_per_unit"]
-            emit({"bench": "fs", "ratio": f"{num}/{den}", "workload": w, "metric": x["metric"],
-                  "value": rounded(r), "cpu_per_unit_ratio": rounded(cpu)})
+            cpu, _ = paired_ratio(by_key, num, den, w, "cpu_us_per_unit")
+            line = {"bench": "fs", "ratio": f"{num}/{den}", "workload": w,
+                    "metric": by_key[(num, w)][0]["metric"], "value": rounded(r),
+                    "cpu_per_unit_ratio": rounded(cpu)}
+            if len(rs) > 1:
+                line["rounds"] = [rounded(x) for x in rs]
+            emit(line)
             logs.setdefault(group_of(w), []).append(math.log(r))
         for g, v in logs.items():
             emit({"bench": "fs", "ratio": f"{num}/{den}", "workload": f"geomean_{g}",
@@ -292,14 +336,9 @@ def cmd_charts(a):
                           rows(meta, fs_list=measured(meta)), measured(meta))
     # Ratios: above 1, warpfs is faster (the comparisons of the run's filesystems).
     pairs = [p for p in RATIO_PAIRS if p[0] in fses and p[1] in fses][:5]
-    ratio_rows = []
-    for w in workloads:
-        vals = []
-        for num, den in pairs:
-            x, y = res.get((num, w)), res.get((den, w))
-            ok = x and y and x.get("value") and y.get("value")
-            vals.append(x["value"] / y["value"] if ok else None)
-        ratio_rows.append((w, vals))
+    by_key = rounds_by_key(lines)
+    ratio_rows = [(w, [paired_ratio(by_key, num, den, w)[0] for num, den in pairs])
+                  for w in workloads]
     if pairs:
         gnuplot_histogram(f"{a.stem}-ratios.png", f"throughput ratios (>1: first is faster; {note})",
                           "ratio", ratio_rows, [f"{n}/{d}" for n, d in pairs], size="1800,700")
@@ -329,13 +368,11 @@ def cmd_table(a):
     if any(l for _, l in idle):
         print("| idle | cpu_percent | " + " | ".join(fmt(l["value"]) if l else "-" for _, l in idle) +
               " |" + " |" * len(pairs))
+    by_key = rounds_by_key(lines)
     for w in workloads_in_order(lines):
         metric = next(res[(f, w)]["metric"] for f in fses if (f, w) in res)
         vals = [(res.get((f, w)) or {}).get("value") for f in fses]
-        ratios = []
-        for n, d in pairs:
-            x, y = (res.get((n, w)) or {}).get("value"), (res.get((d, w)) or {}).get("value")
-            ratios.append(x / y if x and y else None)
+        ratios = [paired_ratio(by_key, n, d, w)[0] for n, d in pairs]
         print(f"| {w} | {metric} | " + " | ".join(fmt(v) for v in vals + ratios) + " |")
     geo = [l for l in lines if "ratio" in l and l["workload"].startswith("geomean")]
     for l in geo:

@@ -36,7 +36,7 @@
 # detached and stopped on exit, failure and signals.
 #
 #   bench/fs/run.sh --build DIR --out STEM [--quick] [--fs LIST] [--ssd-latency-us N]
-#                   [--file-mb N] [--runtime-s N] [--files N]
+#                   [--file-mb N] [--runtime-s N] [--files N] [--rounds N]
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -46,7 +46,7 @@ known_fs=("${all_fs[@]}" warpfs_watched warpfs_wb warpfs_uring null_uring)
 usage() {
   cat >&2 <<'EOF'
 usage: bench/run fs [--quick] [--fs LIST] [--ssd-latency-us N] [--file-mb N] [--runtime-s N]
-                    [--files N]
+                    [--files N] [--rounds N]
   --quick             reduced run (about 5 minutes): 256 MiB fio files, 2 s per fio job,
                       idle CPU over 10 s, 2000 files per metadata phase, 1000 small files
                       (default: 1024 MiB, 8 s, 30 s, 10000, 5000: about 17 minutes)
@@ -60,10 +60,14 @@ usage: bench/run fs [--quick] [--fs LIST] [--ssd-latency-us N] [--file-mb N] [--
   --file-mb N         fio file size in MiB
   --runtime-s N       measured seconds per fio job (plus a ramp of 1/4 of it, at most 2 s)
   --files N           files per metadata phase
+  --rounds N          measure every fio, durability and metadata row N times (default 1),
+                      each round all of them once more in a new order; the ratios are then
+                      the median over the rounds of each round's ratio (two runs of a round
+                      close together in time), beside the rounds' own
 EOF
 }
 
-build="" stem="" quick=0 fs_list="" ssd_us=80 file_mb="" runtime="" meta_files=""
+build="" stem="" quick=0 fs_list="" ssd_us=80 file_mb="" runtime="" meta_files="" rounds=1
 while (($#)); do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -74,12 +78,13 @@ while (($#)); do
     --file-mb) file_mb=$2; shift 2 ;;
     --runtime-s) runtime=$2; shift 2 ;;
     --files) meta_files=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench/fs: unknown option '$1'" >&2; usage; exit 2 ;;
   esac
 done
 [[ -n $build && -n $stem ]] || { echo "bench/fs: --build and --out are required" >&2; exit 2; }
-for v in "$ssd_us" "${file_mb:-1}" "${runtime:-1}" "${meta_files:-1}"; do
+for v in "$ssd_us" "${file_mb:-1}" "${runtime:-1}" "${meta_files:-1}" "$rounds"; do
   [[ $v =~ ^[0-9]+$ ]] || { echo "bench/fs: '$v' is not a number" >&2; exit 2; }
 done
 if ((quick)); then
@@ -89,7 +94,8 @@ else
   : "${file_mb:=1024}" "${runtime:=8}" "${meta_files:=10000}"
   idle_s=30 mix_files=5000
 fi
-((runtime >= 1 && file_mb >= 16 && meta_files >= 1)) || { echo "bench/fs: sizes too small" >&2; exit 2; }
+((runtime >= 1 && file_mb >= 16 && meta_files >= 1 && rounds >= 1)) ||
+  { echo "bench/fs: sizes too small" >&2; exit 2; }
 ramp_ms=$((runtime * 250 < 2000 ? runtime * 250 : 2000))
 ramp_s=$(printf '%d.%03d' $((ramp_ms / 1000)) $((ramp_ms % 1000)))
 # Every filesystem gets the same size: the fio file, the metadata runs and room to spare.
@@ -200,6 +206,11 @@ report() { python3 "$here/report.py" "$@"; }
 out=$stem.jsonl
 : >"$out"
 emit() { tee -a "$out"; }  # stdin: JSON lines
+round=0  # the measured round (--rounds), 1 ... rounds
+# A measured line, with its round where there are several (report.py pairs them by round).
+emit_measured() {
+  if ((rounds > 1)); then sed "s/^{/{\"round\":$round,/" | emit; else emit; fi
+}
 
 # --- mounts, daemons and their cleanup ----------------------------------------------------------
 work=$(mktemp -d /var/tmp/warpfs-bench-fs.XXXXXX)
@@ -346,10 +357,10 @@ tck=$(getconf CLK_TCK)
 commit=$(git -C "$here/../.." rev-parse --short HEAD 2>/dev/null || echo unknown)
 dirty=$( { git -C "$here/../.." status --porcelain -- fs nvme cache blockdev 2>/dev/null || true; } | wc -l)
 started=$(date +%s)
-report info --fields "$(printf '{"host":"%s","kernel":"%s","nproc":%d,"quick":%s,"file_mb":%d,"image_mb":%d,"runtime_s":%d,"ramp_s":%s,"idle_s":%d,"meta_files":%d,"mix_files":%d,"ssd_latency_us":%d,"git":"%s","dirty_core_files":%d,"fio":"%s","fs":"%s","qd32_buffered_engine":"%s","loadavg_start":"%s","date":"%s"}' \
+report info --fields "$(printf '{"host":"%s","kernel":"%s","nproc":%d,"quick":%s,"file_mb":%d,"image_mb":%d,"runtime_s":%d,"ramp_s":%s,"idle_s":%d,"meta_files":%d,"mix_files":%d,"ssd_latency_us":%d,"rounds":%d,"git":"%s","dirty_core_files":%d,"fio":"%s","fs":"%s","qd32_buffered_engine":"%s","loadavg_start":"%s","date":"%s"}' \
   "$(hostname -s)" "$(uname -r)" "$(nproc)" "$( ((quick)) && echo true || echo false)" \
   "$file_mb" "$img_mb" "$runtime" "$ramp_s" "$idle_s" "$meta_files" "$mix_files" "$ssd_us" \
-  "$commit" "$dirty" "$( ((have_fio)) && fio --version || echo none)" "${fses[*]}" \
+  "$rounds" "$commit" "$dirty" "$( ((have_fio)) && fio --version || echo none)" "${fses[*]}" \
   "$qd_engine" "$(cut -d' ' -f1-3 /proc/loadavg)" "$(date -u +%FT%TZ)")" | emit
 # Fields every line of a filesystem carries: the emulated device's latency for warpfs.
 declare -A fs_fields=([warpfs]='{"latency_us":0}' [warpfs_ssd]="{\"latency_us\":$ssd_us}"
@@ -401,7 +412,7 @@ run_fio() {  # FS WORKLOAD IO METRIC WINDOW FILE FIELDS_JSON FIO_ARGS...
   [[ -n $c0 && -n $c1 ]] && ticks=$((c1 - c0))
   report fio --fs "$f" --workload "$workload" --io "$io" --metric "$metric" --window "$window" \
     --ticks "$ticks" --tck "$tck" --error "$err" --json "$json" --fields "$fields" \
-    --fs-fields "${fs_fields[$f]}" | emit
+    --fs-fields "${fs_fields[$f]}" | emit_measured
 }
 
 # --- fio: lay the file out once per filesystem --------------------------------------------------
@@ -439,80 +450,93 @@ jobs=(
   "randwrite_4k_qd1 randwrite 4k 1 2 iops"
   "randwrite_4k_qd32 randwrite 4k 32 2 iops"
 )
-for io in buffered direct; do
-  ((${#fio_fses[@]})) || break
-  direct=0
-  [[ $io == direct ]] && direct=1
-  for job in "${jobs[@]}"; do
-    read -r name rw bs qd nj metric <<<"$job"
-    engine=libaio
-    if [[ $io == buffered && $qd -gt 1 ]]; then
-      engine=$qd_engine
-      [[ $engine == psync ]] && qd=1 nj=16
-    fi
-    next_order "${fio_fses[@]}"
-    for f in "${order[@]}"; do
-      run_fio "$f" "${name}_$io" "$io" "$metric" measured fio.dat \
-        "{\"file_mb\":$file_mb,\"bs\":\"$bs\",\"iodepth\":$qd,\"jobs\":$nj,\"ioengine\":\"$engine\",\"runtime_s\":$runtime}" \
-        --size="${file_mb}M" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" \
-        --ioengine="$engine" --direct="$direct" --time_based --runtime="$runtime" \
-        --ramp_time="${ramp_ms}ms"
+measure_fio() {
+  for io in buffered direct; do
+    ((${#fio_fses[@]})) || break
+    direct=0
+    [[ $io == direct ]] && direct=1
+    for job in "${jobs[@]}"; do
+      read -r name rw bs qd nj metric <<<"$job"
+      engine=libaio
+      if [[ $io == buffered && $qd -gt 1 ]]; then
+        engine=$qd_engine
+        [[ $engine == psync ]] && qd=1 nj=16
+      fi
+      next_order "${fio_fses[@]}"
+      for f in "${order[@]}"; do
+        run_fio "$f" "${name}_$io" "$io" "$metric" measured fio.dat \
+          "{\"file_mb\":$file_mb,\"bs\":\"$bs\",\"iodepth\":$qd,\"jobs\":$nj,\"ioengine\":\"$engine\",\"runtime_s\":$runtime}" \
+          --size="${file_mb}M" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" \
+          --ioengine="$engine" --direct="$direct" --time_based --runtime="$runtime" \
+          --ramp_time="${ramp_ms}ms"
+      done
     done
   done
-done
 
-# Four synchronous O_DIRECT writers of one file, 4 KiB at random (a database's threads): the
-# kernel serializes them on the inode lock unless the daemon allows parallel direct writes.
-if ((${#fio_fses[@]})); then
-  next_order "${fio_fses[@]}"
-  for f in "${order[@]}"; do
-    run_fio "$f" randwrite_4k_psync4_direct direct iops measured fio.dat \
-      "{\"file_mb\":$file_mb,\"bs\":\"4k\",\"iodepth\":1,\"jobs\":4,\"ioengine\":\"psync\",\"runtime_s\":$runtime}" \
-      --size="${file_mb}M" --rw=randwrite --bs=4k --numjobs=4 --ioengine=psync --direct=1 \
-      --time_based --runtime="$runtime" --ramp_time="${ramp_ms}ms"
-  done
-fi
+  # Four synchronous O_DIRECT writers of one file, 4 KiB at random (a database's threads): the
+  # kernel serializes them on the inode lock unless the daemon allows parallel direct writes.
+  if ((${#fio_fses[@]})); then
+    next_order "${fio_fses[@]}"
+    for f in "${order[@]}"; do
+      run_fio "$f" randwrite_4k_psync4_direct direct iops measured fio.dat \
+        "{\"file_mb\":$file_mb,\"bs\":\"4k\",\"iodepth\":1,\"jobs\":4,\"ioengine\":\"psync\",\"runtime_s\":$runtime}" \
+        --size="${file_mb}M" --rw=randwrite --bs=4k --numjobs=4 --ioengine=psync --direct=1 \
+        --time_based --runtime="$runtime" --ramp_time="${ramp_ms}ms"
+    done
+  fi
+}
 
 # --- durability: writes that must reach the device ----------------------------------------------
 # 4 KiB random overwrites of the laid-out file with fdatasync after each (ops/s, time_based),
 # and 1 MiB appends to a new file of file_mb MiB with fsync every 16 writes and at the end
 # (MB/s over fio's run; capped at 4 x runtime, the rate stays right if the cap cuts it).
-if ((${#dur_fses[@]})); then
-  next_order "${dur_fses[@]}"
-  for f in "${order[@]}"; do
-    run_fio "$f" durable_randwrite_4k_fdatasync durable iops measured fio.dat \
-      "{\"file_mb\":$file_mb,\"bs\":\"4k\",\"iodepth\":1,\"jobs\":1,\"ioengine\":\"psync\",\"fdatasync\":1,\"runtime_s\":$runtime}" \
-      --size="${file_mb}M" --rw=randwrite --bs=4k --fdatasync=1 --ioengine=psync \
-      --time_based --runtime="$runtime" --ramp_time="${ramp_ms}ms"
-  done
-  next_order "${dur_fses[@]}"
-  for f in "${order[@]}"; do
-    rm -f "${dir[$f]}/append.dat"
-    run_fio "$f" durable_append_1m_fsync16 durable mb_per_s job append.dat \
-      "{\"file_mb\":$file_mb,\"bs\":\"1M\",\"iodepth\":1,\"jobs\":1,\"ioengine\":\"psync\",\"fsync\":16}" \
-      --size="${file_mb}M" --rw=write --bs=1M --fsync=16 \
-      --end_fsync=1 --ioengine=psync --runtime=$((runtime * 4))
-    rm -f "${dir[$f]}/append.dat"
-  done
-fi
+measure_durability() {
+  if ((${#dur_fses[@]})); then
+    next_order "${dur_fses[@]}"
+    for f in "${order[@]}"; do
+      run_fio "$f" durable_randwrite_4k_fdatasync durable iops measured fio.dat \
+        "{\"file_mb\":$file_mb,\"bs\":\"4k\",\"iodepth\":1,\"jobs\":1,\"ioengine\":\"psync\",\"fdatasync\":1,\"runtime_s\":$runtime}" \
+        --size="${file_mb}M" --rw=randwrite --bs=4k --fdatasync=1 --ioengine=psync \
+        --time_based --runtime="$runtime" --ramp_time="${ramp_ms}ms"
+    done
+    next_order "${dur_fses[@]}"
+    for f in "${order[@]}"; do
+      rm -f "${dir[$f]}/append.dat"
+      run_fio "$f" durable_append_1m_fsync16 durable mb_per_s job append.dat \
+        "{\"file_mb\":$file_mb,\"bs\":\"1M\",\"iodepth\":1,\"jobs\":1,\"ioengine\":\"psync\",\"fsync\":16}" \
+        --size="${file_mb}M" --rw=write --bs=1M --fsync=16 \
+        --end_fsync=1 --ioengine=psync --runtime=$((runtime * 4))
+      rm -f "${dir[$f]}/append.dat"
+    done
+  fi
+}
 
 # --- metadata and small files -------------------------------------------------------------------
-for layout in flat tree mix; do
-  ((${#meta_fses[@]})) || break
-  next_order "${meta_fses[@]}"
-  for f in "${order[@]}"; do
-    args=(--dir "${dir[$f]}" --files "$meta_files")
-    [[ $layout == tree ]] && args+=(--tree)
-    [[ $layout == mix ]] && args=(--dir "${dir[$f]}" --files "$mix_files" --mix)
-    pid=${pid_of[$f]:-}
-    [[ -n $pid ]] && args+=(--pid "$pid")
-    if ! "$meta_bin" "${args[@]}" >"$work/logs/meta.out" 2>"$work/logs/meta.err"; then
-      echo "bench/fs: warpfs-bench-meta ${args[*]} failed on $f:" >&2
-      cat "$work/logs/meta.err" >&2
-    fi
-    report meta --fs "$f" --layout "$layout" --error "$(tail -c 300 "$work/logs/meta.err" | tr '\n' ' ')" \
-      --fields "${fs_fields[$f]}" <"$work/logs/meta.out" | emit
+measure_meta() {
+  for layout in flat tree mix; do
+    ((${#meta_fses[@]})) || break
+    next_order "${meta_fses[@]}"
+    for f in "${order[@]}"; do
+      args=(--dir "${dir[$f]}" --files "$meta_files")
+      [[ $layout == tree ]] && args+=(--tree)
+      [[ $layout == mix ]] && args=(--dir "${dir[$f]}" --files "$mix_files" --mix)
+      pid=${pid_of[$f]:-}
+      [[ -n $pid ]] && args+=(--pid "$pid")
+      if ! "$meta_bin" "${args[@]}" >"$work/logs/meta.out" 2>"$work/logs/meta.err"; then
+        echo "bench/fs: warpfs-bench-meta ${args[*]} failed on $f:" >&2
+        cat "$work/logs/meta.err" >&2
+      fi
+      report meta --fs "$f" --layout "$layout" --error "$(tail -c 300 "$work/logs/meta.err" | tr '\n' ' ')" \
+        --fields "${fs_fields[$f]}" <"$work/logs/meta.out" | emit_measured
+    done
   done
+}
+
+for ((round = 1; round <= rounds; ++round)); do
+  ((rounds == 1)) || echo "bench/fs: round $round of $rounds" >&2
+  measure_fio
+  measure_durability
+  measure_meta
 done
 
 # --- ratios and charts --------------------------------------------------------------------------
