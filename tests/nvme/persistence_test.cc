@@ -257,17 +257,23 @@ TEST(ImageFile, LargeWritesLandInHolesAfterPunchesAndPastACut) {
     return v;
   };
   // Each thread: a 256 KiB write at its slice's start, one of 100 KiB that starts 4 KiB into
-  // a region and ends inside another, then both again over the first (populated) ones.
+  // a region and ends inside another, then both again twice: the first write of a region goes
+  // through pwrite, the second populates the mapping, the third is a copy alone. Each is read
+  // back through the file and through the store (the mapping).
   std::vector<int> wrong(4, 0);
   std::vector<std::thread> writers;
   for (int t = 0; t < 4; ++t) {
     writers.emplace_back([&, t] {
       const uint64_t base = uint64_t(t) << 20;
-      for (uint8_t seed = 1; seed <= 2; ++seed) {
+      for (uint8_t seed = 1; seed <= 3; ++seed) {
         for (auto [off, len] : {std::pair<uint64_t, size_t>{base, 256 << 10},
                                 std::pair<uint64_t, size_t>{base + (260 << 10), 100 << 10}}) {
           const auto v = pattern(off, len, static_cast<uint8_t>(seed + t * 4));
-          if (!store->write(off, v.data(), v.size()).is_ok() || on_file(off, len) != v) ++wrong[t];
+          std::vector<uint8_t> back(len, 0x33);
+          if (!store->write(off, v.data(), v.size()).is_ok() || on_file(off, len) != v ||
+              !store->read(off, back.data(), len).is_ok() || back != v) {
+            ++wrong[t];
+          }
         }
       }
     });

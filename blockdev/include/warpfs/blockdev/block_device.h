@@ -38,8 +38,9 @@ class BlockDevice {
   virtual Status read(uint64_t block, uint32_t count, void* buf) = 0;
   virtual Status write(uint64_t block, uint32_t count, const void* buf) = 0;
   // read() that brings nothing into a cache of the device's own: the blocks it holds come
-  // from there, the others straight from the device into buf (O_DIRECT, whose reader keeps
-  // its own copy, as the kernel's direct reads leave the page cache alone). Default: read().
+  // from there, the others straight from the device into buf (for a reader that keeps its
+  // own copy: an O_DIRECT reader, the kernel's page cache; as the kernel's direct reads leave
+  // the page cache alone). Default: read().
   virtual Status read_uncached(uint64_t block, uint32_t count, void* buf) {
     return read(block, count, buf);
   }
