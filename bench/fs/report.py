@@ -13,12 +13,12 @@ Subcommands (each prints JSON lines on stdout; see bench/README.md, "## fs"):
 The --fields of idle and meta, and --fs-fields of fio, are added to every line (warpfs's
 emulated device latency).
   ratios RESULTS.jsonl                    ratio lines between filesystems, per workload
+  charts RESULTS.jsonl STEM               STEM-*.png through gnuplot (prints the file names)
+  table RESULTS.jsonl                     a Markdown table: value per filesystem and ratios
 A run of several rounds (run.sh --rounds) has each measured line once a round, with its
 "round": a workload's value is then the median of its rounds', and a ratio the median of each
 round's ratio (the two runs of one round were close together in time, so the machine's noise
 of that moment fell on both), with the rounds' ratios beside it.
-  charts RESULTS.jsonl STEM               STEM-*.png through gnuplot (prints the file names)
-  table RESULTS.jsonl                     a Markdown table: value per filesystem and ratios
 Only the standard library.
 """
 import argparse

@@ -623,14 +623,13 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   }
 }
 
-// An O_DIRECT read (FOPEN_DIRECT_IO, or the kernel's direct path under the writeback cache)
-// leaves the device's cache as it was: what it misses goes from the device into the reply's
-// buffer, DMA memory (ReadBuffers), so the only copy in user space is none.
 // Every read the kernel sends keeps its data above the daemon: an O_DIRECT reader in its own
 // buffer, any other in the kernel's page cache (kept between opens: set_cache_mode). So no
 // read takes a line of the device's cache (ReadFor::kDirect): a second copy there would only
 // push out the lines that matter (written data not yet on the device, the journal's) and
-// cost a victim, a fill and a copy per miss. Lines the cache holds are still copied from.
+// cost a victim, a fill and a copy per miss. What the cache misses goes from the device into
+// the reply's buffer, DMA memory (ReadBuffers), with no copy in user space; lines the cache
+// holds are copied from.
 void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
   Daemon* d = daemon_of(req);
   ReadBuffers::Lease buf(d->read_buffers, size);
