@@ -236,6 +236,9 @@ class FileStore final : public BackingStore {
   static void set_bit(const std::unique_ptr<std::atomic<uint64_t>[]>& map, uint64_t region) {
     map[region / 64].fetch_or(uint64_t{1} << (region % 64), std::memory_order_relaxed);
   }
+  static void clear_bit(const std::unique_ptr<std::atomic<uint64_t>[]>& map, uint64_t region) {
+    map[region / 64].fetch_and(~(uint64_t{1} << (region % 64)), std::memory_order_relaxed);
+  }
   bool is_populated(uint64_t region) const { return bit(populated_, region); }
   // Whether a large write of [off, off + len) is the first the store sees in one of the
   // regions it touches (neither written_ nor populated_): then it goes through pwrite, and
@@ -289,8 +292,8 @@ class FileStore final : public BackingStore {
     if (!populated_ || len == 0) return;
     const uint64_t last = std::min(off + len - 1, bytes_ - 1) / kRegionBytes;
     for (uint64_t r = off / kRegionBytes; r <= last; ++r) {
-      populated_[r / 64].fetch_and(~(uint64_t{1} << (r % 64)), std::memory_order_relaxed);
-      written_[r / 64].fetch_and(~(uint64_t{1} << (r % 64)), std::memory_order_relaxed);
+      clear_bit(populated_, r);
+      clear_bit(written_, r);
     }
   }
   int fd_;
