@@ -707,9 +707,11 @@ PY
     # Reads take no line of the software cache (the page cache, or an O_DIRECT reader's
     # buffer, keeps what was read): four readers at once of that file, which its writes left
     # outside the cache, two buffered with fadvise(RANDOM) (no read-ahead: each page a 4 KiB
-    # request) and two O_DIRECT, 4 KiB at random. Every byte is the file's, and no read is a
-    # miss (a line taken and filled); the direct ones alone moved around the cache. sync
-    # first, so that no commit's journal writes (which take lines) fall inside the window.
+    # request) and two O_DIRECT, 4 KiB at random. Every byte is the file's, no read is a miss
+    # (a line taken and filled), and at least the direct readers' bytes (every one of their
+    # reads reaches the daemon; the buffered ones' repeats stay in the page cache) moved
+    # around the cache. sync first, so that no commit's journal writes (which take lines)
+    # fall inside the window.
     sync -f "$mnt" || fail "sync"
     misses0=$(stat_of cache.misses) && bypassed0=$(stat_of cache.bypassed_bytes) || fail "stat"
     pids=()
