@@ -569,7 +569,9 @@ void Run::sharer_loop(int index, uint64_t seed) {
 void Run::observer_loop(uint64_t seed) {
   Filesystem& fs = *m_.fs;
   std::mt19937_64 rng(crash::mix(seed ^ 0x0b5));
+  bool passed_once = false;  // the first walk that meets a file ends with a dedup pass
   while (!stop() && !cut() && !workers_.empty()) {
+    bool saw_file = false;
     other_ops_.fetch_add(1, std::memory_order_relaxed);
     // A walk down a worker's subtree, as `find` would do beside it. The directories found
     // are held (a lookup reference each, as the kernel holds them) until they are read.
@@ -606,6 +608,7 @@ void Run::observer_loop(uint64_t seed) {
           failure_.set("observer: getattr of a looked-up inode returned " + errno_name(rc));
           return;
         }
+        saw_file |= S_ISREG(a.mode);
         if (S_ISREG(a.mode) && rng() % 4 == 0) {
           std::string x;
           (void)fs.listxattr(a.ino, &x);
@@ -619,7 +622,10 @@ void Run::observer_loop(uint64_t seed) {
     }
     struct statvfs sv;
     (void)fs.statfs(&sv);
-    if (rng() % 64 == 0) {  // a deduplication pass among all of it
+    // A deduplication pass among all of it: one loop in 64, and the first that met a file
+    // (how many loops a run makes depends on the machine's speed; a pass must be among them).
+    if ((saw_file && !passed_once) || rng() % 64 == 0) {
+      passed_once = true;
       dedup_passes_.fetch_add(1, std::memory_order_relaxed);
       DedupOptions d;
       d.table_mb = 1;
