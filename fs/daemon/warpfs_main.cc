@@ -1546,7 +1546,7 @@ void usage(const char* prog) {
       "  ro              read-only (rw: read-write, the default)\n"
       "  ro/rw, discard/nodiscard and meta_cache_mb= not given here come from the filesystem's\n"
       "  default mount options (tune.warpfs -o), if it has any\n"
-      "  max_threads=N   FUSE worker threads at most (default: 4 per CPU, 10 to 64)\n"
+      "  max_threads=N   FUSE worker threads at most (default: 1 per CPU, 10 to 64)\n"
       "  and the FUSE options (-f foreground, -d debug, -s single-threaded, allow_other, ...)\n"
       "%s --list-devices: the NVMe controllers (as warpfs-pci list)\n"
       "%s --list-devices tcp:HOST[:PORT]: the NVMe/TCP subsystems a discovery controller names\n"
