@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "fuse_uring.h"
+#include "worker_threads.h"
 
 namespace warpfs::daemon {
 
@@ -39,33 +40,6 @@ constexpr unsigned kMaxWrite = 1u << 20;
 // default is 3/4 of it) only stops asynchronous readahead.
 constexpr unsigned kMaxBackground = 128;
 constexpr unsigned kCongestionThreshold = kMaxBackground * 3 / 4;
-
-// Worker threads where -o max_threads= is not given: one per CPU, at least libfuse's default
-// (10), at most 64. Where the CPUs are the limit, more threads only add switches: on 2
-// cores, QD32 O_DIRECT random reads ran 22% (warpfs) and 48% (warpfs-null) slower with 64
-// threads than with 10; on the 16-core device machine (bench/fs/ab_aio.sh, three rounds),
-// 16 threads against 64 (the earlier default of 4 per CPU) ran 4 x QD8 4 KiB O_DIRECT reads
-// 1.40x, writes 1.37x, QD32 reads 1.07x, writes 1.20x, at par with passthrough_ll.
-// Idle threads stay (libfuse's max_idle_threads default).
-inline unsigned default_max_threads() {
-  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  const unsigned n = cpus > 0 ? static_cast<unsigned>(cpus) : 0;
-  return n < 10 ? 10 : n > 64 ? 64 : n;
-}
-
-// The same where the device takes tens of microseconds per command (a drive through VFIO or
-// NVMe/TCP, or the emulation with a latency model): a handler keeps its thread for the
-// command's whole latency, so the threads bound how many commands the device serves
-// together, and more are needed: two per CPU, at least 24, at most 64. With 80 µs of
-// emulated latency on 2 cores, 24 threads against 10 ran 2 x QD32 O_DIRECT 4 KiB random
-// reads 1.22-1.26x, QD32 writes 1.07-1.19x, QD1 1.0x, with less daemon CPU per read; on 16
-// cores, 32 threads against 64 ran 4 x QD8 reads 1.13x, QD32 reads 1.03x, writes 1.0-1.04x
-// (24: reads 0.83-0.95x of 32; 16: reads 0.56-0.66x).
-inline unsigned slow_device_max_threads() {
-  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  const unsigned n = cpus > 0 ? 2 * static_cast<unsigned>(cpus) : 0;
-  return n < 24 ? 24 : n > 64 ? 64 : n;
-}
 
 // The connection options both daemons ask for in their init handler; returns whether the
 // kernel's writeback cache is on. `writeback_cache` (-o writeback_cache): buffered writes stay

@@ -1,0 +1,48 @@
+// How many FUSE worker threads a daemon starts at most where -o max_threads= is not given
+// (fuse_session.h's SessionLoop): a function of the CPUs the daemon may run on. No libfuse
+// here, so that the tests can include it.
+#pragma once
+
+#include <sched.h>
+#include <unistd.h>
+
+namespace warpfs::daemon {
+
+// The CPUs this thread may run on (its affinity: taskset, a cpuset cgroup, a container), as
+// nproc counts them; sysconf's online count where the mask cannot be read. At least 1.
+inline unsigned usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return static_cast<unsigned>(n);
+  }
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<unsigned>(n) : 1;
+}
+
+// Worker threads where -o max_threads= is not given: one per usable CPU, at least libfuse's
+// default (10), at most 64. Where the CPUs are the limit, more threads only add switches: on 2
+// cores, QD32 O_DIRECT random reads ran 22% (warpfs) and 48% (warpfs-null) slower with 64
+// threads than with 10; on the 16-core device machine (bench/fs/ab_aio.sh, three rounds),
+// 16 threads against 64 (the earlier default of 4 per CPU) ran 4 x QD8 4 KiB O_DIRECT reads
+// 1.40x, writes 1.37x, QD32 reads 1.07x, writes 1.20x, at par with passthrough_ll.
+// Idle threads stay (libfuse's max_idle_threads default).
+inline unsigned default_max_threads(unsigned cpus = usable_cpus()) {
+  return cpus < 10 ? 10 : cpus > 64 ? 64 : cpus;
+}
+
+// The same where the device takes tens of microseconds per command (a drive through VFIO or
+// NVMe/TCP, or the emulation with a latency model): a handler keeps its thread for the
+// command's whole latency, so the threads bound how many commands the device serves
+// together, and more are needed: two per CPU, at least 24, at most 64. With 80 µs of
+// emulated latency on 2 cores, 24 threads against 10 ran 2 x QD32 O_DIRECT 4 KiB random
+// reads 1.22-1.26x, QD32 writes 1.07-1.19x, QD1 1.0x, with less daemon CPU per read; on 16
+// cores, 32 threads against 64 ran 4 x QD8 reads 1.13x, QD32 reads 1.03x, writes 1.0-1.04x
+// (24: reads 0.83-0.95x of 32; 16: reads 0.56-0.66x).
+inline unsigned slow_device_max_threads(unsigned cpus = usable_cpus()) {
+  const unsigned n = cpus > 32 ? 64 : 2 * cpus;
+  return n < 24 ? 24 : n;
+}
+
+}  // namespace warpfs::daemon

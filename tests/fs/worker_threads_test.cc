@@ -1,0 +1,51 @@
+// The daemons' default FUSE worker counts (fs/daemon/worker_threads.h): from the CPUs the
+// daemon may run on, not the machine's.
+#include "fs/daemon/worker_threads.h"
+
+#include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include <thread>
+
+namespace warpfs::daemon {
+namespace {
+
+TEST(WorkerThreads, OnePerCpuForAPromptDeviceTwoForASlowOneWithinBounds) {
+  EXPECT_EQ(default_max_threads(1), 10u);  // libfuse's default at least
+  EXPECT_EQ(default_max_threads(10), 10u);
+  EXPECT_EQ(default_max_threads(16), 16u);
+  EXPECT_EQ(default_max_threads(64), 64u);
+  EXPECT_EQ(default_max_threads(512), 64u);
+  EXPECT_EQ(slow_device_max_threads(1), 24u);
+  EXPECT_EQ(slow_device_max_threads(12), 24u);
+  EXPECT_EQ(slow_device_max_threads(16), 32u);
+  EXPECT_EQ(slow_device_max_threads(32), 64u);
+  EXPECT_EQ(slow_device_max_threads(33), 64u);
+  EXPECT_EQ(slow_device_max_threads(4096), 64u);
+}
+
+// A daemon started under taskset (or in a cpuset) counts the CPUs of its mask.
+TEST(WorkerThreads, TheCpusCountedAreThoseOfTheAffinityMask) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+  EXPECT_EQ(usable_cpus(), static_cast<unsigned>(CPU_COUNT(&all)));
+  int first = -1;
+  for (int c = 0; c < CPU_SETSIZE && first < 0; ++c) {
+    if (CPU_ISSET(c, &all)) first = c;
+  }
+  ASSERT_GE(first, 0);
+  unsigned in_thread = 0;
+  std::thread t([&] {  // a thread of its own: the test's own mask stays as it was
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0) in_thread = usable_cpus();
+  });
+  t.join();
+  EXPECT_EQ(in_thread, 1u);
+}
+
+}  // namespace
+}  // namespace warpfs::daemon
