@@ -16,7 +16,7 @@ passed=0
 failed=0
 # run_suite NAME BUILD_DIR CMAKE_ARGS CTEST_ARGS
 run_suite() {
-  local name=$1 dir=$2 cmake_args=$3 ctest_args=$4
+  local name=$1 dir=$2 cmake_args=$3 ctest_args=$4 start=$SECONDS
   echo "=== $name: configure and build ($dir)"
   mkdir -p "$dir"
   # shellcheck disable=SC2086
@@ -26,7 +26,7 @@ run_suite() {
   if ! ninja -C "$dir" -j "$jobs"; then
     echo "$name: build failed"; failed=$((failed + 1)); return
   fi
-  echo "=== $name: test"
+  echo "=== $name: test (built in $((SECONDS - start)) s)"
   local log="$dir/ctest.log"
   # shellcheck disable=SC2086
   (cd "$dir" && ctest -j "$jobs" --output-on-failure --timeout 600 $ctest_args) 2>&1 | tee "$log"
@@ -38,6 +38,7 @@ run_suite() {
   fi
   passed=$((passed + total - fails))
   failed=$((failed + fails))
+  echo "=== $name: $((total - fails)) passed, $fails failed, $((SECONDS - start)) s in all"
 }
 
 # The sources as the checked-in .clang-format lays them out (clang-format 14, Debian 12's);
@@ -65,6 +66,7 @@ run_suite "tsan" "$repo/build-tsan" \
 # libFuzzer targets (tests/fuzz/run.sh): a clang build in build-fuzz/, each target fuzzed for
 # a bounded time, the seed and regression corpora replayed; its last line is "N passed, N failed".
 run_fuzz() {
+  local start=$SECONDS
   echo "=== fuzz: tests/fuzz/run.sh"
   mkdir -p "$repo/build-fuzz"
   local log="$repo/build-fuzz/run.log" line
@@ -75,6 +77,7 @@ run_fuzz() {
   fi
   passed=$((passed + $(cut -d' ' -f1 <<<"$line")))
   failed=$((failed + $(cut -d' ' -f3 <<<"$line")))
+  echo "=== fuzz: $((SECONDS - start)) s"
 }
 # Each target fuzzed 50 s after its seeds, then the regression corpus (about 3 min plus the
 # clang build); soak by hand: bash tests/fuzz/run.sh --soak
