@@ -771,6 +771,12 @@ Status RaidBlockDevice::read(uint64_t block, uint32_t count, void* buf) {
   return submit_one(block, count, buf, false);
 }
 
+Status RaidBlockDevice::read_uncached(uint64_t block, uint32_t count, void* buf) {
+  Io io{block, count, false, static_cast<uint8_t*>(buf), {}};
+  run(&io, 1, true);
+  return io.status;
+}
+
 Status RaidBlockDevice::write(uint64_t block, uint32_t count, const void* buf) {
   return submit_one(block, count, const_cast<void*>(buf), true);
 }
@@ -832,6 +838,10 @@ Status RaidBlockDevice::settle(uint32_t bad, const Status& first, const char* wh
 }
 
 void RaidBlockDevice::submit(Io* ios, int n) {
+  run(ios, n, false);
+}
+
+void RaidBlockDevice::run(Io* ios, int n, bool uncached) {
   struct Piece {
     int io;
     uint32_t group, count;
@@ -874,10 +884,16 @@ void RaidBlockDevice::submit(Io* ios, int n) {
       b += p.count, left -= p.count, data += uint64_t{p.count} * bb_;
     }
   }
+  // One member's transfers: one submit, or (uncached) its reads one after another.
+  auto transfer = [this, uncached](uint32_t k, Io* at, size_t count) {
+    if (!uncached) return m_[k]->submit(at, static_cast<int>(count));
+    for (size_t j = 0; j < count; ++j)
+      at[j].status = m_[k]->read_uncached(at[j].block, at[j].count, at[j].data);
+  };
   std::vector<std::function<void()>> work(nm);
   for (uint32_t k = 0; k < nm; ++k) {
     if (!batch[k].empty())
-      work[k] = [this, k, &batch] { m_[k]->submit(batch[k].data(), int(batch[k].size())); };
+      work[k] = [&transfer, k, &batch] { transfer(k, batch[k].data(), batch[k].size()); };
   }
   for_members(work);
   uint32_t bad = 0;  // members whose write failed while another copy took it
@@ -908,7 +924,7 @@ void RaidBlockDevice::submit(Io* ios, int n) {
       const uint32_t k = map_.member(p.group, c);
       if (k == failed_on || !live(k)) continue;
       Io one{map_.data_offset + p.row, p.count, false, p.data, {}, ios[p.io].priority};
-      m_[k]->submit(&one, 1);
+      transfer(k, &one, 1);
       if (one.status.is_ok()) {
         ++p.landed;
         read_failovers_.fetch_add(1, std::memory_order_relaxed);

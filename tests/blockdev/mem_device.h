@@ -27,6 +27,11 @@ class MemDevice final : public BlockDevice {
     std::memcpy(buf, data_.data() + b * kBytes, size_t{n} * kBytes);
     return Status::ok();
   }
+  // As read(), counted apart too (a device with a cache of its own takes no line here).
+  Status read_uncached(uint64_t b, uint32_t n, void* buf) override {
+    uncached_reads.fetch_add(1);
+    return read(b, n, buf);
+  }
   Status write(uint64_t b, uint32_t n, const void* buf) override {
     if (Status s = check(b, n); !s.is_ok()) return s;
     if (gate) gate();
@@ -48,6 +53,7 @@ class MemDevice final : public BlockDevice {
   }
   uint8_t* at(uint64_t b) { return data_.data() + b * kBytes; }
   std::atomic<uint64_t> reads{0}, writes{0}, flushes{0}, trims{0};
+  std::atomic<uint64_t> uncached_reads{0};  // of `reads`, those through read_uncached
   std::atomic<bool> dead{false}, fail_writes{false};
   std::atomic<uint64_t> bad_read_begin{0}, bad_read_end{0};
   std::function<void()> gate;  // set before the device is used; runs in write()

@@ -390,6 +390,64 @@ TEST(RaidBlockDevice, MirroredReadFailsOverAndCountsIt) {
   }
 }
 
+// An uncached read (O_DIRECT) reaches every member it needs through that member's
+// read_uncached, never its plain read (a member's cache takes no line), with the copies
+// spread and the failover of read(); from several threads at once.
+TEST(RaidBlockDevice, UncachedReadsGoToTheMembersUncachedWithFailover) {
+  for (auto [level, members] :
+       std::vector<std::pair<uint32_t, uint32_t>>{{0, 2}, {1, 2}, {10, 4}}) {
+    SCOPED_TRACE("RAID " + std::to_string(level));
+    auto s = Set::make(level, members, 4, 256);
+    ASSERT_TRUE(s);
+    const uint64_t n = s->dev->block_count();
+    std::vector<uint8_t> w(n * kBB);
+    for (uint64_t b = 0; b < n; ++b) fill(w.data() + b * kBB, b, 5);
+    ASSERT_TRUE(s->dev->write(0, static_cast<uint32_t>(n), w.data()).is_ok());
+    std::vector<uint64_t> r0, u0;
+    for (auto& m : s->mem) r0.push_back(m->reads.load()), u0.push_back(m->uncached_reads.load());
+    std::vector<uint8_t> r(32 * kBB);
+    ASSERT_TRUE(s->dev->read_uncached(2, 30, r.data()).is_ok());  // 8 stripes, 2 partial
+    EXPECT_EQ(0, std::memcmp(r.data(), w.data() + 2 * kBB, 30 * kBB));
+    uint64_t pieces = 0;
+    for (size_t k = 0; k < s->mem.size(); ++k) {
+      const uint64_t u = s->mem[k]->uncached_reads.load() - u0[k];
+      EXPECT_EQ(s->mem[k]->reads.load() - r0[k], u) << "member " << k << " read past its cache";
+      if (level != 0) {
+        EXPECT_GT(u, 0u) << "member " << k << " took none of the stripes";
+      }
+      pieces += u;
+    }
+    EXPECT_EQ(pieces, 8u);
+    std::vector<std::thread> ts;
+    std::atomic<int> bad{0};
+    for (int t = 0; t < 4; ++t)
+      ts.emplace_back([&, t] {
+        std::vector<uint8_t> x(9 * kBB);
+        for (uint64_t k = 0; k < 60; ++k) {
+          const uint64_t at = (static_cast<uint64_t>(t) * 61 + k * 7) % (n - 9);
+          if (!s->dev->read_uncached(at, 9, x.data()).is_ok() ||
+              std::memcmp(x.data(), w.data() + at * kBB, 9 * kBB) != 0)
+            ++bad;
+        }
+      });
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(bad.load(), 0);
+    // Member 0 cannot read: a mirror serves its stripes from the other copy; RAID 0 fails.
+    s->mem[0]->bad_read_begin = 0;
+    s->mem[0]->bad_read_end = UINT64_MAX;
+    const uint64_t f0 = s->dev->stats().read_failovers;
+    const Status st = s->dev->read_uncached(0, 32, r.data());
+    if (level == 0) {
+      EXPECT_FALSE(st.is_ok());
+    } else {
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      EXPECT_EQ(0, std::memcmp(r.data(), w.data(), 32 * kBB));
+      EXPECT_GT(s->dev->stats().read_failovers, f0);
+      EXPECT_EQ(s->dev->stats().failed, 0u);  // a read error alone fails no member
+    }
+  }
+}
+
 // A read of several stripes from a mirror goes to the copies stripe by stripe in turn, from
 // several threads at once, and reads back what was written.
 TEST(RaidBlockDevice, AMirroredReadOfSeveralStripesSpreadsOverTheCopies) {

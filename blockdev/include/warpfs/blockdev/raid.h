@@ -206,6 +206,9 @@ class RaidBlockDevice final : public BlockDevice {
   uint32_t block_bytes() const override { return bb_; }
   uint64_t block_count() const override { return map_.block_count(); }
   Status read(uint64_t block, uint32_t count, void* buf) override;
+  // As read(), each piece through its member's read_uncached (their caches take no line),
+  // with the same choice of copy and the same failover.
+  Status read_uncached(uint64_t block, uint32_t count, void* buf) override;
   Status write(uint64_t block, uint32_t count, const void* buf) override;
   Status flush() override { return flush_members(false); }
   Status write_back(const Range* ranges, size_t n) override;
@@ -247,6 +250,8 @@ class RaidBlockDevice final : public BlockDevice {
   // After a whole-device operation (flush, write-back, trim) failed on the `bad` members:
   // ok when they could be failed (mirrors: every group keeps a live copy), else `first`.
   Status settle(uint32_t bad, const Status& first, const char* what);
+  // submit(); `uncached`: every transfer a read, through the members' read_uncached.
+  void run(Io* ios, int n, bool uncached);
   Status flush_members(bool device_only);
   bool live(uint32_t k) const { return !((failed_.load(std::memory_order_acquire) >> k) & 1); }
   std::string member_name(uint32_t k) const;
