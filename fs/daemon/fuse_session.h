@@ -311,7 +311,7 @@ struct UringOptions {
 class SessionLoop {
  public:
   // `uring`: whether and how to ask for FUSE over io_uring (fuse_uring.h); its threads are
-  // `threads` spread over the kernel's queues, at least 2 a queue, unless uring.depth says.
+  // `threads` spread over the kernel's queues, at least 4 a queue, unless uring.depth says.
   SessionLoop(fuse_session* se, unsigned threads, const ReceiveMemory& mem,
               const UringOptions& uring = {})
       : se_(se),
@@ -352,11 +352,13 @@ class SessionLoop {
  private:
   // The transport -o io_uring asks for, prepared (RingTransport::prepare); null where it
   // cannot run here. Its threads are `threads_` spread over the kernel's queues (one a
-  // possible CPU), at least 2 a queue, unless io_uring_depth says.
+  // possible CPU), at least 4 a queue (what the earlier default of four workers a CPU gave:
+  // one thread holds one request, and a queue serves its CPU's requests alone), unless
+  // io_uring_depth says.
   std::unique_ptr<RingTransport> make_ring() {
     RingTransport::Options o;
     o.per_queue = threads_ / static_cast<unsigned>(RingTransport::possible_cpus().size());
-    if (o.per_queue < 2) o.per_queue = 2;
+    if (o.per_queue < 4) o.per_queue = 4;
     if (uring_.depth > 0) o.per_queue = uring_.depth;
     o.pin = uring_.pin != 0;
     // The kernel's max_payload_sz: max_write, which libfuse's max_pages covers exactly; a
