@@ -116,7 +116,9 @@ int main(int argc, char** argv) {
   }
   pthread_t t[64];
   const double start = now_s();
-  for (int j = 0; j < jobs; ++j) pthread_create(&t[j], NULL, job, (void*)(uintptr_t)j);
+  for (int j = 0; j < jobs; ++j) {
+    if ((errno = pthread_create(&t[j], NULL, job, (void*)(uintptr_t)j)) != 0) die("pthread_create");
+  }
   uint64_t ios = 0;
   for (int j = 0; j < jobs; ++j) {
     void* r;

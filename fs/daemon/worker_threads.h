@@ -6,6 +6,8 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 namespace warpfs::daemon {
 
 // The CPUs this thread may run on (its affinity: taskset, a cpuset cgroup, a container), as
@@ -29,7 +31,7 @@ inline unsigned usable_cpus() {
 // 1.40x, writes 1.37x, QD32 reads 1.07x, writes 1.20x, at par with passthrough_ll.
 // Idle threads stay (libfuse's max_idle_threads default).
 inline unsigned default_max_threads(unsigned cpus = usable_cpus()) {
-  return cpus < 10 ? 10 : cpus > 64 ? 64 : cpus;
+  return std::clamp(cpus, 10u, 64u);
 }
 
 // The same where the device takes tens of microseconds per command (a drive through VFIO or
@@ -41,8 +43,7 @@ inline unsigned default_max_threads(unsigned cpus = usable_cpus()) {
 // cores, 32 threads against 64 ran 4 x QD8 reads 1.13x, QD32 reads 1.03x, writes 1.0-1.04x
 // (24: reads 0.83-0.95x of 32; 16: reads 0.56-0.66x).
 inline unsigned slow_device_max_threads(unsigned cpus = usable_cpus()) {
-  const unsigned n = cpus > 32 ? 64 : 2 * cpus;
-  return n < 24 ? 24 : n;
+  return std::clamp(2 * std::min(cpus, 32u), 24u, 64u);
 }
 
 }  // namespace warpfs::daemon
