@@ -5,7 +5,8 @@
 #   usage: ab_aio.sh ROUNDS NAME=[VAR=VALUE,...@]KIND[:OPTS] ...
 #   KIND: warpfs (a fresh image, -o latency_us=$LAT_US, default 0), null (warpfs-null),
 #         pll (passthrough_ll over a directory in TMPDIR); OPTS: more -o options, commas;
-#         VAR=VALUE: the daemon's environment.
+#         VAR=VALUE: the daemon's environment, but BIN=PATH: the daemon's binary instead of
+#         the kind's own (an older build beside the new one, say).
 # WARPFS, MKFS, NULL, PLL: the binaries (default: on PATH as warpfs, mkfs.warpfs, warpfs-null,
 # passthrough_ll); AIOLOAD: the load generator (built from aioload.c beside this script into
 # TMPDIR when absent); JOBS: "rw:qd:jobs" list (default "read:32:1 write:32:1 read:8:4
@@ -38,20 +39,22 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 mount_variant() {  # KIND OPTS ENV
-  local kind=$1 opts=$2 o env
-  IFS=, read -r -a env <<<"$3"
-  env=(env "${env[@]}")
+  local kind=$1 opts=$2 o env=(env) list v bin=""
+  IFS=, read -r -a list <<<"$3"
+  for v in "${list[@]}"; do
+    if [[ $v == BIN=* ]]; then bin=${v#BIN=}; else env+=("$v"); fi
+  done
   case $kind in
     warpfs)
       rm -f "$tmp/ab-aio-w.img"
       "$mkfs" -q --size 1024M "emu:$tmp/ab-aio-w.img" || return 1
       o="latency_us=${LAT_US:-0}${opts:+,$opts}"
-      "${env[@]}" "$warpfs" -f -o "$o" "emu:$tmp/ab-aio-w.img" "$mnt" 2>"$tmp/ab-aio-daemon.log" &
+      "${env[@]}" "${bin:-$warpfs}" -f -o "$o" "emu:$tmp/ab-aio-w.img" "$mnt" 2>"$tmp/ab-aio-daemon.log" &
       ;;
-    null) "${env[@]}" "$null" -f ${opts:+-o "$opts"} "$mnt" 2>"$tmp/ab-aio-daemon.log" & ;;
+    null) "${env[@]}" "${bin:-$null}" -f ${opts:+-o "$opts"} "$mnt" 2>"$tmp/ab-aio-daemon.log" & ;;
     pll)
       rm -rf "${src:?}"/*
-      "${env[@]}" "$pll" -f -o "source=$src${opts:+,$opts}" "$mnt" 2>"$tmp/ab-aio-daemon.log" &
+      "${env[@]}" "${bin:-$pll}" -f -o "source=$src${opts:+,$opts}" "$mnt" 2>"$tmp/ab-aio-daemon.log" &
       ;;
     *) echo "ab_aio: unknown kind $kind" >&2; return 1 ;;
   esac

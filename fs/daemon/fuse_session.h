@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "fuse_uring.h"
+#include "reader_gate.h"
 #include "worker_threads.h"
 
 namespace warpfs::daemon {
@@ -302,10 +303,13 @@ struct UringOptions {
 // The multithreaded session loop with the receive buffers from `mem` (libfuse's own loop
 // allocates its own). As in libfuse's loop: one worker to begin with, and another (up to
 // `threads`) whenever a worker takes a request while no other is waiting for one, so a
-// light load keeps few threads and their buffers warm; workers stay until the loop ends. A
-// worker reads and processes requests until the session has exited (unmount, or a signal
-// handler's fuse_session_exit); the calling thread waits for the first worker to finish,
-// then cancels the rest, which take cancellation only while they wait for a request.
+// light load keeps few threads and their buffers warm; workers stay until the loop ends.
+// Unlike libfuse's loop, not every idle worker waits in the kernel: a ReaderGate
+// (reader_gate.h) parks those the recent load did not need, so that a light load after a
+// burst is served by warm threads, not by the one idle longest. A worker reads and processes
+// requests until the session has exited (unmount, or a signal handler's fuse_session_exit);
+// the calling thread waits for the first worker to finish, then cancels the rest, which take
+// cancellation only while they wait for a request or are parked.
 // Returns 0, or the negative error of a failed read (INIT's write too: answer_init), or -ENOMEM
 // (no first worker).
 class SessionLoop {
@@ -411,6 +415,7 @@ class SessionLoop {
     size_t bytes = 0;
     bool dma = false;  // from mem_.alloc, else malloc
     fuse_buf buf{};    // the request in mem (here, not on the worker's stack: see work())
+    ReaderGate::Parking parking;  // where it waits while the gate has parked it
   };
 
   // Starts workers_[started_] with its buffer, if the loop is not ending and below its limit.
@@ -424,9 +429,9 @@ class SessionLoop {
     w.dma = w.mem != nullptr;
     if (w.mem == nullptr) w.mem = std::malloc(w.bytes);
     if (w.mem == nullptr) return false;
-    waiting_.fetch_add(1);
+    gate_.add_reader();
     if (pthread_create(&w.thread, nullptr, &SessionLoop::work, &w) != 0) {
-      waiting_.fetch_sub(1);
+      gate_.remove_reader();
       release(w);
       return false;
     }
@@ -460,11 +465,21 @@ class SessionLoop {
         }
         break;
       }
-      // The last waiting worker took this request: start another to wait for the next.
-      if (l.waiting_.fetch_sub(1) == 1) l.start_worker();
+      // The last reader took this request: wake parked workers, or start another, to wait
+      // for the next.
+      ReaderGate::Parking* wake[ReaderGate::kWake];
+      bool start = false;
+      const unsigned n = l.gate_.took(wake, &start);
+      for (unsigned i = 0; i < n; ++i) ReaderGate::wake(wake[i]);
+      if (start) l.start_worker();
       fuse_session_process_buf(l.se_, &buf);
-      l.waiting_.fetch_add(1);
+      if (!l.gate_.done(&w->parking)) {
+        pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, nullptr);
+        ReaderGate::wait(&w->parking);
+        pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, nullptr);
+      }
     }
+    l.gate_.remove_reader();
     sem_post(&l.finish_);
     return nullptr;
   }
@@ -486,10 +501,10 @@ class SessionLoop {
   // Sized once; workers_[i] is written by start_worker() before thread i starts, then read
   // by that thread and, after it has been joined, by run().
   std::vector<Worker> workers_;
-  std::mutex spawn_mu_;               // guards started_ and ending_
-  unsigned started_ = 0;              // spawn_mu_
-  bool ending_ = false;               // spawn_mu_
-  std::atomic<unsigned> waiting_{0};  // workers not processing a request
+  std::mutex spawn_mu_;        // guards started_ and ending_
+  unsigned started_ = 0;       // spawn_mu_
+  bool ending_ = false;        // spawn_mu_
+  ReaderGate gate_;            // which idle workers read /dev/fuse (thread-safe: reader_gate.h)
   sem_t finish_;               // posted by each worker as it ends, and by a ring's fatal error
   std::atomic<int> error_{0};  // the first failed read's error, or a ring's fatal one
 };
