@@ -304,14 +304,13 @@ struct UringOptions {
 // allocates its own). As in libfuse's loop: one worker to begin with, and another (up to
 // `threads`) whenever a worker takes a request while no other is waiting for one, so a
 // light load keeps few threads and their buffers warm; workers stay until the loop ends.
-// Unlike libfuse's loop, not every idle worker waits in the kernel: a ReaderGate
-// (reader_gate.h) parks those the recent load did not need, so that a light load after a
-// burst is served by warm threads, not by the one idle longest. A worker reads and processes
-// requests until the session has exited (unmount, or a signal handler's fuse_session_exit);
-// the calling thread waits for the first worker to finish, then cancels the rest, which take
-// cancellation only while they wait for a request or are parked.
-// Returns 0, or the negative error of a failed read (INIT's write too: answer_init), or -ENOMEM
-// (no first worker).
+// Unlike libfuse's loop, on 8 CPUs or more not every idle worker waits in the kernel: a
+// ReaderGate (reader_gate.h) parks those the recent load did not need, so that a light load
+// after a burst is served by warm threads, not by the one idle longest. A worker reads and
+// processes requests until the session has exited (unmount, or a signal handler's
+// fuse_session_exit); the calling thread waits for the first worker to finish, then cancels the
+// rest, which take cancellation only while they wait for a request or are parked. Returns 0, or the
+// negative error of a failed read (INIT's write too: answer_init), or -ENOMEM (no first worker).
 class SessionLoop {
  public:
   // `uring`: whether and how to ask for FUSE over io_uring (fuse_uring.h); its threads are
@@ -501,10 +500,10 @@ class SessionLoop {
   // Sized once; workers_[i] is written by start_worker() before thread i starts, then read
   // by that thread and, after it has been joined, by run().
   std::vector<Worker> workers_;
-  std::mutex spawn_mu_;        // guards started_ and ending_
-  unsigned started_ = 0;       // spawn_mu_
-  bool ending_ = false;        // spawn_mu_
-  ReaderGate gate_;            // which idle workers read /dev/fuse (thread-safe: reader_gate.h)
+  std::mutex spawn_mu_;                   // guards started_ and ending_
+  unsigned started_ = 0;                  // spawn_mu_
+  bool ending_ = false;                   // spawn_mu_
+  ReaderGate gate_{park_idle_workers()};  // which idle workers read /dev/fuse (thread-safe)
   sem_t finish_;               // posted by each worker as it ends, and by a ring's fatal error
   std::atomic<int> error_{0};  // the first failed read's error, or a ring's fatal one
 };

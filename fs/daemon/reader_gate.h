@@ -27,6 +27,12 @@
 // against 40-46 K without the gate), the burst rows unchanged
 // (bench/results/reader-gate-16core-20261206.md).
 //
+// On few CPUs the gate is off (`parks` false: SessionLoop asks park_idle_workers() in
+// worker_threads.h): on the 2-core VM, where the load itself keeps both CPUs busy, QD1 reads
+// after a burst ran 20-25 % slower with four workers left reading than with all ten (fio, 2 x
+// QD32 then QD1, three rounds: 34-42 K against 46-59 K IOPS), and libfuse's loop limited to
+// four workers lost the same; fresh mounts were alike.
+//
 // A parked worker is woken when the last reader takes a request (nobody could take the
 // next), the one parked last first (the warmest thread, likely on a running CPU), and two at
 // a time (kWake), so a new burst after a quiet spell grows the readers as fast as
@@ -80,7 +86,9 @@ class ReaderGate {
     return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
   }
 
-  explicit ReaderGate(Clock now = &coarse_now_ns) : now_(now), window_end_(now() + kWindowNs) {}
+  // `parks` false: no worker ever parks (every idle worker reads, as in libfuse's loop).
+  explicit ReaderGate(bool parks = true, Clock now = &coarse_now_ns)
+      : parks_(parks), now_(now), window_end_(now() + kWindowNs) {}
 
   // A worker about to start counts as a reader (it reads first); one that could not start,
   // or that ends, no longer does.
@@ -113,7 +121,7 @@ class ReaderGate {
   // mu_: if that took() holds mu_ first, this worker sees fewer than kMinReaders readers
   // under mu_ and reads; otherwise it is in parked_ when that took() looks.
   bool done(Parking* self) {
-    if (spare() >= kMinReaders) {
+    if (parks_ && spare() >= kMinReaders) {
       std::lock_guard<std::mutex> g(mu_);
       if (readers_.load(std::memory_order_seq_cst) >= kMinReaders) {
         parked_.push_back(self);
@@ -162,6 +170,7 @@ class ReaderGate {
     }
   }
 
+  const bool parks_;
   const Clock now_;
   std::atomic<int> readers_{0};       // workers reading, or about to read, /dev/fuse
   std::atomic<int> low_{0};           // the fewest readers left idle by a request in this window

@@ -51,7 +51,7 @@ void burst_of_eight(ReaderGate& g, ReaderGate::Parking (&parking)[8], bool start
 }
 
 TEST(ReaderGate, UnderALoadEveryWorkerKeepsReading) {
-  ReaderGate g(&fake_now);
+  ReaderGate g(true, &fake_now);
   ReaderGate::Parking parking[8];
   burst_of_eight(g, parking);
   // The same load again, window after window: nobody parks.
@@ -63,7 +63,7 @@ TEST(ReaderGate, UnderALoadEveryWorkerKeepsReading) {
 }
 
 TEST(ReaderGate, WorkersParkDownToTwoReadersOnceTheRestWereSpareForAWholeWindow) {
-  ReaderGate g(&fake_now);
+  ReaderGate g(true, &fake_now);
   ReaderGate::Parking parking[8];
   burst_of_eight(g, parking);
   ReaderGate::Parking* wake[ReaderGate::kWake];
@@ -102,10 +102,28 @@ TEST(ReaderGate, WorkersParkDownToTwoReadersOnceTheRestWereSpareForAWholeWindow)
   for (auto& p : parking) EXPECT_FALSE(woken(p));
 }
 
+// A gate that does not park (few CPUs: park_idle_workers) keeps every worker reading.
+TEST(ReaderGate, AGateThatDoesNotParkKeepsEveryWorkerReading) {
+  ReaderGate g(false, &fake_now);
+  ReaderGate::Parking parking[8];
+  burst_of_eight(g, parking);
+  next_window();
+  next_window();
+  next_window();
+  ReaderGate::Parking* wake[ReaderGate::kWake];
+  bool start = false;
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(g.took(wake, &start), 0u);
+    EXPECT_TRUE(g.done(&parking[i % 8]));
+  }
+  EXPECT_EQ(g.readers(), 8);
+  EXPECT_EQ(g.parked(), 0u);
+}
+
 // A window with no request at all had every reader idle: after a quiet spell, the first
 // worker done with a request parks at once.
 TEST(ReaderGate, AfterAQuietSpellTheSpareReadersParkAtOnce) {
-  ReaderGate g(&fake_now);
+  ReaderGate g(true, &fake_now);
   ReaderGate::Parking parking[8];
   burst_of_eight(g, parking);
   next_window();
@@ -119,7 +137,7 @@ TEST(ReaderGate, AfterAQuietSpellTheSpareReadersParkAtOnce) {
 }
 
 TEST(ReaderGate, TheLastReaderToTakeARequestWakesTheTwoParkedLast) {
-  ReaderGate g(&fake_now);
+  ReaderGate g(true, &fake_now);
   ReaderGate::Parking parking[8];
   burst_of_eight(g, parking);
   next_window();
@@ -161,7 +179,7 @@ TEST(ReaderGate, TheLastReaderToTakeARequestWakesTheTwoParkedLast) {
 // load must park workers.
 TEST(ReaderGate, ThreadsServeBurstsAndSingleRequestsWithoutLosingAWakeUp) {
   constexpr unsigned kMaxWorkers = 16;
-  ReaderGate g(&fake_now);
+  ReaderGate g(true, &fake_now);
   std::mutex mu;
   std::condition_variable queued, served;
   std::deque<int> queue;    // mu: requests; -1 ends the worker that takes it

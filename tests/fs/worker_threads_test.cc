@@ -25,6 +25,14 @@ TEST(WorkerThreads, OnePerCpuForAPromptDeviceTwoForASlowOneWithinBounds) {
   EXPECT_EQ(slow_device_max_threads(4096), 64u);
 }
 
+TEST(WorkerThreads, IdleWorkersParkOnEightCpusOrMore) {
+  EXPECT_FALSE(park_idle_workers(1));
+  EXPECT_FALSE(park_idle_workers(2));
+  EXPECT_FALSE(park_idle_workers(7));
+  EXPECT_TRUE(park_idle_workers(8));
+  EXPECT_TRUE(park_idle_workers(16));
+}
+
 // A daemon started under taskset (or in a cpuset) counts the CPUs of its mask.
 TEST(WorkerThreads, TheCpusCountedAreThoseOfTheAffinityMask) {
   cpu_set_t all;
