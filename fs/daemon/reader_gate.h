@@ -104,6 +104,10 @@ class ReaderGate {
     const int left = readers_.fetch_sub(1, std::memory_order_seq_cst) - 1;
     observe(left);
     if (left > 0) return 0;
+    if (!parks_) {  // nobody is ever parked
+      *start = true;
+      return 0;
+    }
     std::lock_guard<std::mutex> g(mu_);
     unsigned n = 0;
     while (n < kWake && !parked_.empty()) {
