@@ -19,12 +19,12 @@
 // requests arrive, and this loop runs as the ungated one did); a fixed limit of two readers
 // instead, parking the rest, cut QD32 reads there to 138-198 K from 298-308 K (every extra
 // worker had to be woken by another, one after the other), and a limit that followed the
-// peak of busy workers parked and woke workers a thousand times a second on 2 cores (the
-// busy count there stays below the pool while the pool is all in use). When the load falls
-// to one request at a time, the workers that finish requests park until two read, which
-// alternate, each idle for one request's time, not for the whole pool's round. On the 16-core
-// device machine, QD1 reads right after a burst then ran as on a fresh mount (60-64 K IOPS,
-// against 40-46 K without the gate), the burst rows unchanged
+// peak of busy workers parked and woke workers 1,249 times in one 8-second run of four jobs
+// on 2 cores (the busy count there stays below the pool while the pool is all in use).
+// When the load falls to one request at a time, the workers that finish requests park until
+// two read, which alternate, each idle for one request's time, not for the whole pool's
+// round. On the 16-core device machine, QD1 reads right after a burst then ran as on a
+// fresh mount (60-64 K IOPS, against 40-46 K without the gate), the burst rows unchanged
 // (bench/results/reader-gate-16core-20261206.md).
 //
 // On few CPUs the gate is off (`parks` false: SessionLoop asks park_idle_workers() in
