@@ -102,12 +102,12 @@ class ReaderGate {
   unsigned took(Parking* wake[kWake], bool* start) {
     *start = false;
     const int left = readers_.fetch_sub(1, std::memory_order_seq_cst) - 1;
-    observe(left);
-    if (left > 0) return 0;
-    if (!parks_) {  // nobody is ever parked
-      *start = true;
+    if (!parks_) {  // nobody is ever parked, and the low-water marks are never asked
+      *start = left <= 0;
       return 0;
     }
+    observe(left);
+    if (left > 0) return 0;
     std::lock_guard<std::mutex> g(mu_);
     unsigned n = 0;
     while (n < kWake && !parked_.empty()) {
