@@ -50,127 +50,116 @@ void burst_of_eight(ReaderGate& g, ReaderGate::Parking (&parking)[8], bool start
   EXPECT_EQ(g.spare(), 0);
 }
 
-TEST(ReaderGate, UnderALoadEveryWorkerKeepsReading) {
-  ReaderGate g(true, &fake_now);
+// A gate (parking or not) with eight workers as a burst leaves them, `windows` windows ago,
+// and the arguments of took() at hand.
+struct AfterABurst {
+  explicit AfterABurst(bool parks, int windows = 0) : g(parks, &fake_now) {
+    burst_of_eight(g, parking);
+    for (int w = 0; w < windows; ++w) next_window();
+  }
+  unsigned take() { return g.took(wake, &start); }
+  // One request at a time until two read: parking[0..5] park, the last first.
+  void park_six() {
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_EQ(take(), 0u);
+      EXPECT_FALSE(start);
+      ASSERT_FALSE(g.done(&parking[i])) << i;
+    }
+  }
+
+  ReaderGate g;
   ReaderGate::Parking parking[8];
-  burst_of_eight(g, parking);
+  ReaderGate::Parking* wake[ReaderGate::kWake];
+  bool start = false;
+};
+
+TEST(ReaderGate, UnderALoadEveryWorkerKeepsReading) {
+  AfterABurst b(true);
   // The same load again, window after window: nobody parks.
   for (int w = 0; w < 5; ++w) {
     next_window();
-    burst_of_eight(g, parking, false);
+    burst_of_eight(b.g, b.parking, false);
   }
-  for (auto& p : parking) EXPECT_FALSE(woken(p));
+  for (auto& p : b.parking) EXPECT_FALSE(woken(p));
 }
 
 TEST(ReaderGate, WorkersParkDownToTwoReadersOnceTheRestWereSpareForAWholeWindow) {
-  ReaderGate g(true, &fake_now);
-  ReaderGate::Parking parking[8];
-  burst_of_eight(g, parking);
-  ReaderGate::Parking* wake[ReaderGate::kWake];
-  bool start = false;
   // One request at a time, in the window after the burst: the burst's window left no reader
   // idle, so nobody parks yet.
-  next_window();
-  EXPECT_EQ(g.took(wake, &start), 0u);
-  EXPECT_TRUE(g.done(&parking[0]));
-  EXPECT_EQ(g.spare(), 0);
+  AfterABurst b(true, 1);
+  EXPECT_EQ(b.take(), 0u);
+  EXPECT_TRUE(b.g.done(&b.parking[0]));
+  EXPECT_EQ(b.g.spare(), 0);
   // A window later, seven readers were left idle all through the last one: each worker done
   // with a request parks until two read.
   next_window();
-  for (int i = 0; i < 6; ++i) {
-    EXPECT_EQ(g.took(wake, &start), 0u);
-    EXPECT_FALSE(start);
-    EXPECT_FALSE(g.done(&parking[i])) << i;
-  }
-  EXPECT_EQ(g.readers(), 2);
-  EXPECT_EQ(g.parked(), 6u);
+  b.park_six();
+  EXPECT_EQ(b.g.readers(), 2);
+  EXPECT_EQ(b.g.parked(), 6u);
   // Now the two readers alternate, and nobody is woken or parked.
   for (int i = 0; i < 100; ++i) {
-    EXPECT_EQ(g.took(wake, &start), 0u);
-    EXPECT_FALSE(start);
-    EXPECT_TRUE(g.done(&parking[6 + i % 2]));
+    EXPECT_EQ(b.take(), 0u);
+    EXPECT_FALSE(b.start);
+    EXPECT_TRUE(b.g.done(&b.parking[6 + i % 2]));
   }
-  EXPECT_EQ(g.parked(), 6u);
-  EXPECT_LT(g.spare(), ReaderGate::kMinReaders);
+  EXPECT_EQ(b.g.parked(), 6u);
+  EXPECT_LT(b.g.spare(), ReaderGate::kMinReaders);
   // In the windows after, too.
   for (int w = 0; w < 3; ++w) {
     next_window();
-    EXPECT_EQ(g.took(wake, &start), 0u);
-    EXPECT_TRUE(g.done(&parking[6]));
+    EXPECT_EQ(b.take(), 0u);
+    EXPECT_TRUE(b.g.done(&b.parking[6]));
   }
-  EXPECT_EQ(g.parked(), 6u);
-  for (auto& p : parking) EXPECT_FALSE(woken(p));
+  EXPECT_EQ(b.g.parked(), 6u);
+  for (auto& p : b.parking) EXPECT_FALSE(woken(p));
 }
 
 // A gate that does not park (few CPUs: park_idle_workers) keeps every worker reading.
 TEST(ReaderGate, AGateThatDoesNotParkKeepsEveryWorkerReading) {
-  ReaderGate g(false, &fake_now);
-  ReaderGate::Parking parking[8];
-  burst_of_eight(g, parking);
-  next_window();
-  next_window();
-  next_window();
-  ReaderGate::Parking* wake[ReaderGate::kWake];
-  bool start = false;
+  AfterABurst b(false, 3);
   for (int i = 0; i < 20; ++i) {
-    EXPECT_EQ(g.took(wake, &start), 0u);
-    EXPECT_TRUE(g.done(&parking[i % 8]));
+    EXPECT_EQ(b.take(), 0u);
+    EXPECT_TRUE(b.g.done(&b.parking[i % 8]));
   }
-  EXPECT_EQ(g.readers(), 8);
-  EXPECT_EQ(g.parked(), 0u);
+  EXPECT_EQ(b.g.readers(), 8);
+  EXPECT_EQ(b.g.parked(), 0u);
 }
 
 // A window with no request at all had every reader idle: after a quiet spell, the first
 // worker done with a request parks at once.
 TEST(ReaderGate, AfterAQuietSpellTheSpareReadersParkAtOnce) {
-  ReaderGate g(true, &fake_now);
-  ReaderGate::Parking parking[8];
-  burst_of_eight(g, parking);
-  next_window();
-  next_window();
-  next_window();
-  ReaderGate::Parking* wake[ReaderGate::kWake];
-  bool start = false;
-  EXPECT_EQ(g.took(wake, &start), 0u);
-  EXPECT_FALSE(g.done(&parking[0]));
-  EXPECT_EQ(g.parked(), 1u);
+  AfterABurst b(true, 3);
+  EXPECT_EQ(b.take(), 0u);
+  EXPECT_FALSE(b.g.done(&b.parking[0]));
+  EXPECT_EQ(b.g.parked(), 1u);
 }
 
 TEST(ReaderGate, TheLastReaderToTakeARequestWakesTheTwoParkedLast) {
-  ReaderGate g(true, &fake_now);
-  ReaderGate::Parking parking[8];
-  burst_of_eight(g, parking);
-  next_window();
-  next_window();
-  ReaderGate::Parking* wake[ReaderGate::kWake];
-  bool start = false;
-  for (int i = 0; i < 6; ++i) {
-    g.took(wake, &start);
-    ASSERT_FALSE(g.done(&parking[i]));
-  }
+  AfterABurst b(true, 2);
+  b.park_six();
   // Two requests at once: the second takes the last reader.
-  EXPECT_EQ(g.took(wake, &start), 0u);
-  ASSERT_EQ(g.took(wake, &start), 2u);
-  EXPECT_FALSE(start);
-  EXPECT_EQ(wake[0], &parking[5]);
-  EXPECT_EQ(wake[1], &parking[4]);
-  EXPECT_EQ(g.readers(), 2);
-  EXPECT_EQ(g.parked(), 4u);
+  EXPECT_EQ(b.take(), 0u);
+  ASSERT_EQ(b.take(), 2u);
+  EXPECT_FALSE(b.start);
+  EXPECT_EQ(b.wake[0], &b.parking[5]);
+  EXPECT_EQ(b.wake[1], &b.parking[4]);
+  EXPECT_EQ(b.g.readers(), 2);
+  EXPECT_EQ(b.g.parked(), 4u);
   // Both of those take one too: the next two parked are woken, and so on until none is left.
-  EXPECT_EQ(g.took(wake, &start), 0u);
-  ASSERT_EQ(g.took(wake, &start), 2u);
-  EXPECT_EQ(wake[0], &parking[3]);
-  EXPECT_EQ(wake[1], &parking[2]);
-  EXPECT_EQ(g.took(wake, &start), 0u);
-  ASSERT_EQ(g.took(wake, &start), 2u);
-  EXPECT_EQ(g.took(wake, &start), 0u);
-  EXPECT_EQ(g.took(wake, &start), 0u);
-  EXPECT_TRUE(start) << "with none parked, the loop is asked to start a worker";
-  EXPECT_EQ(g.readers(), 0);
-  EXPECT_EQ(g.parked(), 0u);
+  EXPECT_EQ(b.take(), 0u);
+  ASSERT_EQ(b.take(), 2u);
+  EXPECT_EQ(b.wake[0], &b.parking[3]);
+  EXPECT_EQ(b.wake[1], &b.parking[2]);
+  EXPECT_EQ(b.take(), 0u);
+  ASSERT_EQ(b.take(), 2u);
+  EXPECT_EQ(b.take(), 0u);
+  EXPECT_EQ(b.take(), 0u);
+  EXPECT_TRUE(b.start) << "with none parked, the loop is asked to start a worker";
+  EXPECT_EQ(b.g.readers(), 0);
+  EXPECT_EQ(b.g.parked(), 0u);
   // Eight busy now, no reader left: all of them read when done.
-  for (auto& p : parking) EXPECT_TRUE(g.done(&p));
-  EXPECT_EQ(g.readers(), 8);
+  for (auto& p : b.parking) EXPECT_TRUE(b.g.done(&p));
+  EXPECT_EQ(b.g.readers(), 8);
 }
 
 // Workers as SessionLoop runs them, over a fake kernel queue of requests: bursts, then one request
