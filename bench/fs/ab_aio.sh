@@ -9,11 +9,12 @@
 #         the kind's own (an older build beside the new one, say).
 # WARPFS, MKFS, NULL, PLL: the binaries (default: on PATH as warpfs, mkfs.warpfs, warpfs-null,
 # passthrough_ll); AIOLOAD: the load generator (built from aioload.c beside this script into
-# TMPDIR when absent); JOBS: "rw:qd:jobs" list (default "read:32:1 write:32:1 read:8:4
-# write:8:4 read:1:1"); SECONDS_PER_JOB (default 3); TMPDIR (default /dev/shm).
+# TMPDIR when absent or older than aioload.c); JOBS: "rw:qd:jobs" list (default "read:32:1
+# write:32:1 read:8:4 write:8:4 read:1:1"); SECONDS_PER_JOB (default 3); TMPDIR (default
+# /dev/shm).
 # Prints one JSON object per measurement: {"variant","round","rw","qd","jobs","iops"}.
 set -u
-(($# >= 2)) || { sed -n 2,11p "$0" >&2; exit 2; }
+(($# >= 2)) || { sed -n 2,15p "$0" >&2; exit 2; }
 rounds=$1
 shift
 tmp=${TMPDIR:-/dev/shm}
@@ -23,7 +24,8 @@ jobs=${JOBS:-read:32:1 write:32:1 read:8:4 write:8:4 read:1:1}
 secs=${SECONDS_PER_JOB:-3}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 aioload=${AIOLOAD:-$tmp/aioload}
-if [[ ! -x $aioload ]]; then
+# Built again when aioload.c is newer than the binary a previous run left in TMPDIR.
+if [[ -z ${AIOLOAD:-} && (! -x $aioload || $here/aioload.c -nt $aioload) ]]; then
   cc -O2 -pthread -o "$aioload" "$here/aioload.c" || exit 1
 fi
 mnt=$(mktemp -d "$tmp/ab-aio-mnt.XXXXXX")
