@@ -46,19 +46,28 @@ struct Options {
   uint64_t span_mb = 32;
   double seconds = 5;
   std::vector<unsigned> threads{1, 32};
+  // Emulated device only: commands run in the thread that rings the doorbell (the daemon's
+  // default, EmulatedConfig::inline_io) or on the controller's own threads; I/O queue pairs
+  // (the controller's threads: one per pair, as the daemon sets it; 0: the driver's default).
+  bool inline_io = false;
+  uint64_t queues = 0;
 };
 
 [[noreturn]] void usage_error(const std::string& why) {
   std::fprintf(stderr,
                "warpfs-bench-blockread: %s\n"
                "usage: warpfs-bench-blockread --target DEVICE|PATH [--label L] [--span-mb N]\n"
-               "       [--seconds X] [--threads LIST]\n"
+               "       [--seconds X] [--threads LIST] [--inline 0|1] [--queues N]\n"
                "  --target     emu:/vfio:/tcp: DEVICE (warpfs's driver) or a PATH (pread, "
                "O_DIRECT)\n"
                "  --label      a name for the JSON lines (default: the target)\n"
                "  --span-mb N  reads fall in the first N MiB (default 32)\n"
                "  --seconds X  measured seconds per thread count (default 5)\n"
-               "  --threads L  thread counts, one read in flight each (default 1,32)\n",
+               "  --threads L  thread counts, one read in flight each (default 1,32)\n"
+               "  --inline B   emu: only: 1 runs each command in the thread that submits it,\n"
+               "               as warpfs does (default 0: the controller's own threads)\n"
+               "  --queues N   emu: only: I/O queue pairs, one controller thread each\n"
+               "               (default: the driver's)\n",
                why.c_str());
   std::exit(2);
 }
@@ -80,6 +89,12 @@ Options parse(int argc, char** argv) {
       if (!parse_double(v, 0.01, 3600, &o.seconds)) usage_error("--seconds: '" + v + "'");
     } else if (a == "--threads") {
       o.threads = parse_uint_list("--threads", v, 1, 256, usage_error);
+    } else if (a == "--inline") {
+      uint64_t b = 0;
+      if (!parse_uint(v, 0, 1, &b)) usage_error("--inline: '" + v + "'");
+      o.inline_io = b != 0;
+    } else if (a == "--queues") {
+      if (!parse_uint(v, 1, 64, &o.queues)) usage_error("--queues: '" + v + "'");
     } else {
       usage_error("unknown option " + a);
     }
@@ -143,12 +158,16 @@ void run_point(const Options& o, const char* path, unsigned threads, uint64_t bl
 
 int run_driver(const Options& o, const nvme::DeviceSpec& spec) {
   std::string err;
-  auto transport = nvme::open_transport(spec, nvme::EmulatedConfig{}, nvme::VfioOptions{}, 0, &err);
+  nvme::EmulatedConfig ec;
+  ec.inline_io = o.inline_io;
+  if (o.queues != 0) ec.worker_threads = static_cast<unsigned>(o.queues);
+  auto transport = nvme::open_transport(spec, ec, nvme::VfioOptions{}, 0, &err);
   if (!transport) {
     std::fprintf(stderr, "warpfs-bench-blockread: %s: %s\n", o.target.c_str(), err.c_str());
     return 1;
   }
   nvme::ControllerOptions co;
+  if (o.queues != 0) co.io_queues = static_cast<uint16_t>(o.queues);
   auto ctrl = nvme::Controller::open(*transport, co, &err);
   if (!ctrl) {
     std::fprintf(stderr, "warpfs-bench-blockread: %s: %s\n", o.target.c_str(), err.c_str());
