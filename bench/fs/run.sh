@@ -288,12 +288,12 @@ start_daemon() {  # FS LOG CMD...
   exit 1
 }
 
-# Room for every image: the warpfs images, fuse2fs's and ext4_loop's.
 # --prefill: the image written in full (zeroes), private to root as mkfs.warpfs wants it.
 prefill_image() {
   ((prefill)) || return 0
   (umask 077 && dd if=/dev/zero of="$1" bs=1M count="$img_mb" conv=notrunc status=none)
 }
+# Room for every image: the warpfs images, fuse2fs's and ext4_loop's.
 images=0
 for f in "${fses[@]}"; do [[ $f == warpfs* || $f == fuse2fs || $f == ext4_loop ]] && ((++images)); done
 mount_tmpfs fsbench-store "$work/store" $((img_mb * (images > 0 ? images : 1) + 256))
