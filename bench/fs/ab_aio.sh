@@ -8,10 +8,10 @@
 #         VAR=VALUE: the daemon's environment, but BIN=PATH: the daemon's binary instead of
 #         the kind's own (an older build beside the new one, say).
 # WARPFS, MKFS, NULL, PLL: the binaries (default: on PATH as warpfs, mkfs.warpfs, warpfs-null,
-# passthrough_ll); AIOLOAD: the load generator (built from aioload.c beside this script into
-# TMPDIR when absent or older than aioload.c); JOBS: "rw:qd:jobs" list (default "read:32:1
-# write:32:1 read:8:4 write:8:4 read:1:1"); SECONDS_PER_JOB (default 3); TMPDIR (default
-# /dev/shm).
+# passthrough_ll); AIOLOAD: the load generator (default TMPDIR/aioload; built from aioload.c
+# beside this script where absent, the default also when older than aioload.c); JOBS:
+# "rw:qd:jobs" list (default "read:32:1 write:32:1 read:8:4 write:8:4 read:1:1");
+# SECONDS_PER_JOB (default 3); TMPDIR (default /dev/shm).
 # Prints one JSON object per measurement: {"variant","round","rw","qd","jobs","iops"}.
 set -u
 (($# >= 2)) || { sed -n 2,15p "$0" >&2; exit 2; }
@@ -24,8 +24,9 @@ jobs=${JOBS:-read:32:1 write:32:1 read:8:4 write:8:4 read:1:1}
 secs=${SECONDS_PER_JOB:-3}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 aioload=${AIOLOAD:-$tmp/aioload}
-# Built again when aioload.c is newer than the binary a previous run left in TMPDIR.
-if [[ -z ${AIOLOAD:-} && (! -x $aioload || $here/aioload.c -nt $aioload) ]]; then
+# Built where it is absent; the default one in TMPDIR also when aioload.c is newer than the
+# binary a previous run left there.
+if [[ ! -x $aioload || (-z ${AIOLOAD:-} && $here/aioload.c -nt $aioload) ]]; then
   cc -O2 -pthread -o "$aioload" "$here/aioload.c" || exit 1
 fi
 mnt=$(mktemp -d "$tmp/ab-aio-mnt.XXXXXX")
