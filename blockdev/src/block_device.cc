@@ -162,6 +162,55 @@ Status CachedBlockDevice::read_uncached(uint64_t block, uint32_t count, void* bu
   return cache_->read_direct(block, count, buf, nvme::Priority::kBulk);
 }
 
+namespace {
+
+class CachePendingRead final : public BlockDevice::PendingRead {
+ public:
+  explicit CachePendingRead(std::unique_ptr<cache::Cache::DirectRead> r) : r_(std::move(r)) {}
+  bool poll() override { return r_->poll(); }
+  void idle(port::Backoff& b) override { r_->idle(b); }
+  Status status() const override { return r_->status(); }
+
+ private:
+  std::unique_ptr<cache::Cache::DirectRead> r_;
+};
+
+class NvmePendingRead final : public BlockDevice::PendingRead {
+ public:
+  explicit NvmePendingRead(nvme::NamespaceIo& ns) : s(ns) {}
+  bool poll() override { return s.poll(); }
+  void idle(port::Backoff& b) override { s.idle(b); }
+  Status status() const override { return io.status; }
+  nvme::BlockIo io;
+  nvme::NamespaceIo::Started s;
+};
+
+}  // namespace
+
+Status CachedBlockDevice::read_uncached_start(uint64_t block, uint32_t count, void* buf,
+                                              std::unique_ptr<PendingRead>* pending) {
+  pending->reset();
+  if (Status s = check(block, count); !s.is_ok()) return s;
+  std::unique_ptr<cache::Cache::DirectRead> r;
+  const Status s = cache_->read_direct_start(block, count, buf, nvme::Priority::kBulk, &r);
+  if (r != nullptr) *pending = std::make_unique<CachePendingRead>(std::move(r));
+  return s;
+}
+
+Status NvmeBlockDevice::read_uncached_start(uint64_t block, uint32_t count, void* buf,
+                                            std::unique_ptr<PendingRead>* pending) {
+  pending->reset();
+  if (Status s = check(block, count); !s.is_ok()) return s;
+  auto r = std::make_unique<NvmePendingRead>(ns_);
+  r->io.block = block;
+  r->io.count = count;
+  r->io.data = static_cast<uint8_t*>(buf);
+  ns_.start(&r->io, 1, &r->s);
+  if (r->s.poll()) return r->io.status;
+  *pending = std::move(r);
+  return Status::ok();
+}
+
 // Large transfers go around the cache at once; the blocks of the others are gathered into
 // warps of 32 lanes, whichever transfer each belongs to.
 void CachedBlockDevice::submit(Io* ios, int n) {

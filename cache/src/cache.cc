@@ -904,26 +904,88 @@ void Cache::unpin(const std::vector<std::pair<uint64_t, uint32_t>>& pins) {
 // and a block that was not cached has its newest data on the device (evictions write back
 // under the set lock before the block leaves; flushes pin the line while they write). A
 // range the cache holds whole is copied from its lines, without the device.
+namespace {
+
+class NamespaceStarted final : public Backend::Started {
+ public:
+  explicit NamespaceStarted(nvme::NamespaceIo& ns) : s(ns) {}
+  bool poll() override { return s.poll(); }
+  void idle(port::Backoff& b) override { s.idle(b); }
+  nvme::NamespaceIo::Started s;
+};
+
+}  // namespace
+
+void NamespaceBackend::start(Op* op, std::unique_ptr<Started>* out) {
+  auto s = std::make_unique<NamespaceStarted>(ns_);
+  ns_.start(op, 1, &s->s);
+  if (s->s.poll()) {
+    out->reset();
+  } else {
+    *out = std::move(s);
+  }
+}
+
 Status Cache::read_direct(uint64_t first, uint64_t count_lines, void* buf, nvme::Priority p) {
-  const auto pins = pin_range(first, count_lines);
-  Backend::Op op;
-  op.block = first;
-  op.count = static_cast<uint32_t>(count_lines);
-  op.priority = p;
-  op.data = static_cast<uint8_t*>(buf);
-  if (pins.size() < count_lines) b_.io(&op, 1);
-  if (op.status.is_ok()) {
-    for (const auto& [b, w] : pins) {
-      std::memcpy(static_cast<uint8_t*>(buf) + (b - first) * line_bytes_, data_of(w), line_bytes_);
+  DirectRead r(*this);
+  r.pins_ = pin_range(first, count_lines);
+  r.op_.block = first;
+  r.op_.count = static_cast<uint32_t>(count_lines);
+  r.op_.priority = p;
+  r.op_.data = static_cast<uint8_t*>(buf);
+  if (r.pins_.size() < count_lines) b_.io(&r.op_, 1);
+  r.finish();
+  return r.op_.status;
+}
+
+Status Cache::read_direct_start(uint64_t first, uint64_t count_lines, void* buf, nvme::Priority p,
+                                std::unique_ptr<DirectRead>* pending) {
+  std::unique_ptr<DirectRead> r(new DirectRead(*this));
+  r->pins_ = pin_range(first, count_lines);
+  r->op_.block = first;
+  r->op_.count = static_cast<uint32_t>(count_lines);
+  r->op_.priority = p;
+  r->op_.data = static_cast<uint8_t*>(buf);
+  if (r->pins_.size() < count_lines) b_.start(&r->op_, &r->started_);
+  if (r->started_ != nullptr) {
+    *pending = std::move(r);
+    return Status::ok();
+  }
+  pending->reset();
+  r->finish();
+  return r->op_.status;
+}
+
+Cache::DirectRead::~DirectRead() {
+  if (started_ == nullptr) return;
+  port::Backoff b;
+  while (!started_->poll()) started_->idle(b);
+  finish();
+}
+
+bool Cache::DirectRead::poll() {
+  if (started_ == nullptr) return true;  // ended (finish() ran)
+  if (!started_->poll()) return false;
+  finish();
+  return true;
+}
+
+// The device's data is in (or the range was cached whole): the pinned lines over it, which
+// are never older than the device (SPIN's consistency rule, §4), then the pins go.
+void Cache::DirectRead::finish() {
+  started_.reset();
+  if (op_.status.is_ok()) {
+    for (const auto& [b, w] : pins_) {
+      std::memcpy(op_.data + (b - op_.block) * c_.line_bytes_, c_.data_of(w), c_.line_bytes_);
     }
-    if (pins.size() < count_lines) {
-      count(kBypassed, count_lines * line_bytes_);
+    if (pins_.size() < op_.count) {
+      c_.count(kBypassed, uint64_t{op_.count} * c_.line_bytes_);
     } else {
-      count(kHits, count_lines);
+      c_.count(kHits, op_.count);
     }
   }
-  unpin(pins);
-  return op.status;
+  c_.unpin(pins_);
+  pins_.clear();
 }
 
 // 1. Pin the cached lines of the range and put the new data in them (Dirty): no eviction or

@@ -17,6 +17,12 @@ namespace {
 
 constexpr uint32_t kBlocksPerTxn = 256;  // a write transaction maps at most 1 MiB
 
+// The log line of a failed read of a file's blocks.
+std::string read_failure(Ino ino, uint64_t physical, uint64_t count, const blockdev::Status& st) {
+  return "inode " + std::to_string(ino) + ": read of blocks " + std::to_string(physical) + "+" +
+         std::to_string(count) + " failed: " + st.to_string();
+}
+
 }  // namespace
 
 // Blocks [first, first + count) of the file into dst: holes and unwritten extents as zeroes,
@@ -32,8 +38,7 @@ int FsImpl::read_blocks(Node& n, uint64_t first, uint64_t count, uint8_t* dst, R
                              ? dev_.read_uncached(m.physical, static_cast<uint32_t>(run), p)
                              : dev_.read(m.physical, static_cast<uint32_t>(run), p);
                !st.is_ok()) {
-      log("inode " + std::to_string(n.ino) + ": read of blocks " + std::to_string(m.physical) +
-          "+" + std::to_string(run) + " failed: " + st.to_string());
+      log(read_failure(n.ino, m.physical, run, st));
       return errno_of(st);
     }
     b += run;
@@ -41,15 +46,21 @@ int FsImpl::read_blocks(Node& n, uint64_t first, uint64_t count, uint8_t* dst, R
   return 0;
 }
 
+int FsImpl::lock_for_read(Ino ino, uint64_t off, size_t* len, NodeRef* n,
+                          std::shared_lock<SharedMutex>* lk) {
+  if (int rc = get_node(ino, n); rc) return rc;
+  if (int rc = lock_mapped(**n, lk); rc) return rc;
+  if (S_ISDIR((*n)->disk.mode)) return EISDIR;
+  const uint64_t size = (*n)->disk.size;
+  *len = off >= size ? 0 : static_cast<size_t>(std::min<uint64_t>(*len, size - off));
+  return 0;
+}
+
 int FsImpl::read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got, ReadFor purpose) {
   *got = 0;
   NodeRef n;
-  if (int rc = get_node(ino, &n); rc) return rc;
   std::shared_lock<SharedMutex> lk;
-  if (int rc = lock_mapped(*n, &lk); rc) return rc;
-  if (S_ISDIR(n->disk.mode)) return EISDIR;
-  if (off >= n->disk.size || len == 0) return 0;
-  len = static_cast<size_t>(std::min<uint64_t>(len, n->disk.size - off));
+  if (int rc = lock_for_read(ino, off, &len, &n, &lk); rc || len == 0) return rc;
   const uint64_t first = off / kBlockSize;
   auto* out = reinterpret_cast<uint8_t*>(buf);
   if (off % kBlockSize == 0) {
@@ -70,6 +81,137 @@ int FsImpl::read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got, Read
     std::memcpy(out, blocks.data() + off % kBlockSize, len);
   }
   *got = len;
+  return 0;
+}
+
+namespace {
+
+// FsImpl::read_start's reads in flight: the device's reads of each extent, the node (kept
+// in memory) and its detached hold (locks.h), released when the last read has ended.
+class FilePendingRead final : public Filesystem::PendingRead {
+ public:
+  static constexpr size_t kMaxParts = 8;  // extents in flight at once; more: read at once
+
+  FilePendingRead(const std::function<void(const std::string&)>& log) : log_(log) {}
+  ~FilePendingRead() override {
+    for (auto& p : parts_) p.reset();  // each waits for its read
+    end();
+  }
+
+  bool poll() override {
+    if (ended_) return true;
+    for (size_t i = 0; i < nparts_; ++i) {
+      if (!parts_[i]->poll()) return false;
+    }
+    end();
+    return true;
+  }
+  void idle(port::Backoff& b) override {
+    for (size_t i = 0; i < nparts_; ++i) {
+      if (!parts_[i]->poll()) {
+        parts_[i]->idle(b);
+        return;
+      }
+    }
+  }
+  int result(size_t* got) const override {
+    *got = rc_ == 0 ? len_ : 0;
+    return rc_;
+  }
+
+  // Set up by read_start.
+  struct Part {
+    uint64_t physical;
+    uint64_t count;
+  };
+  std::unique_ptr<blockdev::BlockDevice::PendingRead> parts_[kMaxParts];
+  Part where_[kMaxParts] = {};
+  size_t nparts_ = 0;
+  size_t len_ = 0;
+  Ino ino_ = 0;
+  std::shared_ptr<void> node_;   // keeps the node in memory
+  SharedMutex* held_ = nullptr;  // its rw, held detached until end()
+
+ private:
+  // Every read has ended: the first failure decides, and the hold goes.
+  void end() {
+    if (ended_) return;
+    ended_ = true;
+    for (size_t i = 0; i < nparts_ && rc_ == 0; ++i) {
+      if (parts_[i] == nullptr) continue;
+      const blockdev::Status st = parts_[i]->status();
+      if (!st.is_ok()) {
+        log_(read_failure(ino_, where_[i].physical, where_[i].count, st));
+        rc_ = errno_of(st);
+      }
+    }
+    for (auto& p : parts_) p.reset();
+    if (held_ != nullptr) held_->release_detached();
+    held_ = nullptr;
+    node_.reset();
+  }
+
+  const std::function<void(const std::string&)>& log_;
+  int rc_ = 0;
+  bool ended_ = false;
+};
+
+}  // namespace
+
+// read() for the FUSE daemon (ReadFor::kDirect), with the device's reads left in flight:
+// block-aligned reads into a buffer with room for whole blocks; anything else is read() at
+// once. The mapping is looked up under rw shared, as read() does, and the hold that keeps it
+// (the blocks stay this file's) passes to the pending read, whichever thread ends it.
+int FsImpl::read_start(Ino ino, uint64_t off, size_t len, char* buf, size_t room, size_t* got,
+                       std::unique_ptr<PendingRead>* pending) {
+  pending->reset();
+  const uint64_t whole = (uint64_t{len} + kBlockSize - 1) / kBlockSize * kBlockSize;
+  if (off % kBlockSize != 0 || whole > room) {
+    return read(ino, off, len, buf, got, ReadFor::kDirect);
+  }
+  *got = 0;
+  NodeRef n;
+  std::shared_lock<SharedMutex> lk;
+  if (int rc = lock_for_read(ino, off, &len, &n, &lk); rc || len == 0) return rc;
+  const uint64_t first = off / kBlockSize, end = first + (len + kBlockSize - 1) / kBlockSize;
+  auto r = std::make_unique<FilePendingRead>(log_);
+  auto* out = reinterpret_cast<uint8_t*>(buf);
+  for (uint64_t b = first; b < end;) {
+    const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
+    const uint64_t run = std::min<uint64_t>(m.length, end - b);
+    uint8_t* p = out + (b - first) * kBlockSize;
+    if (r->nparts_ == FilePendingRead::kMaxParts) {
+      // More extents than reads kept in flight: the rest now (r's reads continue meanwhile).
+      if (int rc = read_blocks(*n, b, end - b, p, ReadFor::kDirect); rc) return rc;
+      break;
+    }
+    if (m.hole || m.unwritten) {
+      std::memset(p, 0, run * kBlockSize);
+    } else {
+      std::unique_ptr<blockdev::BlockDevice::PendingRead> part;
+      if (const blockdev::Status st =
+              dev_.read_uncached_start(m.physical, static_cast<uint32_t>(run), p, &part);
+          !st.is_ok()) {
+        log(read_failure(ino, m.physical, run, st));
+        return errno_of(st);  // r's reads end first (its destructor waits for them)
+      }
+      if (part != nullptr) {
+        r->where_[r->nparts_] = {m.physical, run};
+        r->parts_[r->nparts_++] = std::move(part);
+      }
+    }
+    b += run;
+  }
+  if (r->nparts_ == 0) {  // every read has ended
+    *got = len;
+    return 0;
+  }
+  r->len_ = len;
+  r->ino_ = ino;
+  n->rw.hold_detached();  // under lk: see DetachedHolds
+  r->held_ = &n->rw;
+  r->node_ = std::move(n);
+  *pending = std::move(r);
   return 0;
 }
 

@@ -256,6 +256,8 @@ class FsImpl final : public Filesystem {
   void release(Ino ino) override;
   [[nodiscard]] int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got,
                          ReadFor purpose) override;
+  [[nodiscard]] int read_start(Ino ino, uint64_t off, size_t len, char* buf, size_t room,
+                               size_t* got, std::unique_ptr<PendingRead>* pending) override;
   [[nodiscard]] int write(Ino ino, uint64_t off, size_t len, const char* buf, size_t* written,
                           bool* dropped_privs = nullptr,
                           WriteFrom from = WriteFrom::kWriter) override;
@@ -432,6 +434,10 @@ class FsImpl final : public Filesystem {
     bool unwritten;
   };
   Mapping map_lookup(Node& n, uint32_t lblk);
+  // A read's start (read, read_start): the node, its rw shared with the mapping loaded, and
+  // *len cut at the file's end (0: nothing to read).
+  [[nodiscard]] int lock_for_read(Ino ino, uint64_t off, size_t* len, NodeRef* n,
+                                  std::shared_lock<SharedMutex>* lk);
   // Whole blocks of a file into dst (holes as zeroes). REQUIRES: n.rw held, n mapped.
   int read_blocks(Node& n, uint64_t first, uint64_t count, uint8_t* dst,
                   ReadFor purpose = ReadFor::kCache);

@@ -14,6 +14,12 @@
 // rwlock lets readers in while a writer waits, and shared holders that keep coming (the
 // overwrite fast path at a high queue depth) would starve a truncate or an fsync.
 //
+// SharedMutex also takes shared holds that outlive the thread that took them
+// (DetachedHolds): an asynchronous read of a file (FsImpl::read_start) keeps the file's
+// blocks from a truncate, a punch or any other change of its mapping until its data is in,
+// and it is another thread that sees the data in. lock() and try_lock() wait for, or refuse
+// over, every such hold.
+//
 // The queries answer for the calling thread only: true means this thread holds the lock;
 // false says nothing about other threads. Thread-safety: as std::mutex / std::shared_mutex.
 #pragma once
@@ -28,6 +34,42 @@
 #include "warpfs/nvme/check.h"
 
 namespace warpfs::fs {
+
+// Shared holds of a SharedMutex that any thread may release. A hold is taken while the lock
+// is held (shared, or exclusive), so the exclusive holder that has seen none left sees no new
+// one until it unlocks: lock() takes the mutex, then waits for the holds to go (drain);
+// try_lock() fails while one is left. Thread-safety: atomics. The last release wakes a
+// drainer: it decrements, then reads drainers_; the drainer increments drainers_, then reads
+// the count; both sequentially consistent, so one of them sees the other (no lost wake-up).
+class DetachedHolds {
+ public:
+  // REQUIRES: the calling thread holds the lock, shared or exclusive.
+  void hold_detached() { holds_.fetch_add(1, std::memory_order_relaxed); }
+  // Any thread. What the holder did before (its reads of the blocks) happens before the
+  // drained lock() returns.
+  void release_detached() {
+    if (holds_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+        drainers_.load(std::memory_order_seq_cst) != 0) {
+      holds_.notify_all();
+    }
+  }
+
+ protected:
+  bool drained() const { return holds_.load(std::memory_order_acquire) == 0; }
+  // REQUIRES: the mutex held exclusive (no hold can come meanwhile).
+  void drain() {
+    if (drained()) return;
+    drainers_.fetch_add(1, std::memory_order_seq_cst);
+    for (uint32_t v; (v = holds_.load(std::memory_order_seq_cst)) != 0;) {
+      holds_.wait(v, std::memory_order_acquire);
+    }
+    drainers_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<uint32_t> holds_{0};
+  std::atomic<uint32_t> drainers_{0};  // threads in drain()
+};
 
 #if WARPFS_DEBUG_CHECKS
 
@@ -66,12 +108,19 @@ class Mutex : public OwnedLock<std::mutex> {
   bool held_by_me() const { return held_exclusive_by_me(); }
 };
 
-class SharedMutex : public OwnedLock<std::shared_mutex> {
+class SharedMutex : public OwnedLock<std::shared_mutex>, public DetachedHolds {
  public:
   void lock() {
     waiting_.fetch_add(1, std::memory_order_relaxed);
     OwnedLock::lock();
+    drain();
     waiting_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  bool try_lock() {
+    if (!OwnedLock::try_lock()) return false;
+    if (drained()) return true;
+    OwnedLock::unlock();
+    return false;
   }
   bool writer_waiting() const { return waiting_.load(std::memory_order_relaxed) != 0; }
   void lock_shared() {
@@ -117,14 +166,20 @@ inline bool held_exclusive_by_me(const SharedMutex& m) {
 #else
 
 using Mutex = std::mutex;
-class SharedMutex {
+class SharedMutex : public DetachedHolds {
  public:
   void lock() {
     waiting_.fetch_add(1, std::memory_order_relaxed);
     mu_.lock();
+    drain();
     waiting_.fetch_sub(1, std::memory_order_relaxed);
   }
-  bool try_lock() { return mu_.try_lock(); }
+  bool try_lock() {
+    if (!mu_.try_lock()) return false;
+    if (drained()) return true;
+    mu_.unlock();
+    return false;
+  }
   void unlock() { mu_.unlock(); }
   void lock_shared() { mu_.lock_shared(); }
   bool try_lock_shared() { return mu_.try_lock_shared(); }

@@ -10,13 +10,6 @@ namespace warpfs::nvme {
 
 constexpr uint64_t kPage = 4096;
 
-// Per-call scratch: one PRP list page per command in flight and a bounce buffer for data
-// that does not live in DMA memory. Pooled so that a miss path does not allocate.
-struct NamespaceIo::Scratch {
-  DmaRegion lists;
-  DmaRegion bounce;
-};
-
 class NamespaceIo::ScratchPool {
  public:
   explicit ScratchPool(Transport& t) : t_(t) {}
@@ -263,6 +256,77 @@ void NamespaceIo::run_round(BlockIo* ios, Cmd* cmds, size_t n, const Scratch& sc
     if (c.bounce != nullptr)
       bounced_[io.write ? kWrite : kRead].fetch_add(c.bytes, std::memory_order_relaxed);
   }
+}
+
+void NamespaceIo::start(BlockIo* ios, int n, Started* s) {
+  WARPFS_DCHECK(!s->in_flight_, "NamespaceIo::start on a Started in flight");
+  // Every transfer directly in DMA memory, in one batch: else the synchronous path. A PRP list
+  // page only where a command spans more than two pages (a 4 KiB read takes none).
+  size_t commands = 0;
+  bool direct = true, lists = false;
+  for (int i = 0; i < n && direct; ++i) {
+    const uint64_t total = uint64_t{ios[i].count} * block_bytes_;
+    const uint64_t iova = in_range(ios[i].block, ios[i].count) ? iova_of(ios[i].data, total) : 0;
+    direct = iova != 0 && (iova & 3) == 0;
+    commands += (total + max_transfer_ - 1) / max_transfer_;
+    lists = lists || (iova & (kPage - 1)) + std::min<uint64_t>(total, max_transfer_) > 2 * kPage;
+  }
+  if (!direct || commands > IoBatch::kWidth || (lists && !pool_->take(0, &s->sc_))) {
+    io(ios, n);
+    return;
+  }
+  s->ios_ = ios;
+  s->npieces_ = 0;
+  s->t0_ = now_ns();
+  for (int i = 0; i < n; ++i) {
+    BlockIo& io = ios[i];
+    io.status = Status::ok();
+    const uint64_t total = uint64_t{io.count} * block_bytes_;
+    for (uint64_t off = 0; off < total; off += max_transfer_) {
+      const auto bytes = static_cast<uint32_t>(std::min<uint64_t>(max_transfer_, total - off));
+      const uint64_t lba = ((io.block * block_bytes_) + off) >> lba_shift_;
+      const uint32_t lbas = bytes >> lba_shift_;
+      SubmissionEntry cmd = io.write ? make_write(nsid_, lba, lbas) : make_read(nsid_, lba, lbas);
+      const size_t k = s->npieces_++;
+      PrpList list;
+      if (lists) {
+        list = PrpList{
+            reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(s->sc_.lists.vaddr) + k * kPage),
+            s->sc_.lists.iova + k * kPage};
+      }
+      (void)fill_prps(&cmd, iova_of(io.data + off, bytes), bytes, list);  // checked above
+      s->pieces_[k] = Started::Piece{static_cast<uint32_t>(i), bytes};
+      s->batch_.submit(cmd, priority(io.priority));
+    }
+  }
+  s->in_flight_ = true;
+}
+
+NamespaceIo::Started::~Started() {
+  if (!in_flight_) return;
+  batch_.wait_all();
+  finish();
+}
+
+bool NamespaceIo::Started::poll() {
+  if (!in_flight_) return true;
+  batch_.poll();
+  if (!batch_.finished()) return false;
+  finish();
+  return true;
+}
+
+void NamespaceIo::Started::finish() {
+  for (size_t k = 0; k < npieces_; ++k) {
+    BlockIo& io = ios_[pieces_[k].io];
+    const uint16_t st = batch_.status(static_cast<int>(k));
+    if (!status_ok(st) && io.status.is_ok()) io.status = Status::nvme(st);
+    ns_.note(io.write ? kWrite : kRead, t0_, pieces_[k].bytes);
+  }
+  batch_.clear();
+  if (sc_.lists.vaddr != nullptr) ns_.pool_->give(sc_);
+  sc_ = Scratch{};
+  in_flight_ = false;
 }
 
 Status NamespaceIo::flush() {

@@ -503,6 +503,60 @@ TEST(Cache, DirectReadsOfCachedLinesSkipTheDeviceAndMissesTakeNoLine) {
   EXPECT_EQ(c->audit(true), "");
 }
 
+// read_direct_start: a range the cache holds whole ends at once (no device read); a range
+// with misses, into DMA memory, is in flight on return (a 50 ms device) with its cached lines
+// pinned, and another thread polls it to its end: the dirty line's data over the device's,
+// counted as bypassed, the pins gone (audit). Plain memory is read at once.
+TEST(Cache, DirectReadStartLeavesTheDeviceReadInFlightAndLaysCachedLinesOverIt) {
+  nvme::EmulatedConfig cfg;
+  cfg.latency_ns = 50'000'000;
+  auto s = Stack::make(8ull << 20, nullptr, cfg);
+  ASSERT_TRUE(s);
+  seed_device(*s->backend, 0, 24, 1);  // one 50 ms write each
+  auto c = make_cache(*s->backend, 16, 4);
+  std::vector<uint8_t> buf(4096);
+  fill_block(buf.data(), 10, 2);
+  ASSERT_TRUE(c->write(10, 0, buf.data(), 4096).is_ok());  // dirty
+  ASSERT_TRUE(c->read(11, 0, buf.data(), 4096).is_ok());   // clean
+  void* dma = nullptr;
+  ASSERT_TRUE(s->backend->alloc(8 * 4096, &dma).is_ok());
+  auto* d = static_cast<uint8_t*>(dma);
+
+  std::unique_ptr<Cache::DirectRead> pending;
+  uint64_t reads = s->device_reads();
+  ASSERT_TRUE(c->read_direct_start(10, 2, d, nvme::Priority::kBulk, &pending).is_ok());
+  EXPECT_EQ(pending, nullptr);
+  EXPECT_EQ(s->device_reads(), reads);
+  EXPECT_TRUE(block_is(d, 10, 2));
+  EXPECT_TRUE(block_is(d + 4096, 11, 1));
+
+  const CacheStats before = c->stats();
+  ASSERT_TRUE(c->read_direct_start(8, 8, d, nvme::Priority::kBulk, &pending).is_ok());
+  ASSERT_NE(pending, nullptr);
+  EXPECT_FALSE(pending->poll()) << "a 50 ms read ended at once";
+  std::thread other([&] {
+    port::Backoff b;
+    while (!pending->poll()) pending->idle(b);
+  });
+  other.join();
+  ASSERT_TRUE(pending->status().is_ok()) << pending->status().to_string();
+  for (uint64_t b = 8; b < 16; ++b) {
+    EXPECT_TRUE(block_is(d + (b - 8) * 4096, b, b == 10 ? 2 : 1)) << b;
+  }
+  EXPECT_EQ(c->stats().bypassed_bytes, before.bypassed_bytes + 8 * 4096);
+  EXPECT_EQ(c->stats().misses, before.misses);
+  pending.reset();
+  EXPECT_EQ(c->audit(true), "");  // no pin left
+
+  std::vector<uint8_t> plain(4 * 4096);
+  reads = s->device_reads();
+  ASSERT_TRUE(c->read_direct_start(20, 4, plain.data(), nvme::Priority::kBulk, &pending).is_ok());
+  EXPECT_EQ(pending, nullptr);
+  EXPECT_EQ(s->device_reads(), reads + 1);
+  for (uint64_t b = 20; b < 24; ++b) EXPECT_TRUE(block_is(plain.data() + (b - 20) * 4096, b, 1));
+  s->backend->free(dma, 8 * 4096);
+}
+
 TEST(Cache, ReadAheadFetchesAheadOfSequentialStreamsAndStaysFresh) {
   auto s = Stack::make();
   ASSERT_TRUE(s);

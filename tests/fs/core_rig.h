@@ -89,6 +89,12 @@ class CutDevice final : public blockdev::BlockDevice {
   blockdev::Status read_uncached(uint64_t b, uint32_t n, void* buf) override {
     return cut_ ? dead() : d_.read_uncached(b, n, buf);
   }
+  // A read already in flight when the cut comes ends as the device below ends it.
+  blockdev::Status read_uncached_start(uint64_t b, uint32_t n, void* buf,
+                                       std::unique_ptr<PendingRead>* pending) override {
+    pending->reset();
+    return cut_ ? dead() : d_.read_uncached_start(b, n, buf, pending);
+  }
   blockdev::Status write(uint64_t b, uint32_t n, const void* buf) override {
     if (cut_) return dead();
     if (arrive()) {
@@ -319,12 +325,15 @@ struct Rig {
   std::unique_ptr<Filesystem> fs;
 
   // `io_timeout_ns`: the engine's watchdog (tests of hung commands shorten it).
+  // `cfg`, `cache_mb`: the emulated controller (a latency model, say) and a software cache of
+  // that size over it (0: none), until a power cycle (which powers on defaults).
   static std::unique_ptr<Rig> make(uint64_t mib = 64, MkfsOptions mo = {},
-                                   uint64_t io_timeout_ns = nvme::EngineOptions{}.io_timeout_ns) {
+                                   uint64_t io_timeout_ns = nvme::EngineOptions{}.io_timeout_ns,
+                                   nvme::EmulatedConfig cfg = {}, uint64_t cache_mb = 0) {
     auto r = std::make_unique<Rig>();
     r->io_timeout_ns = io_timeout_ns;
     std::string err;
-    r->devices = TestDevices::make(mib << 20, &err, {}, 0, io_timeout_ns);
+    r->devices = TestDevices::make(mib << 20, &err, cfg, cache_mb, io_timeout_ns);
     EXPECT_TRUE(r->devices) << err;
     if (!r->devices) return nullptr;
     r->stack = r->devices->stacks[0].get();

@@ -201,7 +201,7 @@ for i in range(1, 5):
       [[ $state == running || $state == off ]] || break
       sleep 0.05
     done
-    [[ $state == done ]] || fail "dedup ended '$state'"
+    [[ $state == "done" ]] || fail "dedup ended '$state'"
     shared=$(stat_of dedup.blocks_shared)
     ((shared >= 20 * 256)) || fail "dedup shared $shared blocks, expected at least $((20 * 256))"
     for i in $(seq 0 23); do cmp "$work/d$((i % 4))" "$mnt/dup/f$i" || fail "dedup changed f$i"; done
@@ -280,6 +280,18 @@ PY
     mount_fs
     "$FSX" -q -N 100000 -S 1 "$mnt/fsx.small" || fail "fsx (1 MiB files)"
     "$FSX" -q -N 20000 -S 2 -l 64M -o 1M "$mnt/fsx.big" || fail "fsx (64 MiB files)"
+    unmount_fs
+    fsck_clean
+    # Reads answered by the daemon's reapers (-o async_reads=2; no software cache, and the
+    # controller's own threads run every command 20 µs late: a read is still in flight when its
+    # handler returns): two fsx processes at once, and reads counted as answered later.
+    mount_fs -o async_reads=2,inline_io=0,cache_mb=0,latency_us=20
+    "$FSX" -q -N 25000 -S 3 "$mnt/fsx.async1" &
+    p1=$!
+    "$FSX" -q -N 25000 -S 4 "$mnt/fsx.async2" || fail "fsx (async_reads, second)"
+    wait "$p1" || fail "fsx (async_reads, first)"
+    later=$(stat_of transport.reads_answered_later)
+    ((later > 1000)) || fail "async_reads=2: $later reads answered later"
     unmount_fs
     fsck_clean
     ;;
@@ -643,7 +655,7 @@ PY
     unmount_fs
     fsck_clean
     ;;
-  live)  # warpfs-stat: a running daemon's counters over its root-only socket, beside work; parallel direct writers
+  live)  # warpfs-stat: a running daemon's counters over its root-only socket, beside work; parallel direct writers and readers
     format 256M
     mount_fs
     sock=/run/warpfs/$(stat -c '%Hd:%Ld' "$mnt").sock
@@ -796,6 +808,38 @@ PY
     x1=$(stat_of ops.getxattr.count) w1=$(stat_of ops.write.count)
     ((w1 - w0 >= 200 && x1 - x0 <= 2)) ||
       fail "200 buffered writes: $((w1 - w0)) WRITEs and $((x1 - x0)) GETXATTRs (1 or 2 expected)"
+    # Reads whose commands are still on the 2 ms device when their handler returns are
+    # answered by the daemon's reapers (-o async_reads=2), while a writer extends the file and
+    # another truncates a second one: four O_DIRECT readers, each byte in place, and every
+    # read counted as answered later.
+    unmount_fs
+    mount_fs -o latency_us=2000,cache_mb=0,async_reads=2
+    a0=$(stat_of transport.reads_answered_later)
+    head -c $((64 * 4096)) /dev/urandom >"$mnt/par2" || fail "par2"
+    dd if=/dev/zero of="$mnt/par" bs=4k seek=$((4 * 128)) count=64 oflag=direct conv=notrunc \
+      status=none &
+    pids=($!)
+    truncate -s 4096 "$mnt/par2" &
+    pids+=($!)
+    for i in 0 1 2 3; do
+      dd if="$mnt/par" of="$work/rd$i" bs=4k skip=$((i * 128)) count=128 iflag=direct \
+        status=none &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || fail "a direct reader or its neighbours failed"; done
+    for i in 0 1 2 3; do
+      cmp "$work/rd$i" <(tail -c +$((i * 128 * 4096 + 1)) "$work/src" | head -c $((128 * 4096))) ||
+        fail "direct reader $i: the bytes differ"
+    done
+    a1=$(stat_of transport.reads_answered_later)
+    ((a1 - a0 >= 4 * 128)) || fail "512 reads of a 2 ms device: $((a1 - a0)) answered by the reaper"
+    unmount_fs
+    fsck_clean >/dev/null
+    # -o async_reads=0: each worker waits for its read; none is answered later.
+    mount_fs -o latency_us=2000,cache_mb=0,async_reads=0
+    dd if="$mnt/par" of="$work/rd0" bs=4k count=32 iflag=direct status=none || fail "read, async_reads=0"
+    cmp "$work/rd0" <(head -c $((32 * 4096)) "$work/src") || fail "async_reads=0: the bytes differ"
+    [[ $(stat_of transport.reads_answered_later) == 0 ]] || fail "async_reads=0 answered reads later"
     unmount_fs
     fsck_clean >/dev/null
     ;;

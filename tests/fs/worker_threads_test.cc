@@ -55,5 +55,17 @@ TEST(WorkerThreads, TheCpusCountedAreThoseOfTheAffinityMask) {
   EXPECT_EQ(in_thread, 1u);
 }
 
+// Reapers of reads (read_reaper.h): none below 4 CPUs, where each hand-off cost more than it
+// saved; then one per 4 CPUs.
+TEST(WorkerThreads, ReadReapersStartAtFourCpusOnePerFour) {
+  EXPECT_EQ(default_read_reapers(1), 0u);
+  EXPECT_EQ(default_read_reapers(2), 0u);
+  EXPECT_EQ(default_read_reapers(3), 0u);
+  EXPECT_EQ(default_read_reapers(4), 1u);
+  EXPECT_EQ(default_read_reapers(7), 1u);
+  EXPECT_EQ(default_read_reapers(16), 4u);
+  EXPECT_EQ(default_read_reapers(64), 16u);
+}
+
 }  // namespace
 }  // namespace warpfs::daemon

@@ -1,6 +1,7 @@
 // The namespace I/O unit: transfers split at MDTS, DMA memory moved without a bounce and
 // other memory bounced, priority classes reaching their queues, bad ranges refused, and
-// every command counted and timed by class, from several threads at once.
+// every command counted and timed by class, from several threads at once; start() leaving
+// transfers in flight for another thread to see through.
 #include "warpfs/nvme/namespace_io.h"
 
 #include <gtest/gtest.h>
@@ -255,6 +256,77 @@ TEST(NamespaceIo, BandwidthLimitReservesEachTransfersTimeOnTheChannel) {
   for (int k = 0; k < kRounds; ++k)
     want += 2 * (uint64_t{kSizes[k % 3]} * kBlock * 1'000'000'000ull / cfg.bandwidth_bytes_per_s);
   EXPECT_EQ(r->transport->counters().transfer_ns, want * kThreads);
+}
+
+// start(): transfers in DMA memory stay in flight on return (a 100 ms device: the first poll
+// comes long before the completion) and a later poll() sees them through, with the data in
+// and each transfer's status; one split at MDTS and one with a PRP list (more than two pages)
+// among them. A Started passes to another thread, which polls it (idle() between polls) to
+// its end. Plain memory, or more commands than one batch, are performed at once.
+TEST(NamespaceIo, StartLeavesTransfersInFlightForAnotherThreadToPoll) {
+  EmulatedConfig cfg;
+  cfg.mdts = 2;  // 16 KiB per command
+  auto r = NsRig::make(cfg);
+  ASSERT_TRUE(r);
+  constexpr uint32_t kBlocks = 8;  // two commands of 4 blocks, each with a PRP list
+  std::vector<uint8_t> src(3 * kBlocks * kBlock);
+  pattern(src.data(), 300, 3 * kBlocks, 7);
+  BlockIo w{300, 3 * kBlocks, true, src.data(), {}};
+  r->ns->io(&w, 1);
+  ASSERT_TRUE(w.status.is_ok());
+
+  auto slow = NsRig::make([] {
+    EmulatedConfig c;
+    c.mdts = 2;
+    c.latency_ns = 100'000'000;
+    return c;
+  }());
+  ASSERT_TRUE(slow);
+  BlockIo w2{300, 3 * kBlocks, true, src.data(), {}};
+  slow->ns->io(&w2, 1);
+  ASSERT_TRUE(w2.status.is_ok());
+  void* dma = nullptr;
+  ASSERT_TRUE(slow->ns->alloc(3 * kBlocks * kBlock, &dma).is_ok());
+  auto* d = static_cast<uint8_t*>(dma);
+  std::memset(d, 0, 3 * kBlocks * kBlock);
+  BlockIo ios[3] = {{300, kBlocks, false, d, {}},                         // split, lists
+                    {300 + kBlocks, 1, false, d + kBlocks * kBlock, {}},  // one page
+                    {300 + kBlocks + 1, kBlocks - 1, false, d + (kBlocks + 1) * kBlock, {}}};
+  const uint64_t reads0 = slow->ns->stats(NamespaceIo::kRead).latency.count;
+  auto s = std::make_unique<NamespaceIo::Started>(*slow->ns);
+  slow->ns->start(ios, 3, s.get());
+  EXPECT_FALSE(s->poll()) << "a 100 ms read completed at once";
+  std::thread other([&] {
+    port::Backoff b;
+    while (!s->poll()) s->idle(b);
+  });
+  other.join();
+  for (const BlockIo& io : ios) EXPECT_TRUE(io.status.is_ok()) << io.status.to_string();
+  EXPECT_EQ(std::memcmp(d, src.data(), (2 * kBlocks) * kBlock), 0);
+  EXPECT_EQ(slow->ns->stats(NamespaceIo::kRead).latency.count - reads0, 2u + 1u + 2u);
+  EXPECT_TRUE(s->poll());  // ended: stays ended
+
+  // Plain memory: performed by start() itself.
+  std::vector<uint8_t> plain(kBlocks * kBlock);
+  BlockIo p{300, kBlocks, false, plain.data(), {}};
+  slow->ns->start(&p, 1, s.get());
+  EXPECT_TRUE(s->poll());
+  ASSERT_TRUE(p.status.is_ok());
+  EXPECT_EQ(std::memcmp(plain.data(), src.data(), kBlocks * kBlock), 0);
+
+  // A range beyond the namespace: its status says so, by the time poll() is true.
+  BlockIo bad{slow->ns->block_count(), 1, false, d, {}};
+  slow->ns->start(&bad, 1, s.get());
+  EXPECT_TRUE(s->poll());
+  EXPECT_FALSE(bad.status.is_ok());
+
+  // Destroyed in flight: the destructor waits for the commands (the memory stays valid).
+  auto last = std::make_unique<NamespaceIo::Started>(*slow->ns);
+  BlockIo again{300, kBlocks, false, d, {}};
+  slow->ns->start(&again, 1, last.get());
+  last.reset();
+  EXPECT_TRUE(again.status.is_ok());
+  slow->ns->free(dma, 3 * kBlocks * kBlock);
 }
 
 }  // namespace

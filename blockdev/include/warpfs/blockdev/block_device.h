@@ -16,6 +16,7 @@
 #include <string>
 
 #include "warpfs/nvme/namespace_io.h"
+#include "warpfs/nvme/port.h"
 #include "warpfs/nvme/status.h"
 
 namespace warpfs::blockdev {
@@ -43,6 +44,28 @@ class BlockDevice {
   // the page cache alone). Default: read().
   virtual Status read_uncached(uint64_t block, uint32_t count, void* buf) {
     return read(block, count, buf);
+  }
+  // A read in flight from read_uncached_start(), polled to its end by whoever holds it (one
+  // thread at a time; it may pass between threads where a lock or a queue orders their
+  // uses). Destroying one in flight waits for it.
+  class PendingRead {
+   public:
+    virtual ~PendingRead() = default;
+    // True once the read has ended; status() then says how.
+    virtual bool poll() = 0;
+    // Sleeps (bounded) or backs off until it may have ended: after a poll() that said no;
+    // `b` is the caller's, reset by it when a poll succeeds.
+    virtual void idle(port::Backoff& b) = 0;
+    virtual Status status() const = 0;
+  };
+  // read_uncached() in two halves, for a caller that answers a request when its data is in
+  // and meanwhile serves others (the FUSE daemon): where the read is still in flight on
+  // return, `*pending` is set and `buf` must stay until its poll() returns true; otherwise the
+  // read has ended, `*pending` is empty and the result is returned. Default: read_uncached().
+  virtual Status read_uncached_start(uint64_t block, uint32_t count, void* buf,
+                                     std::unique_ptr<PendingRead>* pending) {
+    pending->reset();
+    return read_uncached(block, count, buf);
   }
   // Everything written before is durable when this returns ok: what a cache of the device's
   // own holds is written back (write_back of every block), then flush_device().

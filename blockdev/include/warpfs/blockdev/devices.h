@@ -24,6 +24,8 @@ class NvmeBlockDevice final : public BlockDevice {
   uint64_t block_count() const override { return ns_.block_count(); }
   Status read(uint64_t block, uint32_t count, void* buf) override;
   Status write(uint64_t block, uint32_t count, const void* buf) override;
+  Status read_uncached_start(uint64_t block, uint32_t count, void* buf,
+                             std::unique_ptr<PendingRead>* pending) override;
   Status flush() override { return ns_.flush(); }
   Status trim(uint64_t block, uint64_t count) override;
   void submit(Io* ios, int n) override;
@@ -78,6 +80,8 @@ class CachedBlockDevice final : public BlockDevice {
   Status read(uint64_t block, uint32_t count, void* buf) override;
   Status write(uint64_t block, uint32_t count, const void* buf) override;
   Status read_uncached(uint64_t block, uint32_t count, void* buf) override;
+  Status read_uncached_start(uint64_t block, uint32_t count, void* buf,
+                             std::unique_ptr<PendingRead>* pending) override;
   Status flush() override;
   Status write_back(const Range* ranges, size_t n) override;
   Status flush_device() override;

@@ -7,8 +7,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "warpfs/nvme/namespace_io.h"
+#include "warpfs/nvme/port.h"
 #include "warpfs/nvme/status.h"
 
 namespace warpfs::cache {
@@ -31,6 +33,23 @@ class Backend {
   // Performs every op (at most kMaxOps), all in flight together where the device allows;
   // sets each op's status. Data outside alloc()'d memory is bounced through a copy.
   virtual void io(Op* ops, int n) = 0;
+  // An op in flight from start(), polled to its end by whoever holds it (one thread at a
+  // time). Destroying one in flight waits for it.
+  class Started {
+   public:
+    virtual ~Started() = default;
+    // True once the op has ended (its status set).
+    virtual bool poll() = 0;
+    // Sleeps (bounded) or backs off until it may have ended: after a poll() that said no.
+    virtual void idle(port::Backoff& b) = 0;
+  };
+  // io() of one op in two halves: returns with it in flight and `*out` set where the backend
+  // can (the op and its memory stay until out's poll() returns true), else performs it and
+  // leaves *out empty. Default: io().
+  virtual void start(Op* op, std::unique_ptr<Started>* out) {
+    out->reset();
+    io(op, 1);
+  }
   // Makes everything written so far durable (NVMe Flush).
   virtual Status flush() = 0;
   // Tells the device the lines no longer hold data (NVMe Dataset Management, deallocate).
@@ -46,6 +65,7 @@ class NamespaceBackend final : public Backend {
   Status alloc(size_t bytes, void** out) override { return ns_.alloc(bytes, out); }
   void free(void* p, size_t bytes) override { ns_.free(p, bytes); }
   void io(Op* ops, int n) override { ns_.io(ops, n); }
+  void start(Op* op, std::unique_ptr<Started>* out) override;
   Status flush() override { return ns_.flush(); }
   Status trim(uint64_t block, uint64_t lines) override { return ns_.trim(block, lines); }
   nvme::NamespaceIo& ns() { return ns_; }

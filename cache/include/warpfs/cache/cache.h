@@ -189,6 +189,38 @@ class Cache {
   Status write_direct(uint64_t first, uint64_t count, const void* buf,
                       nvme::Priority p = nvme::Priority::kBulk);
 
+  // read_direct() in two halves, for a caller that answers a request when its data is in
+  // and meanwhile does other work (the FUSE daemon's reads): the range's cached lines are
+  // pinned and the device's read started; poll() lays the lines over the device's data once
+  // it is in, and unpins. Destroying one in flight waits for it. Thread-safety: one thread at
+  // a time; it may pass between threads where a lock or a queue orders their uses.
+  class DirectRead {
+   public:
+    ~DirectRead();
+    DirectRead(const DirectRead&) = delete;
+    DirectRead& operator=(const DirectRead&) = delete;
+    // True once the read has ended; status() then says how.
+    bool poll();
+    // Sleeps (bounded) or backs off until it may have ended: after a poll() that said no.
+    void idle(port::Backoff& b) { started_->idle(b); }
+    Status status() const { return op_.status; }
+
+   private:
+    friend class Cache;
+    explicit DirectRead(Cache& c) : c_(c) {}
+    void finish();
+
+    Cache& c_;
+    Backend::Op op_;
+    std::vector<std::pair<uint64_t, uint32_t>> pins_;
+    std::unique_ptr<Backend::Started> started_;
+  };
+  // Starts read_direct(): where the device's read is in flight on return, `*pending` is set
+  // and its poll() says when the read has ended (`buf` stays until then); else the read
+  // has ended, `*pending` is empty and the result is returned.
+  Status read_direct_start(uint64_t first, uint64_t count, void* buf, nvme::Priority p,
+                           std::unique_ptr<DirectRead>* pending);
+
   // SPIN's P-readahead: call after a read of [block, block + count) on `stream`; when the
   // stream is sequential, the next readahead_lines lines are fetched in the background.
   void note_read(ReadStream* stream, uint64_t block, uint64_t count);

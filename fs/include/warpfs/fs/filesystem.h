@@ -216,6 +216,36 @@ class Filesystem {
   virtual void release(Ino ino) = 0;
   [[nodiscard]] virtual int read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got,
                                  ReadFor purpose = ReadFor::kCache) = 0;
+  // A read in flight from read_start(), polled to its end by whoever holds it (one thread at
+  // a time; it may pass between threads where a lock or a queue orders their uses). Until it
+  // ends, the blocks it reads stay the file's: a truncate, a punch, or any other change that
+  // takes the file's lock exclusive waits for it, so that it never returns another file's
+  // data. So it must be polled to its end (or destroyed, which waits for it) by a thread
+  // that does not wait for that lock meanwhile.
+  class PendingRead {
+   public:
+    virtual ~PendingRead() = default;
+    // True once the read has ended; result() then says how.
+    virtual bool poll() = 0;
+    // Sleeps (bounded) or backs off until it may have ended: after a poll() that said no;
+    // `b` is the caller's, reset by it when a poll succeeds.
+    virtual void idle(port::Backoff& b) = 0;
+    // 0 and the bytes read (*got), or an errno. REQUIRES: poll() returned true.
+    virtual int result(size_t* got) const = 0;
+  };
+  // read(..., ReadFor::kDirect) in two halves, for a caller that answers a request when its
+  // data is in and meanwhile serves others (the FUSE daemon, so that no worker waits out the
+  // device's latency). Where device reads are still in flight on return, `*pending` is set
+  // and `buf` must stay until its poll() returns true; the result comes from it then.
+  // Otherwise the read has ended: `*pending` is empty and the return and *got are read()'s.
+  // `room`: the bytes buf holds, which may be more than len: whole blocks are read into it
+  // (a file's partial last block included) when it has room for them. Default: read().
+  [[nodiscard]] virtual int read_start(Ino ino, uint64_t off, size_t len, char* buf, size_t room,
+                                       size_t* got, std::unique_ptr<PendingRead>* pending) {
+    (void)room;
+    pending->reset();
+    return read(ino, off, len, buf, got, ReadFor::kDirect);
+  }
   // A write clears set-user-ID (and set-group-ID on a group-executable file), as the kernel's
   // filesystems do for a writer without CAP_FSETID; *dropped_privs (when given) says whether
   // this one did, so that a FUSE daemon can tell the kernel, whose cached mode is stale then.

@@ -4,7 +4,10 @@
 // submission waits for a queue slot it polls the batch's earlier commands: their completions
 // are what frees the slots (a thread must never wait on itself).
 //
-// Thread-safety: an IoBatch belongs to one thread; different batches run concurrently.
+// Thread-safety: an IoBatch is used by one thread at a time; different batches run
+// concurrently. A batch may pass to another thread between calls (NamespaceIo::Started, whose
+// commands the thread that answers the request sees through) where a lock or a queue orders
+// the two threads' uses.
 #pragma once
 
 #include <cstdint>
@@ -39,52 +42,60 @@ class IoBatch {
   // Waits until every submitted command has completed. Returns how many failed.
   int wait_all() {
     port::Backoff b;
-    // One sample per stretch of waiting: from a poll that found nothing (since) to the
-    // next progress, whichever poll found it (the sleep's recheck included). The line is
-    // that of the command waited for in vain.
-    InterruptLine* waited = nullptr;
-    uint64_t since = 0;
-    int done_at_since = 0;
     for (;;) {
-      const int done = done_count();
-      if (since != 0 && done != done_at_since) {
-        waited->note_wait_since(since);
-        since = 0;
-      }
-      if (done >= n_) break;
+      note_progress();
+      if (finished()) break;
       if (poll_once()) {
         b.reset();
         continue;
       }
-      // Sleep on the interrupt of a command whose completion has not been seen: on a keyed
-      // line, on that command's own key (every command must complete, so waiting for any
-      // one of them loses nothing).
-      const Entry* waiting = nullptr;
-      for (int i = 0; i < n_ && waiting == nullptr; ++i) {
-        const Entry& e = e_[i];
-        if (!e.ticket.done && e.route.vq->view().irq != nullptr) {
-          waiting = &e;
-        }
-      }
-      InterruptLine* irq = waiting != nullptr ? waiting->route.vq->view().irq : nullptr;
-      if (irq != nullptr && irq->learns()) {
-        waited = irq;
-        if (since == 0) {
-          since = port::now_ns();
-          done_at_since = done;
-        }
-      }
-      if (irq != nullptr && irq->sleep_now(b)) {
-        waiting->route.vq->sleep_on_irq(waiting->ticket, [this] { return poll_once(); });
-      } else if (irq != nullptr) {
-        irq->back_off(b);
-      } else {
-        b.pause();
-      }
+      idle(b);
     }
     int failed = 0;
     for (int i = 0; i < n_; ++i) failed += status_ok(e_[i].ticket.status) ? 0 : 1;
     return failed;
+  }
+
+  // Polls every unfinished command once; true if any finished (wait_all in steps).
+  bool poll() {
+    const bool progress = poll_once();
+    note_progress();
+    return progress;
+  }
+  // Whether every submitted command's completion has been seen.
+  bool finished() const { return done_count() == n_; }
+  // One wait of wait_all, after a poll that found nothing: sleeps on the interrupt of a
+  // command whose completion has not been seen (on a keyed line, on that command's own key:
+  // every command must complete, so waiting for any one of them loses nothing), or backs off.
+  // Bounded (sleep_on_irq). `b` is the caller's, reset by it on progress.
+  void idle(port::Backoff& b) {
+    const Entry* waiting = first_waiting();
+    InterruptLine* irq = waiting != nullptr ? waiting->route.vq->view().irq : nullptr;
+    if (irq != nullptr && irq->learns() && since_ == 0) {
+      waited_ = irq;
+      since_ = port::now_ns();
+      done_at_since_ = done_count();
+    }
+    if (irq != nullptr && irq->sleep_now(b)) {
+      waiting->route.vq->sleep_on_irq(waiting->ticket, [this] { return poll_once(); });
+    } else if (irq != nullptr) {
+      irq->back_off(b);
+    } else {
+      b.pause();
+    }
+  }
+
+  // For a thread that waits for many batches (the FUSE daemon's reaper), after a poll that
+  // found nothing: sleeps on the interrupt of a command whose completion has not been seen,
+  // at once (bounded, as idle()), since other work is what its CPU is for; backs off where no
+  // command has a line.
+  void sleep(port::Backoff& b) {
+    const Entry* waiting = first_waiting();
+    if (waiting == nullptr) {
+      b.pause();
+      return;
+    }
+    waiting->route.vq->sleep_on_irq(waiting->ticket, [this] { return poll_once(); });
   }
 
   uint16_t status(int i) const { return e_[i].ticket.status; }
@@ -93,6 +104,7 @@ class IoBatch {
   void clear() {
     WARPFS_DCHECK(done_count() == n_, "IoBatch::clear before wait_all()");
     n_ = 0;
+    since_ = 0;
   }
 
  private:
@@ -101,6 +113,26 @@ class IoBatch {
     Ticket ticket;
     bool accounted = false;
   };
+
+  // How long a wait lasted, for the line's estimate (InterruptLine::note_wait_since): one
+  // sample per stretch of waiting, from the first idle() after progress to the next progress,
+  // whichever poll found it (a sleep's recheck included). The line is that of the command
+  // waited for in vain.
+  void note_progress() {
+    if (since_ != 0 && done_count() != done_at_since_) {
+      waited_->note_wait_since(since_);
+      since_ = 0;
+    }
+  }
+
+  // The first command whose completion has not been seen and whose queue has an interrupt
+  // line, or null.
+  const Entry* first_waiting() const {
+    for (int i = 0; i < n_; ++i) {
+      if (!e_[i].ticket.done && e_[i].route.vq->view().irq != nullptr) return &e_[i];
+    }
+    return nullptr;
+  }
 
   int done_count() const {
     int d = 0;
@@ -126,6 +158,9 @@ class IoBatch {
   QueueMapper& m_;
   Entry e_[kWidth];
   int n_ = 0;
+  InterruptLine* waited_ = nullptr;  // note_progress: the stretch's line, its start (0: none)
+  uint64_t since_ = 0;
+  int done_at_since_ = 0;
 };
 
 }  // namespace warpfs::nvme

@@ -6,6 +6,10 @@
 //     (up to 32 commands from one thread). A transfer longer than the controller's MDTS is
 //     split into several commands (NVMe Base §5.15.2.2, Figure 275, MDTS); each command's
 //     PRP list (§4.1.1) comes from a per-call scratch page pooled across calls.
+//   - start() is io() in two halves: it returns with the commands in flight, and whoever
+//     holds the Started (any thread, one at a time) polls them to their end, so that no
+//     thread waits out the device's latency for one request (BaM Ch. 7: a warp issues and
+//     goes on; the FUSE daemon answers a read when it completes).
 //   - Memory from alloc() is DMA memory: transfers in it go to the device without a copy.
 //     Any other memory is bounced through pooled DMA scratch (copied in before a write,
 //     out after a read).
@@ -29,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "warpfs/nvme/io_batch.h"
 #include "warpfs/nvme/io_engine.h"
 #include "warpfs/nvme/latency.h"
 #include "warpfs/nvme/port.h"
@@ -52,6 +57,15 @@ class NamespaceIo {
  public:
   static constexpr int kMaxIos = 32;  // one warp
 
+ private:
+  // Per-call scratch: one PRP list page per command in flight and a bounce buffer for data
+  // that does not live in DMA memory. Pooled so that a miss path does not allocate.
+  struct Scratch {
+    DmaRegion lists;
+    DmaRegion bounce;
+  };
+
+ public:
   struct Options {
     // false: every command goes to the bulk class, whatever the transfer asks (a baseline
     // for measuring what the metadata class buys).
@@ -92,6 +106,51 @@ class NamespaceIo {
   // Performs every transfer (at most kMaxIos), all in flight together where the device
   // allows, and sets each one's status.
   void io(BlockIo* ios, int n);
+
+  // Transfers in flight from start(): their commands stay on the device's queues until a
+  // poll() has seen every completion; then each transfer's status is set and the Started may
+  // start again. Destroying one that is in flight waits for its commands (a submitted
+  // command must be seen through). Thread-safety: one thread at a time; it may pass between
+  // threads where a lock or a queue orders their uses.
+  class Started {
+   public:
+    explicit Started(NamespaceIo& ns) : ns_(ns), batch_(ns.e_.mapper()) {}
+    ~Started();
+    Started(const Started&) = delete;
+    Started& operator=(const Started&) = delete;
+
+    // Polls the commands once: true once every one has completed (and at once for a
+    // Started that holds nothing in flight).
+    bool poll();
+    // Sleeps (bounded) until a command may have completed, at once (IoBatch::sleep: for a
+    // thread that waits for many), or backs off where no queue has an interrupt line: call
+    // after a poll() that returned false; `b` is the caller's, reset by it on progress.
+    void idle(port::Backoff& b) { batch_.sleep(b); }
+
+   private:
+    friend class NamespaceIo;
+    void finish();  // every completion seen: statuses, statistics, scratch back
+
+    NamespaceIo& ns_;
+    IoBatch batch_;
+    BlockIo* ios_ = nullptr;
+    uint64_t t0_ = 0;
+    struct Piece {
+      uint32_t io;  // the transfer it belongs to
+      uint32_t bytes;
+    };
+    Piece pieces_[IoBatch::kWidth] = {};
+    size_t npieces_ = 0;
+    Scratch sc_;
+    bool in_flight_ = false;
+  };
+  // Starts the transfers (at most kMaxIos) and returns with their commands in flight, where
+  // every transfer lies in memory from alloc() and they take one batch's commands at most;
+  // `s` then holds them until its poll() returns true. Otherwise it performs them as io() does
+  // (a bounced transfer needs its copy after the read) and s.poll() is true at once. Either
+  // way each transfer's status is set by the time s.poll() returns true.
+  // REQUIRES: s holds nothing in flight; `ios` and the memory stay until then.
+  void start(BlockIo* ios, int n, Started* s);
   // Makes everything completed so far durable (NVMe Flush, in the metadata class unless
   // Options::priorities is off).
   Status flush();
@@ -111,7 +170,6 @@ class NamespaceIo {
   }
   void note(Class c, uint64_t t0, uint64_t bytes);
   struct Cmd;
-  struct Scratch;
   void run_round(BlockIo* ios, Cmd* cmds, size_t n, const Scratch& sc);
 
   class ScratchPool;  // DMA scratch (PRP lists, bounce buffers) reused across calls
