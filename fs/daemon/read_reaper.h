@@ -14,9 +14,9 @@
 // libfuse here (the daemon's Item answers through it), so that the tests can include it.
 //
 // Measured (bench/results/async-reads-20261206.md): with an 80 µs device on the 16-core
-// device machine, QD32 4 KiB O_DIRECT reads 1.10x (median of ten rounds, 0.77-1.30) with 4
-// reapers, at par with none; on the 2-core VM 0.6-0.8x, which is why the default there is
-// none (worker_threads.h: default_read_reapers).
+// device machine, QD32 4 KiB O_DIRECT reads ran 1.10x with 4 reapers against none (median of
+// ten paired rounds, 0.76-1.30), at par with no latency; on the 2-core VM 0.5-0.8x, which is
+// why the default there is none (worker_threads.h: default_read_reapers).
 //
 // Thread-safety: add() from any number of threads; start() and stop() from one (the daemon's
 // main thread). Items pass from the adding thread to a reaper's under its lane's mutex.
