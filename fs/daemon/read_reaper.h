@@ -14,9 +14,9 @@
 // libfuse here (the daemon's Item answers through it), so that the tests can include it.
 //
 // Measured (bench/results/async-reads-20261206.md): with an 80 µs device on the 16-core
-// device machine, QD32 4 KiB O_DIRECT reads ran 1.10x with 4 reapers against none (median of
-// ten paired rounds, 0.76-1.30), at par with no latency; on the 2-core VM 0.5-0.8x, which is
-// why the default there is none (worker_threads.h: default_read_reapers).
+// device machine, QD32 4 KiB O_DIRECT reads ran 1.03-1.07x with 4 reapers against none, QD1
+// and 4 x QD8 at par, and at par with no latency; on the 2-core VM 0.67-1.09x, which is why
+// the default there is none (worker_threads.h: default_read_reapers).
 //
 // Thread-safety: add() from any number of threads; start() and stop() from one (the daemon's
 // main thread). Items pass from the adding thread to a reaper's under its lane's mutex.
@@ -75,8 +75,9 @@ class ReadReaper {
   }
   unsigned threads() const { return static_cast<unsigned>(lanes_.size()); }
   // Hands `item` to a reaper, each in turn. REQUIRES: start() was called and stop() was not.
+  // REQUIRES: the item's read was counted by enter(); the reaper answers it, then counts it
+  // out.
   void add(std::unique_ptr<Item> item) {
-    in_flight_.fetch_add(1, std::memory_order_relaxed);
     Lane& l = *lanes_[next_.fetch_add(1, std::memory_order_relaxed) % lanes_.size()];
     bool wake = false;
     {
@@ -102,16 +103,17 @@ class ReadReaper {
   }
   // Requests answered by the reapers since start (relaxed: the live view's counter).
   uint64_t answered() const { return answered_.load(std::memory_order_relaxed); }
-  // Items added and not yet answered: a hint (relaxed), for a handler that would rather wait
-  // for its own read than hand it to a reaper that has nothing else to do (a wake-up of the
-  // reaper, then of the reader: one hand-off more than the handler's own wait).
+  // A handler counts its read in before starting it; returns how many reads were in flight
+  // before it (started, not yet answered: by a reaper or by their handlers). With none, the
+  // handler waits for its own read itself (a reader at QD1: one wake-up, where a hand-off
+  // costs the reaper's and then the reader's). A hint: relaxed, like every count here.
+  uint64_t enter() { return in_flight_.fetch_add(1, std::memory_order_relaxed); }
+  // A handler that answered its read itself counts it out.
+  void leave() { in_flight_.fetch_sub(1, std::memory_order_relaxed); }
+  // Reads counted in and not yet out.
   uint64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
 
  private:
-  // A round polls the reads oldest first and stops after this many still in flight: each
-  // poll scans a completion queue, and reads end about in the order they started.
-  static constexpr size_t kLookAhead = 4;
-
   struct Lane {
     std::mutex mu;
     std::condition_variable cv;
@@ -136,15 +138,16 @@ class ReadReaper {
         for (auto& i : l.incoming) active.push_back(std::move(i));
         l.incoming.clear();
       }
-      size_t kept = 0, waiting = 0;
+      // Every read each round: a completion that nobody marks holds back its queue's head,
+      // and with it every submitter waiting for a slot of that queue (virtual_queue.h).
+      size_t kept = 0;
       for (size_t i = 0; i < active.size(); ++i) {
-        if (waiting < kLookAhead && active[i]->poll()) {
+        if (active[i]->poll()) {
           active[i]->answer();
           active[i].reset();
           answered_.fetch_add(1, std::memory_order_relaxed);
           in_flight_.fetch_sub(1, std::memory_order_relaxed);
         } else {
-          ++waiting;
           active[kept++] = std::move(active[i]);
         }
       }
@@ -153,6 +156,7 @@ class ReadReaper {
       if (progress) {
         b.reset();
       } else if (!active.empty()) {
+        b.block_now();  // no spinning: the CPU is for the workers meanwhile
         active.front()->idle(b);
       }
     }
@@ -162,7 +166,7 @@ class ReadReaper {
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::atomic<uint64_t> next_{0};  // the lane of the next add()
   std::atomic<uint64_t> answered_{0};
-  std::atomic<uint64_t> in_flight_{0};  // added, not yet answered
+  std::atomic<uint64_t> in_flight_{0};  // enter()ed, not yet answered
 };
 
 }  // namespace warpfs::daemon

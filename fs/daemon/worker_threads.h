@@ -57,11 +57,11 @@ inline bool park_idle_workers(unsigned cpus = usable_cpus()) {
 // Threads that answer reads after their handlers return (read_reaper.h, -o async_reads)
 // where async_reads= is not given: one per 4 CPUs, none below 4. Measured at both ends with
 // an 80 µs device (bench/results/async-reads-20261206.md): on the 16-core device machine,
-// 4 reapers against none ran QD32 4 KiB O_DIRECT reads 1.10x (median of ten paired rounds),
-// 8 about as 4, 1 0.55x (one thread answering every read was the limit); with no latency, at
-// par. On the 2-core VM any reaper made them slower (0.5-0.8x): the CPUs are the limit there,
-// and a reader woken on /dev/fuse for each request costs more than a worker woken by its
-// read. Between 2 and 16 nothing was measured: 4 is a guess.
+// 4 reapers against none ran QD32 4 KiB O_DIRECT reads 1.03-1.07x, 1 reaper 0.55x (one
+// thread answering every read was the limit); QD1, 4 x QD8 and no latency at par. On the
+// 2-core VM they were slower (one reaper 0.67-0.87x, two 0.79-1.09x): the CPUs are the limit
+// there, and a reader woken on /dev/fuse for each request costs more than a worker woken by
+// its read. Between 2 and 16 nothing was measured: 4 is a guess.
 inline unsigned default_read_reapers(unsigned cpus = usable_cpus()) {
   return cpus >= 4 ? std::max(cpus / 4, 1u) : 0;
 }

@@ -86,82 +86,75 @@ int FsImpl::read(Ino ino, uint64_t off, size_t len, char* buf, size_t* got, Read
 
 namespace {
 
-// FsImpl::read_start's reads in flight: the device's reads of each extent, the node (kept
-// in memory) and its detached hold (locks.h), released when the last read has ended.
+// FsImpl::read_start's read in flight: the device's read of one extent, the node (kept in
+// memory) and its detached hold (locks.h), released when the read has ended.
 class FilePendingRead final : public Filesystem::PendingRead {
  public:
-  static constexpr size_t kMaxParts = 8;  // extents in flight at once; more: read at once
-
-  FilePendingRead(const std::function<void(const std::string&)>& log) : log_(log) {}
+  FilePendingRead(std::unique_ptr<blockdev::BlockDevice::PendingRead> part, Ino ino,
+                  uint64_t physical, uint64_t count, size_t len,
+                  const std::function<void(const std::string&)>& log)
+      : part_(std::move(part)),
+        ino_(ino),
+        physical_(physical),
+        count_(count),
+        len_(len),
+        log_(log) {}
   ~FilePendingRead() override {
-    for (auto& p : parts_) p.reset();  // each waits for its read
-    end();
+    part_.reset();  // waits for the read
+    release();
   }
 
   bool poll() override {
-    if (ended_) return true;
-    for (size_t i = 0; i < nparts_; ++i) {
-      if (!parts_[i]->poll()) return false;
+    if (held_ == nullptr) return true;  // ended
+    if (!part_->poll()) return false;
+    if (const blockdev::Status st = part_->status(); !st.is_ok()) {
+      log_(read_failure(ino_, physical_, count_, st));
+      rc_ = errno_of(st);
     }
-    end();
+    part_.reset();
+    release();
     return true;
   }
   void idle(port::Backoff& b) override {
-    for (size_t i = 0; i < nparts_; ++i) {
-      if (!parts_[i]->poll()) {
-        parts_[i]->idle(b);
-        return;
-      }
-    }
+    if (part_ != nullptr) part_->idle(b);
   }
   int result(size_t* got) const override {
     *got = rc_ == 0 ? len_ : 0;
     return rc_;
   }
-
-  // Set up by read_start.
-  struct Part {
-    uint64_t physical;
-    uint64_t count;
-  };
-  std::unique_ptr<blockdev::BlockDevice::PendingRead> parts_[kMaxParts];
-  Part where_[kMaxParts] = {};
-  size_t nparts_ = 0;
-  size_t len_ = 0;
-  Ino ino_ = 0;
-  std::shared_ptr<void> node_;   // keeps the node in memory
-  SharedMutex* held_ = nullptr;  // its rw, held detached until end()
+  // Takes over the hold of `n`'s rw. REQUIRES: n.rw held (shared) by the caller.
+  void hold(std::shared_ptr<Node> n) {
+    n->rw.hold_detached();  // see DetachedHolds
+    held_ = &n->rw;
+    node_ = std::move(n);
+  }
 
  private:
-  // Every read has ended: the first failure decides, and the hold goes.
-  void end() {
-    if (ended_) return;
-    ended_ = true;
-    for (size_t i = 0; i < nparts_ && rc_ == 0; ++i) {
-      if (parts_[i] == nullptr) continue;
-      const blockdev::Status st = parts_[i]->status();
-      if (!st.is_ok()) {
-        log_(read_failure(ino_, where_[i].physical, where_[i].count, st));
-        rc_ = errno_of(st);
-      }
-    }
-    for (auto& p : parts_) p.reset();
+  void release() {
     if (held_ != nullptr) held_->release_detached();
     held_ = nullptr;
     node_.reset();
   }
 
+  std::unique_ptr<blockdev::BlockDevice::PendingRead> part_;
+  const Ino ino_;
+  const uint64_t physical_, count_;
+  const size_t len_;
   const std::function<void(const std::string&)>& log_;
+  std::shared_ptr<Node> node_;   // keeps the node in memory
+  SharedMutex* held_ = nullptr;  // node_'s rw, held detached until the read ends
   int rc_ = 0;
-  bool ended_ = false;
 };
 
 }  // namespace
 
-// read() for the FUSE daemon (ReadFor::kDirect), with the device's reads left in flight:
-// block-aligned reads into a buffer with room for whole blocks; anything else is read() at
-// once. The mapping is looked up under rw shared, as read() does, and the hold that keeps it
-// (the blocks stay this file's) passes to the pending read, whichever thread ends it.
+// read() for the FUSE daemon (ReadFor::kDirect), with the device's read left in flight:
+// block-aligned reads into a buffer with room for whole blocks, of one extent (and holes);
+// anything else is read() at once. One device read at most, started last: a thread must keep
+// polling what it has submitted (virtual_queue.h), and one that left an earlier extent's
+// completion unpolled while it waited for a queue slot could wait for itself. The mapping is
+// looked up under rw shared, as read() does, and the hold that keeps it (the blocks stay this
+// file's) passes to the pending read, whichever thread ends it.
 int FsImpl::read_start(Ino ino, uint64_t off, size_t len, char* buf, size_t room, size_t* got,
                        std::unique_ptr<PendingRead>* pending) {
   pending->reset();
@@ -172,45 +165,47 @@ int FsImpl::read_start(Ino ino, uint64_t off, size_t len, char* buf, size_t room
   *got = 0;
   NodeRef n;
   std::shared_lock<SharedMutex> lk;
+  const size_t asked = len;
   if (int rc = lock_for_read(ino, off, &len, &n, &lk); rc || len == 0) return rc;
   const uint64_t first = off / kBlockSize, end = first + (len + kBlockSize - 1) / kBlockSize;
-  auto r = std::make_unique<FilePendingRead>(log_);
-  auto* out = reinterpret_cast<uint8_t*>(buf);
+  Mapping device{};  // the one extent the device reads, if any
+  uint64_t device_first = 0, device_run = 0;
   for (uint64_t b = first; b < end;) {
     const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
     const uint64_t run = std::min<uint64_t>(m.length, end - b);
-    uint8_t* p = out + (b - first) * kBlockSize;
-    if (r->nparts_ == FilePendingRead::kMaxParts) {
-      // More extents than reads kept in flight: the rest now (r's reads continue meanwhile).
-      if (int rc = read_blocks(*n, b, end - b, p, ReadFor::kDirect); rc) return rc;
-      break;
-    }
-    if (m.hole || m.unwritten) {
-      std::memset(p, 0, run * kBlockSize);
-    } else {
-      std::unique_ptr<blockdev::BlockDevice::PendingRead> part;
-      if (const blockdev::Status st =
-              dev_.read_uncached_start(m.physical, static_cast<uint32_t>(run), p, &part);
-          !st.is_ok()) {
-        log(read_failure(ino, m.physical, run, st));
-        return errno_of(st);  // r's reads end first (its destructor waits for them)
+    if (!m.hole && !m.unwritten) {
+      if (device_run != 0) {  // a second extent: read() at once
+        lk.unlock();
+        n.reset();
+        return read(ino, off, asked, buf, got, ReadFor::kDirect);
       }
-      if (part != nullptr) {
-        r->where_[r->nparts_] = {m.physical, run};
-        r->parts_[r->nparts_++] = std::move(part);
-      }
+      device = m, device_first = b, device_run = run;
     }
     b += run;
   }
-  if (r->nparts_ == 0) {  // every read has ended
-    *got = len;
-    return 0;
+  auto* out = reinterpret_cast<uint8_t*>(buf);
+  for (uint64_t b = first; b < end;) {  // holes and unwritten extents: zeroes
+    const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
+    const uint64_t run = std::min<uint64_t>(m.length, end - b);
+    if (m.hole || m.unwritten) std::memset(out + (b - first) * kBlockSize, 0, run * kBlockSize);
+    b += run;
   }
-  r->len_ = len;
-  r->ino_ = ino;
-  n->rw.hold_detached();  // under lk: see DetachedHolds
-  r->held_ = &n->rw;
-  r->node_ = std::move(n);
+  *got = len;
+  if (device_run == 0) return 0;
+  std::unique_ptr<blockdev::BlockDevice::PendingRead> part;
+  if (const blockdev::Status st =
+          dev_.read_uncached_start(device.physical, static_cast<uint32_t>(device_run),
+                                   out + (device_first - first) * kBlockSize, &part);
+      !st.is_ok()) {
+    *got = 0;
+    log(read_failure(ino, device.physical, device_run, st));
+    return errno_of(st);
+  }
+  if (part == nullptr) return 0;  // ended already
+  *got = 0;
+  auto r = std::make_unique<FilePendingRead>(std::move(part), ino, device.physical, device_run, len,
+                                             log_);
+  r->hold(std::move(n));  // under lk
   *pending = std::move(r);
   return 0;
 }

@@ -291,6 +291,7 @@ PY
     "$FSX" -q -N 25000 -S 4 "$mnt/fsx.async2" || fail "fsx (async_reads, second)"
     wait "$p1" || fail "fsx (async_reads, first)"
     later=$(stat_of transport.reads_answered_later)
+    echo "async_reads=2: $later reads answered later" >&2
     ((later > 1000)) || fail "async_reads=2: $later reads answered later"
     unmount_fs
     fsck_clean
@@ -810,8 +811,9 @@ PY
       fail "200 buffered writes: $((w1 - w0)) WRITEs and $((x1 - x0)) GETXATTRs (1 or 2 expected)"
     # Reads whose commands are still on the 2 ms device when their handler returns are
     # answered by the daemon's reapers (-o async_reads=2), while a writer extends the file and
-    # another truncates a second one: four O_DIRECT readers, each byte in place, and every
-    # read counted as answered later.
+    # another truncates a second one: four O_DIRECT readers, each byte in place. A handler
+    # whose read is the only one in flight waits for it itself, so not all 512 are counted as
+    # answered later: a quarter at least.
     unmount_fs
     mount_fs -o latency_us=2000,cache_mb=0,async_reads=2
     a0=$(stat_of transport.reads_answered_later)
@@ -832,7 +834,8 @@ PY
         fail "direct reader $i: the bytes differ"
     done
     a1=$(stat_of transport.reads_answered_later)
-    ((a1 - a0 >= 4 * 128)) || fail "512 reads of a 2 ms device: $((a1 - a0)) answered by the reaper"
+    echo "live: $((a1 - a0)) of 512 reads answered later" >&2
+    ((a1 - a0 >= 128)) || fail "512 reads of a 2 ms device: $((a1 - a0)) answered by the reapers"
     unmount_fs
     fsck_clean >/dev/null
     # -o async_reads=0: each worker waits for its read; none is answered later.

@@ -264,16 +264,9 @@ TEST(NamespaceIo, BandwidthLimitReservesEachTransfersTimeOnTheChannel) {
 // among them. A Started passes to another thread, which polls it (idle() between polls) to
 // its end. Plain memory, or more commands than one batch, are performed at once.
 TEST(NamespaceIo, StartLeavesTransfersInFlightForAnotherThreadToPoll) {
-  EmulatedConfig cfg;
-  cfg.mdts = 2;  // 16 KiB per command
-  auto r = NsRig::make(cfg);
-  ASSERT_TRUE(r);
   constexpr uint32_t kBlocks = 8;  // two commands of 4 blocks, each with a PRP list
   std::vector<uint8_t> src(3 * kBlocks * kBlock);
   pattern(src.data(), 300, 3 * kBlocks, 7);
-  BlockIo w{300, 3 * kBlocks, true, src.data(), {}};
-  r->ns->io(&w, 1);
-  ASSERT_TRUE(w.status.is_ok());
 
   auto slow = NsRig::make([] {
     EmulatedConfig c;
@@ -320,10 +313,21 @@ TEST(NamespaceIo, StartLeavesTransfersInFlightForAnotherThreadToPoll) {
   EXPECT_TRUE(s->poll());
   EXPECT_FALSE(bad.status.is_ok());
 
+  // More commands than one batch (33 of 4 blocks): performed by start() itself.
+  void* big = nullptr;
+  ASSERT_TRUE(slow->ns->alloc(132 * kBlock, &big).is_ok());
+  BlockIo many{300, 132, false, static_cast<uint8_t*>(big), {}};
+  slow->ns->start(&many, 1, s.get());
+  EXPECT_TRUE(s->poll());
+  ASSERT_TRUE(many.status.is_ok());
+  EXPECT_EQ(std::memcmp(big, src.data(), 3 * kBlocks * kBlock), 0);
+  slow->ns->free(big, 132 * kBlock);
+
   // Destroyed in flight: the destructor waits for the commands (the memory stays valid).
   auto last = std::make_unique<NamespaceIo::Started>(*slow->ns);
   BlockIo again{300, kBlocks, false, d, {}};
   slow->ns->start(&again, 1, last.get());
+  EXPECT_FALSE(last->poll());
   last.reset();
   EXPECT_TRUE(again.status.is_ok());
   slow->ns->free(dma, 3 * kBlocks * kBlock);

@@ -67,7 +67,8 @@ class IoBatch {
   // One wait of wait_all, after a poll that found nothing: sleeps on the interrupt of a
   // command whose completion has not been seen (on a keyed line, on that command's own key:
   // every command must complete, so waiting for any one of them loses nothing), or backs off.
-  // Bounded (sleep_on_irq). `b` is the caller's, reset by it on progress.
+  // Bounded (sleep_on_irq). `b` is the caller's, reset by it on progress; a caller with other
+  // work to do sleeps at once (Backoff::block_now).
   void idle(port::Backoff& b) {
     const Entry* waiting = first_waiting();
     InterruptLine* irq = waiting != nullptr ? waiting->route.vq->view().irq : nullptr;
@@ -83,19 +84,6 @@ class IoBatch {
     } else {
       b.pause();
     }
-  }
-
-  // For a thread that waits for many batches (the FUSE daemon's reaper), after a poll that
-  // found nothing: sleeps on the interrupt of a command whose completion has not been seen,
-  // at once (bounded, as idle()), since other work is what its CPU is for; backs off where no
-  // command has a line.
-  void sleep(port::Backoff& b) {
-    const Entry* waiting = first_waiting();
-    if (waiting == nullptr) {
-      b.pause();
-      return;
-    }
-    waiting->route.vq->sleep_on_irq(waiting->ticket, [this] { return poll_once(); });
   }
 
   uint16_t status(int i) const { return e_[i].ticket.status; }

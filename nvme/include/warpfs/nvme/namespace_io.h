@@ -120,12 +120,12 @@ class NamespaceIo {
     Started& operator=(const Started&) = delete;
 
     // Polls the commands once: true once every one has completed (and at once for a
-    // Started that holds nothing in flight).
+    // Started that holds nothing in flight). The read and write latencies counted are to the
+    // poll that found the last completion.
     bool poll();
-    // Sleeps (bounded) until a command may have completed, at once (IoBatch::sleep: for a
-    // thread that waits for many), or backs off where no queue has an interrupt line: call
+    // Sleeps (bounded) until a command may have completed, or backs off (IoBatch::idle): call
     // after a poll() that returned false; `b` is the caller's, reset by it on progress.
-    void idle(port::Backoff& b) { batch_.sleep(b); }
+    void idle(port::Backoff& b) { batch_.idle(b); }
 
    private:
     friend class NamespaceIo;

@@ -213,6 +213,11 @@ class Backoff {
   WARPFS_HD bool should_block() const {
     return step_ >= kSpin + kYield;
   }
+  // Past spinning and yielding at once: for a waiter with other work to do (the FUSE
+  // daemon's read reapers), which should block on an interrupt rather than spin for one.
+  WARPFS_HD void block_now() {
+    step_ = kSpin + kYield;
+  }
   WARPFS_HD void reset() {
     step_ = 0;
     ns_ = kFirstSleepNs;
