@@ -149,7 +149,7 @@ TEST(AsyncRead, ReaperAnswersEveryItemOnceAndStopAnswersTheRest) {
   for (const auto& id : sh.answerers) EXPECT_EQ(adders.count(id), 0u) << "answered by an adder";
 }
 
-// A 20 ms device: the read of a file's extent is in flight when read_start returns, over the
+// A 50 ms device: the read of a file's extent is in flight when read_start returns, over the
 // software cache or straight to the namespace, with the holes beside it zeroed. A truncate of
 // the file meanwhile returns only after the read has ended (its blocks stay the file's until
 // then: DetachedHolds); the data is the file's. What read_start does not leave in flight: two
@@ -166,7 +166,7 @@ class AsyncReadOverDevice : public ::testing::TestWithParam<uint64_t> {};
 TEST_P(AsyncReadOverDevice, ReadStartLeavesReadsInFlightAndATruncateWaitsForThem) {
   SKIP_OVER_RAID();
   nvme::EmulatedConfig cfg;
-  cfg.latency_ns = 20'000'000;
+  cfg.latency_ns = 50'000'000;
   auto r = Rig::make(64, {}, nvme::EngineOptions{}.io_timeout_ns, cfg, GetParam());
   ASSERT_TRUE(r);
   const Ino f = r->create(kRootInode, "f");
@@ -190,7 +190,7 @@ TEST_P(AsyncReadOverDevice, ReadStartLeavesReadsInFlightAndATruncateWaitsForThem
   std::unique_ptr<Filesystem::PendingRead> pending;
   size_t got = 0;
   ASSERT_EQ(r->fs->read_start(f, 0, kBuf, buf, kBuf, &got, &pending), 0);
-  ASSERT_NE(pending, nullptr) << "a 20 ms device's read ended at once";
+  ASSERT_NE(pending, nullptr) << "a 50 ms device's read ended at once";
   uint64_t truncated_at = 0;
   std::thread truncater([&] {
     SetAttr s;
