@@ -926,13 +926,18 @@ void NamespaceBackend::start(Op* op, std::unique_ptr<Started>* out) {
   }
 }
 
+// The range's cached lines pinned, the device's read of it described (not started).
+Cache::DirectRead::DirectRead(Cache& c, uint64_t first, uint64_t count_lines, void* buf,
+                              nvme::Priority p)
+    : c_(c), pins_(c.pin_range(first, count_lines)) {
+  op_.block = first;
+  op_.count = static_cast<uint32_t>(count_lines);
+  op_.priority = p;
+  op_.data = static_cast<uint8_t*>(buf);
+}
+
 Status Cache::read_direct(uint64_t first, uint64_t count_lines, void* buf, nvme::Priority p) {
-  DirectRead r(*this);
-  r.pins_ = pin_range(first, count_lines);
-  r.op_.block = first;
-  r.op_.count = static_cast<uint32_t>(count_lines);
-  r.op_.priority = p;
-  r.op_.data = static_cast<uint8_t*>(buf);
+  DirectRead r(*this, first, count_lines, buf, p);
   if (r.pins_.size() < count_lines) b_.io(&r.op_, 1);
   r.finish();
   return r.op_.status;
@@ -940,12 +945,7 @@ Status Cache::read_direct(uint64_t first, uint64_t count_lines, void* buf, nvme:
 
 Status Cache::read_direct_start(uint64_t first, uint64_t count_lines, void* buf, nvme::Priority p,
                                 std::unique_ptr<DirectRead>* pending) {
-  std::unique_ptr<DirectRead> r(new DirectRead(*this));
-  r->pins_ = pin_range(first, count_lines);
-  r->op_.block = first;
-  r->op_.count = static_cast<uint32_t>(count_lines);
-  r->op_.priority = p;
-  r->op_.data = static_cast<uint8_t*>(buf);
+  std::unique_ptr<DirectRead> r(new DirectRead(*this, first, count_lines, buf, p));
   if (r->pins_.size() < count_lines) b_.start(&r->op_, &r->started_);
   if (r->started_ != nullptr) {
     *pending = std::move(r);

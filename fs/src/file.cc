@@ -168,42 +168,37 @@ int FsImpl::read_start(Ino ino, uint64_t off, size_t len, char* buf, size_t room
   const size_t asked = len;
   if (int rc = lock_for_read(ino, off, &len, &n, &lk); rc || len == 0) return rc;
   const uint64_t first = off / kBlockSize, end = first + (len + kBlockSize - 1) / kBlockSize;
-  Mapping device{};  // the one extent the device reads, if any
-  uint64_t device_first = 0, device_run = 0;
+  auto* out = reinterpret_cast<uint8_t*>(buf);
+  uint64_t device_physical = 0, device_first = 0, device_run = 0;  // the one extent read, if any
   for (uint64_t b = first; b < end;) {
     const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
     const uint64_t run = std::min<uint64_t>(m.length, end - b);
-    if (!m.hole && !m.unwritten) {
-      if (device_run != 0) {  // a second extent: read() at once
-        lk.unlock();
-        n.reset();
-        return read(ino, off, asked, buf, got, ReadFor::kDirect);
-      }
-      device = m, device_first = b, device_run = run;
+    if (m.hole || m.unwritten) {
+      std::memset(out + (b - first) * kBlockSize, 0, run * kBlockSize);
+    } else if (device_run != 0) {  // a second extent: read() at once
+      lk.unlock();
+      n.reset();
+      return read(ino, off, asked, buf, got, ReadFor::kDirect);
+    } else {
+      device_physical = m.physical, device_first = b, device_run = run;
     }
     b += run;
   }
-  auto* out = reinterpret_cast<uint8_t*>(buf);
-  for (uint64_t b = first; b < end;) {  // holes and unwritten extents: zeroes
-    const Mapping m = map_lookup(*n, static_cast<uint32_t>(b));
-    const uint64_t run = std::min<uint64_t>(m.length, end - b);
-    if (m.hole || m.unwritten) std::memset(out + (b - first) * kBlockSize, 0, run * kBlockSize);
-    b += run;
-  }
-  *got = len;
-  if (device_run == 0) return 0;
   std::unique_ptr<blockdev::BlockDevice::PendingRead> part;
-  if (const blockdev::Status st =
-          dev_.read_uncached_start(device.physical, static_cast<uint32_t>(device_run),
-                                   out + (device_first - first) * kBlockSize, &part);
-      !st.is_ok()) {
-    *got = 0;
-    log(read_failure(ino, device.physical, device_run, st));
-    return errno_of(st);
+  if (device_run != 0) {
+    if (const blockdev::Status st =
+            dev_.read_uncached_start(device_physical, static_cast<uint32_t>(device_run),
+                                     out + (device_first - first) * kBlockSize, &part);
+        !st.is_ok()) {
+      log(read_failure(ino, device_physical, device_run, st));
+      return errno_of(st);
+    }
   }
-  if (part == nullptr) return 0;  // ended already
-  *got = 0;
-  auto r = std::make_unique<FilePendingRead>(std::move(part), ino, device.physical, device_run, len,
+  if (part == nullptr) {  // holes alone, or the device's read ended already
+    *got = len;
+    return 0;
+  }
+  auto r = std::make_unique<FilePendingRead>(std::move(part), ino, device_physical, device_run, len,
                                              log_);
   r->hold(std::move(n));  // under lk
   *pending = std::move(r);

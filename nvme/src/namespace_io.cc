@@ -171,6 +171,22 @@ NamespaceIo::ClassStats NamespaceIo::stats(Class c) const {
                     bounced_[c].load(std::memory_order_relaxed)};
 }
 
+// The Read or Write of `bytes` of `io` from LBA `lba`, its data at bus address `iova`, its PRP
+// list (where it spans more than two pages) in `list`; max_transfer_ fits one list page.
+SubmissionEntry NamespaceIo::rw_command(const BlockIo& io, uint64_t lba, uint32_t bytes,
+                                        uint64_t iova, const PrpList& list) const {
+  const uint32_t lbas = bytes >> lba_shift_;
+  SubmissionEntry cmd = io.write ? make_write(nsid_, lba, lbas) : make_read(nsid_, lba, lbas);
+  (void)fill_prps(&cmd, iova, bytes, list);
+  return cmd;
+}
+
+// Command k's PRP list page in `sc`.
+PrpList NamespaceIo::list_page(const Scratch& sc, size_t k) {
+  return PrpList{reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(sc.lists.vaddr) + k * kPage),
+                 sc.lists.iova + k * kPage};
+}
+
 void NamespaceIo::io(BlockIo* ios, int n) {
   // Split every transfer into commands of at most max_transfer_ bytes; transfers whose
   // memory is not DMA memory go through the bounce buffer (copied in before writes, out
@@ -190,9 +206,7 @@ void NamespaceIo::io(BlockIo* ios, int n) {
     const bool direct = iova != 0 && (iova & 3) == 0;
     for (uint64_t off = 0; off < total; off += max_transfer_) {
       const auto bytes = static_cast<uint32_t>(std::min<uint64_t>(max_transfer_, total - off));
-      Cmd c{i,     ((ios[i].block * block_bytes_) + off) >> lba_shift_,
-            bytes, ios[i].data + off,
-            0,     nullptr};
+      Cmd c{i, lba_of(ios[i].block, off), bytes, ios[i].data + off, 0, nullptr};
       if (direct) c.iova = iova_of(c.data, bytes);
       cmds.push_back(c);
     }
@@ -235,12 +249,7 @@ void NamespaceIo::run_round(BlockIo* ios, Cmd* cmds, size_t n, const Scratch& sc
       bounce_off += c.bytes;
       if (io.write) std::memcpy(c.bounce, c.data, c.bytes);
     }
-    const uint32_t lbas = c.bytes >> lba_shift_;
-    SubmissionEntry cmd = io.write ? make_write(nsid_, c.lba, lbas) : make_read(nsid_, c.lba, lbas);
-    PrpList list{reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(sc.lists.vaddr) + k * kPage),
-                 sc.lists.iova + k * kPage};
-    (void)fill_prps(&cmd, c.iova, c.bytes, list);  // max_transfer_ fits one list page
-    batch.submit(cmd, priority(io.priority));
+    batch.submit(rw_command(io, c.lba, c.bytes, c.iova, list_page(sc, k)), priority(io.priority));
   }
   batch.wait_all();
   for (size_t k = 0; k < n; ++k) {
@@ -284,19 +293,12 @@ void NamespaceIo::start(BlockIo* ios, int n, Started* s) {
     const uint64_t total = uint64_t{io.count} * block_bytes_;
     for (uint64_t off = 0; off < total; off += max_transfer_) {
       const auto bytes = static_cast<uint32_t>(std::min<uint64_t>(max_transfer_, total - off));
-      const uint64_t lba = ((io.block * block_bytes_) + off) >> lba_shift_;
-      const uint32_t lbas = bytes >> lba_shift_;
-      SubmissionEntry cmd = io.write ? make_write(nsid_, lba, lbas) : make_read(nsid_, lba, lbas);
       const size_t k = s->npieces_++;
-      PrpList list;
-      if (lists) {
-        list = PrpList{
-            reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(s->sc_.lists.vaddr) + k * kPage),
-            s->sc_.lists.iova + k * kPage};
-      }
-      (void)fill_prps(&cmd, iova_of(io.data + off, bytes), bytes, list);  // checked above
+      const PrpList list = lists ? list_page(s->sc_, k) : PrpList{};  // checked above
       s->pieces_[k] = Started::Piece{static_cast<uint32_t>(i), bytes};
-      s->batch_.submit(cmd, priority(io.priority));
+      s->batch_.submit(
+          rw_command(io, lba_of(io.block, off), bytes, iova_of(io.data + off, bytes), list),
+          priority(io.priority));
     }
   }
   s->in_flight_ = true;

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -21,11 +20,7 @@
 namespace warpfs::fs::test {
 namespace {
 
-uint64_t now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
+using port::now_ns;  // CLOCK_MONOTONIC
 
 // A detached hold, taken under a shared hold and released by another thread, keeps lock()
 // waiting and try_lock() failing until it goes; shared holders still come and go meanwhile.

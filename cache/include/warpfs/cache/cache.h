@@ -207,7 +207,7 @@ class Cache {
 
    private:
     friend class Cache;
-    explicit DirectRead(Cache& c) : c_(c) {}
+    DirectRead(Cache& c, uint64_t first, uint64_t count, void* buf, nvme::Priority p);
     void finish();
 
     Cache& c_;

@@ -169,6 +169,13 @@ class NamespaceIo {
     return count != 0 && block < block_count_ && count <= block_count_ - block;
   }
   void note(Class c, uint64_t t0, uint64_t bytes);
+  // The LBA `off` bytes into a transfer from `block`.
+  uint64_t lba_of(uint64_t block, uint64_t off) const {
+    return (block * block_bytes_ + off) >> lba_shift_;
+  }
+  SubmissionEntry rw_command(const BlockIo& io, uint64_t lba, uint32_t bytes, uint64_t iova,
+                             const PrpList& list) const;
+  static PrpList list_page(const Scratch& sc, size_t k);
   struct Cmd;
   void run_round(BlockIo* ios, Cmd* cmds, size_t n, const Scratch& sc);
 
