@@ -1614,7 +1614,7 @@ void usage(const char* prog) {
       "  ro              read-only (rw: read-write, the default)\n"
       "  ro/rw, discard/nodiscard and meta_cache_mb= not given here come from the filesystem's\n"
       "  default mount options (tune.warpfs -o), if it has any\n"
-      "  max_threads=N   FUSE worker threads at most (default: 1 per CPU, 10 to 64)\n"
+      "  max_threads=N   FUSE worker threads at most (default: 1 per 2 CPUs, 10 to 64)\n"
       "  and the FUSE options (-f foreground, -d debug, -s single-threaded, allow_other, ...)\n"
       "%s --list-devices: the NVMe controllers (as warpfs-pci list)\n"
       "%s --list-devices tcp:HOST[:PORT]: the NVMe/TCP subsystems a discovery controller names\n"
@@ -1946,12 +1946,11 @@ int main(int argc, char** argv) {
         mem.free = [](void* ctx, void* p, size_t bytes) {
           static_cast<warpfs::blockdev::BlockDevice*>(ctx)->free_io_buffer(p, bytes);
         };
-        // A handler waits out its device command on its thread: where the device takes
-        // tens of microseconds per command (a drive, or the emulation with a latency model),
-        // more threads by default, so that the commands overlap.
-        const unsigned default_threads = d.stack->prompt()
-                                             ? warpfs::daemon::default_max_threads()
-                                             : warpfs::daemon::slow_device_max_threads();
+        // A handler waits out its device command on its thread where the device takes tens
+        // of microseconds per command (a drive, or the emulation with a latency model) and no
+        // reaper answers the read: more threads by default then, so that the commands overlap.
+        const unsigned default_threads =
+            warpfs::daemon::default_worker_threads(d.stack->prompt(), d.reaper ? reapers : 0);
         rc = warpfs::daemon::run_session_loop(se, cl, threads_given, mem, o.uring, default_threads);
         if (d.reaper != nullptr) d.reaper->stop();  // every read answered: the workers ended
         // A second Ctrl-C or SIGTERM must not cut the unmount below short.

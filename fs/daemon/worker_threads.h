@@ -23,27 +23,42 @@ inline unsigned usable_cpus() {
   return n > 0 ? static_cast<unsigned>(n) : 1;
 }
 
-// Worker threads where -o max_threads= is not given: one per usable CPU, at least libfuse's
-// default (10), at most 64. Where the CPUs are the limit, more threads only add switches: on 2
-// cores, QD32 O_DIRECT random reads ran 22% (warpfs) and 48% (warpfs-null) slower with 64
-// threads than with 10; on the 16-core device machine (bench/fs/ab_aio.sh, three rounds),
-// 16 threads against 64 (the earlier default of 4 per CPU) ran 4 x QD8 4 KiB O_DIRECT reads
-// 1.40x, writes 1.37x, QD32 reads 1.07x, writes 1.20x, at par with passthrough_ll.
-// Idle threads stay (libfuse's max_idle_threads default).
+// Worker threads where -o max_threads= is not given: one per two usable CPUs, at least
+// libfuse's default (10), at most 64. Where the CPUs are the limit, more threads only add
+// switches, and each request also needs CPU outside the daemon (the client, the kernel's
+// side of /dev/fuse): on 2 cores, QD32 O_DIRECT random reads ran 22% (warpfs) and 48%
+// (warpfs-null) slower with 64 threads than with 10; on the 16-core device machine
+// (bench/fs/ab_aio.sh, alternating rounds; bench/results/worker-threads-16core-20261206.md)
+// 16 threads against 64 ran 4 x QD8 4 KiB O_DIRECT reads 1.40x, writes 1.37x, and 10 against
+// 16 ran QD32 reads 1.12-1.40x, writes 0.96-1.21x, 4 x QD8 reads and writes 1.10-1.33x, QD1
+// at par (0.86-1.11, 12 rounds). Daemon CPU a QD32 write fell from 35 µs to 22 (29 and 18 of
+// them in the kernel: passthrough_ll's 11 threads spent 13), a 4 x QD8 read from 32 to 23; a
+// QD32 read stayed near 20. Above 20 CPUs nothing was measured: half of them is a guess. Idle
+// threads stay (libfuse's max_idle_threads default).
 inline unsigned default_max_threads(unsigned cpus = usable_cpus()) {
-  return std::clamp(cpus, 10u, 64u);
+  return std::clamp(cpus / 2, 10u, 64u);
 }
 
 // The same where the device takes tens of microseconds per command (a drive through VFIO or
-// NVMe/TCP, or the emulation with a latency model): a handler keeps its thread for the
-// command's whole latency, so the threads bound how many commands the device serves
-// together, and more are needed: two per CPU, at least 24, at most 64. With 80 µs of
-// emulated latency on 2 cores, 24 threads against 10 ran 2 x QD32 O_DIRECT 4 KiB random
-// reads 1.22-1.26x, QD32 writes 1.07-1.19x, QD1 1.0x, with less daemon CPU per read; on 16
-// cores, 32 threads against 64 ran 4 x QD8 reads 1.13x, QD32 reads 1.03x, writes 1.0-1.04x
-// (24: reads 0.83-0.95x of 32; 16: reads 0.56-0.66x).
+// NVMe/TCP, or the emulation with a latency model) and no read reapers answer the reads
+// (default_read_reapers: below 4 CPUs; or -o async_reads=0, or io_uring): a handler keeps
+// its thread for the command's whole latency, so the threads bound how many commands the
+// device serves together, and more are needed: two per CPU, at least 24, at most 64. With 80
+// µs of emulated latency on 2 cores, 24 threads against 10 ran 2 x QD32 O_DIRECT 4 KiB random
+// reads 1.22-1.26x, QD32 writes 1.07-1.19x, QD1 1.0x, with less daemon CPU per read. With
+// reapers the handlers return before the device does, and default_max_threads() serves: on
+// the 16-core device machine with 80 µs, 10 threads against 32 ran QD32 writes 1.13-1.53x,
+// 4 x QD8 writes 1.56-1.78x, 4 x QD8 reads 1.06-1.15x, QD32 and QD1 reads at par.
 inline unsigned slow_device_max_threads(unsigned cpus = usable_cpus()) {
   return std::clamp(2 * std::min(cpus, 32u), 24u, 64u);
+}
+
+// Which of the two a daemon starts with: `prompt` (the device completes commands within
+// microseconds) or `reapers` (read_reaper.h threads answer the reads) says that handlers
+// do not wait out a device's latency on their threads.
+inline unsigned default_worker_threads(bool prompt, unsigned reapers,
+                                       unsigned cpus = usable_cpus()) {
+  return prompt || reapers != 0 ? default_max_threads(cpus) : slow_device_max_threads(cpus);
 }
 
 // Whether the session loop parks the idle workers a light load does not need

@@ -11,11 +11,14 @@
 namespace warpfs::daemon {
 namespace {
 
-TEST(WorkerThreads, OnePerCpuForAPromptDeviceTwoForASlowOneWithinBounds) {
+TEST(WorkerThreads, OnePerTwoCpusForAPromptDeviceTwoPerCpuForASlowOneWithinBounds) {
   EXPECT_EQ(default_max_threads(1), 10u);  // libfuse's default at least
-  EXPECT_EQ(default_max_threads(10), 10u);
-  EXPECT_EQ(default_max_threads(16), 16u);
-  EXPECT_EQ(default_max_threads(64), 64u);
+  EXPECT_EQ(default_max_threads(2), 10u);
+  EXPECT_EQ(default_max_threads(16), 10u);
+  EXPECT_EQ(default_max_threads(21), 10u);
+  EXPECT_EQ(default_max_threads(22), 11u);
+  EXPECT_EQ(default_max_threads(64), 32u);
+  EXPECT_EQ(default_max_threads(128), 64u);
   EXPECT_EQ(default_max_threads(512), 64u);
   EXPECT_EQ(slow_device_max_threads(1), 24u);
   EXPECT_EQ(slow_device_max_threads(12), 24u);
@@ -23,6 +26,18 @@ TEST(WorkerThreads, OnePerCpuForAPromptDeviceTwoForASlowOneWithinBounds) {
   EXPECT_EQ(slow_device_max_threads(32), 64u);
   EXPECT_EQ(slow_device_max_threads(33), 64u);
   EXPECT_EQ(slow_device_max_threads(4096), 64u);
+}
+
+// A slow device's count only where handlers wait out its commands: not where it is prompt,
+// nor where reapers answer the reads.
+TEST(WorkerThreads, TheSlowDeviceCountOnlyWhereNoReaperAnswersReads) {
+  EXPECT_EQ(default_worker_threads(true, 0, 16), 10u);
+  EXPECT_EQ(default_worker_threads(true, 4, 16), 10u);
+  EXPECT_EQ(default_worker_threads(false, 4, 16), 10u);
+  EXPECT_EQ(default_worker_threads(false, 0, 16), 32u);
+  EXPECT_EQ(default_worker_threads(false, 0, 2), 24u);
+  EXPECT_EQ(default_worker_threads(false, default_read_reapers(2), 2), 24u);  // none on 2
+  EXPECT_EQ(default_worker_threads(false, default_read_reapers(64), 64), 32u);
 }
 
 TEST(WorkerThreads, IdleWorkersParkOnEightCpusOrMore) {
