@@ -366,8 +366,9 @@ struct Daemon {
   fuse_session* se = nullptr;
   // The live view's counters: each its own atomics, written by every worker (latency.h).
   warpfs::nvme::LatencyHistogram latency[kOpCount];
-  // Each operation's handlers running now, and the most at once since the mount: whether the
-  // kernel sends requests in parallel (Timed). Relaxed atomics, written by every worker.
+  // Each operation's requests being served now, and the most at once since the mount: whether
+  // the kernel sends requests in parallel (Timed; a read answered by a reaper counts until its
+  // answer, OpHandover). Relaxed atomics, written by every worker and reaper.
   std::atomic<uint32_t> in_flight[kOpCount] = {};
   std::atomic<uint32_t> peak_in_flight[kOpCount] = {};
   std::atomic<uint64_t> read_bytes{0}, written_bytes{0};
@@ -650,11 +651,28 @@ void reply_read(fuse_req_t req, int rc, const char* data, size_t got) {
   fuse_reply_buf(req, data, got);
 }
 
+uint64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// What Timed tells a handler, and the handler tells Timed back, about the request on this
+// thread: when it arrived, and whether the handler handed it to a reaper, which then times it
+// to its answer (ReadInFlight) so that the read's latency in the stats runs to the answer, as
+// it does for a read answered by its handler. One worker's own request at a time.
+struct OpHandover {
+  uint64_t t0 = 0;
+  bool handed = false;
+};
+thread_local OpHandover t_op;
+
 // A read whose device commands were still in flight when its handler returned: the reaper
 // answers it when they complete. The buffer stays leased until the answer has gone.
 class ReadInFlight final : public warpfs::daemon::ReadReaper::Item {
  public:
-  ReadInFlight(fuse_req_t req, size_t size) : req_(req), buf_(daemon_of(req)->read_buffers, size) {}
+  ReadInFlight(fuse_req_t req, size_t size)
+      : req_(req), d_(daemon_of(req)), t0_(t_op.t0), buf_(d_->read_buffers, size) {}
   bool poll() override { return read_->poll(); }
   void idle(warpfs::port::Backoff& b) override { read_->idle(b); }
   void answer() override {
@@ -662,6 +680,15 @@ class ReadInFlight final : public warpfs::daemon::ReadReaper::Item {
     const int rc = read_->result(&got);
     read_.reset();  // the file's blocks are free to change before the answer goes
     reply_read(req_, rc, buf_.data(), got);
+    if (handed_) {  // Timed left the timing of this read to us
+      d_->in_flight[kOp_read].fetch_sub(1, std::memory_order_relaxed);
+      d_->latency[kOp_read].add(mono_ns() - t0_);
+    }
+  }
+  // Given to a reaper: the request is timed to its answer here, not by Timed.
+  void hand_over() {
+    handed_ = true;
+    t_op.handed = true;
   }
   // The read, from Filesystem::read_start.
   int start(fuse_ino_t ino, size_t size, off_t off, size_t* got) {
@@ -673,6 +700,9 @@ class ReadInFlight final : public warpfs::daemon::ReadReaper::Item {
 
  private:
   fuse_req_t req_;
+  Daemon* const d_;
+  const uint64_t t0_;  // the request's arrival (Timed)
+  bool handed_ = false;
   ReadBuffers::Lease buf_;
   std::unique_ptr<warpfs::fs::Filesystem::PendingRead> read_;
 };
@@ -685,7 +715,8 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
     size_t got = 0;
     const int rc = r->start(ino, size, off, &got);
     if (r->in_flight() && others != 0) {
-      d->reaper->add(std::move(r));  // answered, and counted out, by a reaper
+      r->hand_over();
+      d->reaper->add(std::move(r));  // answered, timed and counted out by a reaper
       return;
     }
     if (!r->in_flight()) {
@@ -1076,12 +1107,6 @@ void op_init(void* userdata, fuse_conn_info* conn) {
 
 void op_destroy(void*) {}
 
-uint64_t mono_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
 // The operations whose replies carry attributes of an existing inode that the kernel caches
 // (lookup, getattr, readdirplus): it refuses them when their version is older than the
 // inode's, which a notification bumps. A new inode's (mknod, mkdir, symlink, create) cannot
@@ -1092,7 +1117,8 @@ constexpr bool carries_attributes(OpId k) {
 }
 
 // An operation timed from its arrival to the return of its handler (which has replied: the
-// request is gone then, so the daemon is taken first).
+// request is gone then, so the daemon is taken first), or, for a read its handler gave to a
+// reaper (OpHandover), to its answer by the reaper.
 template <OpId K, auto Fn>
 struct Timed;
 template <OpId K, typename... A, void (*Fn)(fuse_req_t, A...)>
@@ -1108,7 +1134,11 @@ struct Timed<K, Fn> {
     while (now > peak &&
            !d->peak_in_flight[K].compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
     }
+    if constexpr (K == kOp_read) t_op = OpHandover{t0, false};
     Fn(req, a...);
+    if constexpr (K == kOp_read) {
+      if (t_op.handed) return;  // ReadInFlight::answer times it
+    }
     d->in_flight[K].fetch_sub(1, std::memory_order_relaxed);
     d->latency[K].add(mono_ns() - t0);
   }
