@@ -781,6 +781,86 @@ Status RaidBlockDevice::write(uint64_t block, uint32_t count, const void* buf) {
   return submit_one(block, count, const_cast<void*>(buf), true);
 }
 
+uint32_t RaidBlockDevice::next_live_copy(const RaidMap::Piece& piece, uint32_t* j) const {
+  const uint32_t start = static_cast<uint32_t>((piece.row / map_.stripe) % map_.copies);
+  for (; *j < map_.copies; ++*j) {
+    const uint32_t k = map_.member(piece.group, (start + *j) % map_.copies);
+    if (live(k)) return k;
+  }
+  return map_.members;
+}
+
+Status RaidBlockDevice::fail_over(const RaidMap::Piece& piece, uint32_t failed_on, uint8_t* data) {
+  Status last = Status::error(Code::kIoError, "RAID: no live copy of the blocks");
+  for (uint32_t c = 0; c < map_.copies; ++c) {
+    const uint32_t k = map_.member(piece.group, c);
+    if (k == failed_on || !live(k)) continue;
+    last = m_[k]->read_uncached(map_.data_offset + piece.row, piece.count, data);
+    if (last.is_ok()) {
+      read_failovers_.fetch_add(1, std::memory_order_relaxed);
+      return last;
+    }
+  }
+  return last;
+}
+
+// One piece's read in flight on member `k`; on an error, the other copies when it is polled
+// to its end (RaidBlockDevice::fail_over).
+class RaidBlockDevice::PendingPiece final : public BlockDevice::PendingRead {
+ public:
+  PendingPiece(RaidBlockDevice* dev, std::unique_ptr<PendingRead> part, RaidMap::Piece piece,
+               uint32_t k, uint8_t* data)
+      : dev_(dev), part_(std::move(part)), piece_(piece), k_(k), data_(data) {}
+  ~PendingPiece() override { part_.reset(); }  // waits for the member's read
+  bool poll() override {
+    if (part_ == nullptr) return true;
+    if (!part_->poll()) return false;
+    status_ = part_->status();
+    part_.reset();
+    if (!status_.is_ok() && dev_->map_.copies > 1) {
+      const Status again = dev_->fail_over(piece_, k_, data_);
+      if (again.is_ok()) status_ = again;
+    }
+    return true;
+  }
+  void idle(port::Backoff& b) override {
+    if (part_ != nullptr) part_->idle(b);
+  }
+  Status status() const override { return status_; }
+
+ private:
+  RaidBlockDevice* const dev_;
+  std::unique_ptr<PendingRead> part_;  // null once ended
+  const RaidMap::Piece piece_;
+  const uint32_t k_;
+  uint8_t* const data_;
+  Status status_;
+};
+
+Status RaidBlockDevice::read_uncached_start(uint64_t block, uint32_t count, void* buf,
+                                            std::unique_ptr<PendingRead>* pending) {
+  pending->reset();
+  if (Status s = check(block, count); !s.is_ok()) return s;
+  // As run() cuts a read: a mirrored piece ends at its stripe's end.
+  const uint64_t span =
+      map_.copies == 1 ? count : std::min<uint64_t>(count, map_.stripe - block % map_.stripe);
+  const RaidMap::Piece piece = map_.piece(block, span);
+  if (piece.count != count) return read_uncached(block, count, buf);  // several members
+  uint32_t j = 0;
+  const uint32_t k = next_live_copy(piece, &j);
+  if (k == map_.members) return Status::error(Code::kIoError, "RAID: no live copy of the blocks");
+  auto* data = static_cast<uint8_t*>(buf);
+  std::unique_ptr<PendingRead> part;
+  const Status s = m_[k]->read_uncached_start(map_.data_offset + piece.row, count, data, &part);
+  if (part != nullptr) {
+    *pending = std::make_unique<PendingPiece>(this, std::move(part), piece, k, data);
+    return Status::ok();
+  }
+  if (s.is_ok() || map_.copies == 1) return s;
+  const Status again = fail_over(piece, k, data);
+  return again.is_ok() ? again : s;
+}
+
 void RaidBlockDevice::for_members(const std::vector<std::function<void()>>& work) {
   std::vector<std::function<void()>> fns;
   for (const auto& w : work)
@@ -871,12 +951,10 @@ void RaidBlockDevice::run(Io* ios, int n, bool uncached) {
       pieces.push_back(Piece{i, p.group, p.count, p.row, data});
       const size_t pi = pieces.size() - 1;
       const Io part{map_.data_offset + p.row, p.count, io.write, data, {}, io.priority};
-      // A read goes to one live copy: the stripe's index picks which, so a sequential read
-      // spreads over the copies.
-      const uint32_t start = static_cast<uint32_t>((p.row / map_.stripe) % map_.copies);
-      for (uint32_t j = 0; j < map_.copies; ++j) {
-        const uint32_t k = map_.member(p.group, (start + j) % map_.copies);
-        if (!live(k)) continue;
+      // A write goes to every live copy, a read to the first (next_live_copy).
+      for (uint32_t j = 0;; ++j) {
+        const uint32_t k = next_live_copy(p, &j);
+        if (k == map_.members) break;
         batch[k].push_back(part);
         of[k].push_back(pi);
         if (!io.write) break;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "warpfs/blockdev/block_device.h"
@@ -32,6 +33,16 @@ class MemDevice final : public BlockDevice {
     uncached_reads.fetch_add(1);
     return read(b, n, buf);
   }
+  // With `hold_started` set, a read left in flight until the test clears it: the read
+  // happens (and an injected error is chosen) at the poll that finds it released.
+  Status read_uncached_start(uint64_t b, uint32_t n, void* buf,
+                             std::unique_ptr<PendingRead>* pending) override {
+    pending->reset();
+    if (!hold_started.load()) return read_uncached(b, n, buf);
+    started_reads.fetch_add(1);
+    *pending = std::make_unique<Held>(this, b, n, buf);
+    return Status::ok();
+  }
   Status write(uint64_t b, uint32_t n, const void* buf) override {
     if (Status s = check(b, n); !s.is_ok()) return s;
     if (gate) gate();
@@ -54,11 +65,35 @@ class MemDevice final : public BlockDevice {
   uint8_t* at(uint64_t b) { return data_.data() + b * kBytes; }
   std::atomic<uint64_t> reads{0}, writes{0}, flushes{0}, trims{0};
   std::atomic<uint64_t> uncached_reads{0};  // of `reads`, those through read_uncached
+  std::atomic<bool> hold_started{false};    // read_uncached_start leaves reads in flight
+  std::atomic<uint64_t> started_reads{0};   // reads it left in flight
   std::atomic<bool> dead{false}, fail_writes{false};
   std::atomic<uint64_t> bad_read_begin{0}, bad_read_end{0};
   std::function<void()> gate;  // set before the device is used; runs in write()
 
  private:
+  class Held final : public PendingRead {
+   public:
+    Held(MemDevice* d, uint64_t b, uint32_t n, void* buf) : d_(d), b_(b), n_(n), buf_(buf) {}
+    bool poll() override {
+      if (done_) return true;
+      if (d_->hold_started.load()) return false;
+      status_ = d_->read_uncached(b_, n_, buf_);
+      done_ = true;
+      return true;
+    }
+    void idle(port::Backoff& b) override { b.pause(); }
+    Status status() const override { return status_; }
+
+   private:
+    MemDevice* const d_;
+    const uint64_t b_;
+    const uint32_t n_;
+    void* const buf_;
+    bool done_ = false;
+    Status status_;
+  };
+
   std::vector<uint8_t> data_;
   uint64_t blocks_;
 };

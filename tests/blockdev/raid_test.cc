@@ -448,6 +448,77 @@ TEST(RaidBlockDevice, UncachedReadsGoToTheMembersUncachedWithFailover) {
   }
 }
 
+// read_uncached_start over a set: a range on one member's copy stays in flight on that
+// member until polled (from another thread here), a mirror's failed piece is read again
+// from the other copy at that poll; a range over several members is read at once.
+TEST(RaidBlockDevice, ReadsStartedOnOneMemberStayInFlightAndAMirrorFailsOverAtThePoll) {
+  for (auto [level, members] :
+       std::vector<std::pair<uint32_t, uint32_t>>{{0, 2}, {1, 2}, {10, 4}}) {
+    SCOPED_TRACE("RAID " + std::to_string(level));
+    auto s = Set::make(level, members, 4, 256);
+    ASSERT_TRUE(s);
+    const uint64_t n = s->dev->block_count();
+    std::vector<uint8_t> w(n * kBB);
+    for (uint64_t b = 0; b < n; ++b) fill(w.data() + b * kBB, b, 7);
+    ASSERT_TRUE(s->dev->write(0, static_cast<uint32_t>(n), w.data()).is_ok());
+    for (auto& m : s->mem) m->hold_started = true;
+    // Every block, one at a time, and two-block reads within a stripe: all left in flight.
+    struct Read {
+      uint64_t block;
+      uint32_t count;
+      std::vector<uint8_t> buf;
+      std::unique_ptr<BlockDevice::PendingRead> p;
+    };
+    std::vector<Read> reads;
+    for (uint64_t b = 0; b + 2 <= n; b += 3) reads.push_back({b, b % 4 == 3 ? 1u : 2u, {}, {}});
+    for (Read& r : reads) {
+      r.buf.assign(size_t{r.count} * kBB, 0);
+      ASSERT_TRUE(s->dev->read_uncached_start(r.block, r.count, r.buf.data(), &r.p).is_ok());
+      ASSERT_NE(r.p, nullptr) << "block " << r.block;
+      EXPECT_FALSE(r.p->poll());
+    }
+    uint64_t started = 0;
+    for (auto& m : s->mem) started += m->started_reads.load();
+    EXPECT_EQ(started, reads.size());
+    // Over a stripe's end: two members, read at once.
+    std::vector<uint8_t> two(2 * kBB);
+    std::unique_ptr<BlockDevice::PendingRead> none;
+    ASSERT_TRUE(s->dev->read_uncached_start(3, 2, two.data(), &none).is_ok());
+    EXPECT_EQ(none, nullptr);
+    EXPECT_EQ(0, std::memcmp(two.data(), w.data() + 3 * kBB, 2 * kBB));
+    // Member 0 fails every read; the reads are released and polled from another thread.
+    s->mem[0]->bad_read_begin = 0;
+    s->mem[0]->bad_read_end = UINT64_MAX;
+    const uint64_t f0 = s->dev->stats().read_failovers;
+    for (auto& m : s->mem) m->hold_started = false;
+    std::thread poller([&] {
+      for (Read& r : reads) {
+        port::Backoff b;
+        while (!r.p->poll()) r.p->idle(b);
+      }
+    });
+    poller.join();
+    uint64_t failed = 0;
+    for (Read& r : reads) {
+      if (!r.p->status().is_ok()) {
+        ++failed;
+        continue;
+      }
+      EXPECT_EQ(0, std::memcmp(r.buf.data(), w.data() + r.block * kBB, r.buf.size()))
+          << "block " << r.block;
+    }
+    const uint64_t on_zero = s->mem[0]->started_reads.load();
+    ASSERT_GT(on_zero, 0u) << "no read went to member 0";
+    if (level == 0) {
+      EXPECT_EQ(failed, on_zero);  // no other copy
+    } else {
+      EXPECT_EQ(failed, 0u);
+      EXPECT_EQ(s->dev->stats().read_failovers - f0, on_zero);
+      EXPECT_EQ(s->dev->stats().failed, 0u);
+    }
+  }
+}
+
 // A read of several stripes from a mirror goes to the copies stripe by stripe in turn, from
 // several threads at once, and reads back what was written.
 TEST(RaidBlockDevice, AMirroredReadOfSeveralStripesSpreadsOverTheCopies) {

@@ -95,6 +95,12 @@ class CutDevice final : public blockdev::BlockDevice {
     pending->reset();
     return cut_ ? dead() : d_.read_uncached_start(b, n, buf, pending);
   }
+  // The device's own memory, as the filesystem would get it without the cut between (a RAID
+  // set's buffers come from its first member: DMA memory there, not bounced).
+  blockdev::Status alloc_io_buffer(size_t bytes, void** out) override {
+    return d_.alloc_io_buffer(bytes, out);
+  }
+  void free_io_buffer(void* p, size_t bytes) override { d_.free_io_buffer(p, bytes); }
   blockdev::Status write(uint64_t b, uint32_t n, const void* buf) override {
     if (cut_) return dead();
     if (arrive()) {

@@ -209,6 +209,13 @@ class RaidBlockDevice final : public BlockDevice {
   // As read(), each piece through its member's read_uncached (their caches take no line),
   // with the same choice of copy and the same failover.
   Status read_uncached(uint64_t block, uint32_t count, void* buf) override;
+  // read_uncached() left in flight where the range lies on one member's copy (one piece: a
+  // 4 KiB read always does), through that member's read_uncached_start, the copy chosen as
+  // read_uncached() chooses it; a range over several members is read at once. A mirrored
+  // piece whose read fails is read again from another live copy by the thread that polls it
+  // to its end, as read_uncached() fails over.
+  Status read_uncached_start(uint64_t block, uint32_t count, void* buf,
+                             std::unique_ptr<PendingRead>* pending) override;
   Status write(uint64_t block, uint32_t count, const void* buf) override;
   Status flush() override { return flush_members(false); }
   Status write_back(const Range* ranges, size_t n) override;
@@ -250,8 +257,16 @@ class RaidBlockDevice final : public BlockDevice {
   // After a whole-device operation (flush, write-back, trim) failed on the `bad` members:
   // ok when they could be failed (mirrors: every group keeps a live copy), else `first`.
   Status settle(uint32_t bad, const Status& first, const char* what);
+  class PendingPiece;
   // submit(); `uncached`: every transfer a read, through the members' read_uncached.
   void run(Io* ios, int n, bool uncached);
+  // The member of the first live copy of `piece` at or after the j-th (*j moves to it), in
+  // the order a read tries them: from the copy the stripe's index picks, so that a
+  // sequential read spreads over the copies. map_.members when no live copy is left.
+  uint32_t next_live_copy(const RaidMap::Piece& piece, uint32_t* j) const;
+  // A failed read of `piece` into `data` again from the live copies other than member
+  // `failed_on`, until one serves it (read_failovers counts it); not ok when none did.
+  Status fail_over(const RaidMap::Piece& piece, uint32_t failed_on, uint8_t* data);
   Status flush_members(bool device_only);
   bool live(uint32_t k) const { return !((failed_.load(std::memory_order_acquire) >> k) & 1); }
   std::string member_name(uint32_t k) const;
