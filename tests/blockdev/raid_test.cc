@@ -79,6 +79,19 @@ struct Set {
     EXPECT_TRUE(s->dev) << err;
     return s->dev ? std::move(s) : nullptr;
   }
+  // make() with a stripe of 4 blocks and 256 a member, every block then written with
+  // fill(gen), which *w holds.
+  static std::unique_ptr<Set> make_filled(uint32_t level, uint32_t members, uint64_t gen,
+                                          std::vector<uint8_t>* w) {
+    auto s = make(level, members, 4, 256);
+    if (!s) return nullptr;
+    const uint64_t n = s->dev->block_count();
+    w->assign(n * kBB, 0);
+    for (uint64_t b = 0; b < n; ++b) fill(w->data() + b * kBB, b, gen);
+    const Status st = s->dev->write(0, static_cast<uint32_t>(n), w->data());
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    return st.is_ok() ? std::move(s) : nullptr;
+  }
   RaidLabel label_of(uint32_t k) {
     RaidLabel l;
     std::string why;
@@ -397,12 +410,10 @@ TEST(RaidBlockDevice, UncachedReadsGoToTheMembersUncachedWithFailover) {
   for (auto [level, members] :
        std::vector<std::pair<uint32_t, uint32_t>>{{0, 2}, {1, 2}, {10, 4}}) {
     SCOPED_TRACE("RAID " + std::to_string(level));
-    auto s = Set::make(level, members, 4, 256);
+    std::vector<uint8_t> w;
+    auto s = Set::make_filled(level, members, 5, &w);
     ASSERT_TRUE(s);
     const uint64_t n = s->dev->block_count();
-    std::vector<uint8_t> w(n * kBB);
-    for (uint64_t b = 0; b < n; ++b) fill(w.data() + b * kBB, b, 5);
-    ASSERT_TRUE(s->dev->write(0, static_cast<uint32_t>(n), w.data()).is_ok());
     std::vector<uint64_t> r0, u0;
     for (auto& m : s->mem) r0.push_back(m->reads.load()), u0.push_back(m->uncached_reads.load());
     std::vector<uint8_t> r(32 * kBB);
@@ -455,12 +466,10 @@ TEST(RaidBlockDevice, ReadsStartedOnOneMemberStayInFlightAndAMirrorFailsOverAtTh
   for (auto [level, members] :
        std::vector<std::pair<uint32_t, uint32_t>>{{0, 2}, {1, 2}, {10, 4}}) {
     SCOPED_TRACE("RAID " + std::to_string(level));
-    auto s = Set::make(level, members, 4, 256);
+    std::vector<uint8_t> w;
+    auto s = Set::make_filled(level, members, 7, &w);
     ASSERT_TRUE(s);
     const uint64_t n = s->dev->block_count();
-    std::vector<uint8_t> w(n * kBB);
-    for (uint64_t b = 0; b < n; ++b) fill(w.data() + b * kBB, b, 7);
-    ASSERT_TRUE(s->dev->write(0, static_cast<uint32_t>(n), w.data()).is_ok());
     for (auto& m : s->mem) m->hold_started = true;
     // Every block, one at a time, and two-block reads within a stripe: all left in flight.
     struct Read {
