@@ -55,7 +55,8 @@ TEST(AsyncRead, DetachedHoldKeepsTheExclusiveLockerWaitingUntilAnotherThreadRele
   m.unlock();
 }
 
-// Many holds from many threads: every lock() sees none left, whatever the interleaving.
+// Many holds from many threads: every lock() sees none left, whatever the interleaving, and
+// some lock() calls begin while holds are out (the case the drain in lock() is for).
 TEST(AsyncRead, DetachedHoldsFromManyThreadsNeverOverlapAnExclusiveHolder) {
   SharedMutex m;
   std::atomic<int> outstanding{0};  // holds taken and not yet released
@@ -74,9 +75,12 @@ TEST(AsyncRead, DetachedHoldsFromManyThreadsNeverOverlapAnExclusiveHolder) {
       }
     });
   }
+  uint64_t locks = 0, against_holds = 0;  // lock() calls, and those begun with holds out
   std::thread exclusive([&] {
     while (!stop.load()) {
+      if (outstanding.load() > 0) ++against_holds;
       m.lock();
+      ++locks;
       EXPECT_EQ(outstanding.load(), 0);
       m.unlock();
     }
@@ -84,6 +88,9 @@ TEST(AsyncRead, DetachedHoldsFromManyThreadsNeverOverlapAnExclusiveHolder) {
   for (auto& t : th) t.join();
   stop = true;
   exclusive.join();
+  // The exclusive locker came while holds were out, not only between them.
+  EXPECT_GT(locks, 0u);
+  EXPECT_GT(against_holds, 0u);
 }
 
 // The reapers answer every item once, on their own threads, whichever thread added it and in
