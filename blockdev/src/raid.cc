@@ -672,11 +672,18 @@ RaidBlockDevice::RaidBlockDevice(std::vector<BlockDevice*> m, const RaidLabel& l
       st_(new MemberState[m_.size()]),
       label_(l),
       log_(std::move(log)),
-      pool_(std::make_unique<PartPool>(static_cast<int>(std::min<size_t>(m_.size(), 8)))) {
+      pool_(std::make_unique<PartPool>(static_cast<int>(std::min<size_t>(m_.size(), 8)))),
+      bounces_(new Bounces[m_.size()]) {
   failed_.store(l.failed);
 }
 
-RaidBlockDevice::~RaidBlockDevice() = default;
+// Every read left in flight has ended (its owner polled or destroyed it): the bounces are
+// all free.
+RaidBlockDevice::~RaidBlockDevice() {
+  for (size_t k = 0; k < m_.size(); ++k) {
+    for (void* p : bounces_[k].free) m_[k]->free_io_buffer(p, size_t{map_.stripe} * bb_);
+  }
+}
 
 std::unique_ptr<RaidBlockDevice> RaidBlockDevice::create(
     std::vector<BlockDevice*> members, const RaidLabel& label,
@@ -790,50 +797,112 @@ uint32_t RaidBlockDevice::next_live_copy(const RaidMap::Piece& piece, uint32_t* 
   return map_.members;
 }
 
-Status RaidBlockDevice::fail_over(const RaidMap::Piece& piece, uint32_t failed_on, uint8_t* data) {
-  Status last = Status::error(Code::kIoError, "RAID: no live copy of the blocks");
-  for (uint32_t c = 0; c < map_.copies; ++c) {
-    const uint32_t k = map_.member(piece.group, c);
-    if (k == failed_on || !live(k)) continue;
-    last = m_[k]->read_uncached(map_.data_offset + piece.row, piece.count, data);
-    if (last.is_ok()) {
-      read_failovers_.fetch_add(1, std::memory_order_relaxed);
-      return last;
+void* RaidBlockDevice::take_bounce(uint32_t k) {
+  Bounces& b = bounces_[k];
+  {
+    std::lock_guard<std::mutex> g(b.mu);
+    if (!b.free.empty()) {
+      void* p = b.free.back();
+      b.free.pop_back();
+      return p;
     }
+    if (b.made == kBounces) return nullptr;
+    ++b.made;
   }
-  return last;
+  void* p = nullptr;
+  if (m_[k]->alloc_io_buffer(size_t{map_.stripe} * bb_, &p).is_ok()) return p;
+  std::lock_guard<std::mutex> g(b.mu);
+  --b.made;
+  return nullptr;
 }
 
-// One piece's read in flight on member `k`; on an error, the other copies when it is polled
-// to its end (RaidBlockDevice::fail_over).
+void RaidBlockDevice::give_bounce(uint32_t k, void* p) {
+  std::lock_guard<std::mutex> g(bounces_[k].mu);
+  bounces_[k].free.push_back(p);
+}
+
+RaidBlockDevice::Attempt RaidBlockDevice::start_on(uint32_t k, const RaidMap::Piece& piece,
+                                                   uint8_t* data) {
+  Attempt a;
+  uint8_t* into = data;
+  if (k != 0) {
+    a.bounce = take_bounce(k);
+    if (a.bounce == nullptr) {  // none left: at once, into the caller's buffer
+      a.status = m_[k]->read_uncached(map_.data_offset + piece.row, piece.count, data);
+      return a;
+    }
+    into = static_cast<uint8_t*>(a.bounce);
+  }
+  a.status = m_[k]->read_uncached_start(map_.data_offset + piece.row, piece.count, into, &a.part);
+  return a;
+}
+
+Status RaidBlockDevice::end_attempt(uint32_t k, Attempt* a, uint8_t* data, uint32_t count) {
+  const Status s = a->part != nullptr ? a->part->status() : a->status;
+  a->part.reset();
+  if (a->bounce != nullptr) {
+    if (s.is_ok()) std::memcpy(data, a->bounce, size_t{count} * bb_);
+    give_bounce(k, a->bounce);
+    a->bounce = nullptr;
+  }
+  return s;
+}
+
+// One piece's read in flight, on member k_; after an error on a mirror, on the next live copy
+// not yet tried (a new attempt started by the polling thread, so that it keeps polling the
+// reads it holds rather than wait for one), as run() fails over.
 class RaidBlockDevice::PendingPiece final : public BlockDevice::PendingRead {
  public:
-  PendingPiece(RaidBlockDevice* dev, std::unique_ptr<PendingRead> part, RaidMap::Piece piece,
-               uint32_t k, uint8_t* data)
-      : dev_(dev), part_(std::move(part)), piece_(piece), k_(k), data_(data) {}
-  ~PendingPiece() override { part_.reset(); }  // waits for the member's read
+  PendingPiece(RaidBlockDevice* dev, const RaidMap::Piece& piece, uint8_t* data, uint32_t k,
+               Attempt a)
+      : dev_(dev), piece_(piece), data_(data), k_(k), a_(std::move(a)) {}
+  ~PendingPiece() override {
+    a_.part.reset();  // waits for the member's read
+    if (a_.bounce != nullptr) dev_->give_bounce(k_, a_.bounce);
+  }
   bool poll() override {
-    if (part_ == nullptr) return true;
-    if (!part_->poll()) return false;
-    status_ = part_->status();
-    part_.reset();
-    if (!status_.is_ok() && dev_->map_.copies > 1) {
-      const Status again = dev_->fail_over(piece_, k_, data_);
-      if (again.is_ok()) status_ = again;
+    while (!done_) {
+      if (a_.part != nullptr && !a_.part->poll()) return false;
+      const Status s = dev_->end_attempt(k_, &a_, data_, piece_.count);
+      if (s.is_ok()) {
+        if (tried_ != 0) dev_->read_failovers_.fetch_add(1, std::memory_order_relaxed);
+        status_ = s;
+        done_ = true;
+        break;
+      }
+      if (tried_ == 0) status_ = s;  // the first error is the read's, if no copy serves it
+      tried_ |= 1u << k_;
+      const uint32_t next = next_copy();
+      if (next == dev_->map_.members) {
+        done_ = true;
+        break;
+      }
+      k_ = next;
+      a_ = dev_->start_on(k_, piece_, data_);
     }
     return true;
   }
   void idle(port::Backoff& b) override {
-    if (part_ != nullptr) part_->idle(b);
+    if (a_.part != nullptr) a_.part->idle(b);
   }
   Status status() const override { return status_; }
 
  private:
+  // A live copy not tried yet, in read order; map_.members when none is left.
+  uint32_t next_copy() const {
+    for (uint32_t j = 0;; ++j) {
+      const uint32_t k = dev_->next_live_copy(piece_, &j);
+      if (k == dev_->map_.members || !((tried_ >> k) & 1)) return k;
+    }
+  }
+
   RaidBlockDevice* const dev_;
-  std::unique_ptr<PendingRead> part_;  // null once ended
   const RaidMap::Piece piece_;
-  const uint32_t k_;
   uint8_t* const data_;
+  uint32_t k_;          // the member of the attempt under way
+  Attempt a_;           // under way until done_
+  uint32_t tried_ = 0;  // bit k: member k's copy failed
+  bool done_ = false;
   Status status_;
 };
 
@@ -850,15 +919,10 @@ Status RaidBlockDevice::read_uncached_start(uint64_t block, uint32_t count, void
   const uint32_t k = next_live_copy(piece, &j);
   if (k == map_.members) return Status::error(Code::kIoError, "RAID: no live copy of the blocks");
   auto* data = static_cast<uint8_t*>(buf);
-  std::unique_ptr<PendingRead> part;
-  const Status s = m_[k]->read_uncached_start(map_.data_offset + piece.row, count, data, &part);
-  if (part != nullptr) {
-    *pending = std::make_unique<PendingPiece>(this, std::move(part), piece, k, data);
-    return Status::ok();
-  }
-  if (s.is_ok() || map_.copies == 1) return s;
-  const Status again = fail_over(piece, k, data);
-  return again.is_ok() ? again : s;
+  auto r = std::make_unique<PendingPiece>(this, piece, data, k, start_on(k, piece, data));
+  if (r->poll()) return r->status();  // ended at once (or failed on every copy)
+  *pending = std::move(r);
+  return Status::ok();
 }
 
 void RaidBlockDevice::for_members(const std::vector<std::function<void()>>& work) {

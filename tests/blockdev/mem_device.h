@@ -3,9 +3,13 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <new>
 #include <vector>
 
 #include "warpfs/blockdev/block_device.h"
@@ -33,12 +37,14 @@ class MemDevice final : public BlockDevice {
     uncached_reads.fetch_add(1);
     return read(b, n, buf);
   }
-  // With `hold_started` set, a read left in flight until the test clears it: the read
-  // happens (and an injected error is chosen) at the poll that finds it released.
+  // With `hold_started` set, a read into this device's own memory (alloc_io_buffer) left in
+  // flight until the test clears it: the read happens (and an injected error is chosen) at
+  // the poll that finds it released. Into other memory it is read at once, as a driver
+  // bounces a buffer that is not its DMA memory.
   Status read_uncached_start(uint64_t b, uint32_t n, void* buf,
                              std::unique_ptr<PendingRead>* pending) override {
     pending->reset();
-    if (!hold_started.load()) return read_uncached(b, n, buf);
+    if (!hold_started.load() || !owns(buf)) return read_uncached(b, n, buf);
     started_reads.fetch_add(1);
     *pending = std::make_unique<Held>(this, b, n, buf);
     return Status::ok();
@@ -61,6 +67,27 @@ class MemDevice final : public BlockDevice {
     trims.fetch_add(1);
     std::memset(data_.data() + b * kBytes, 0, n * kBytes);
     return Status::ok();
+  }
+  // Its own I/O memory, as a driver's DMA memory is.
+  Status alloc_io_buffer(size_t bytes, void** out) override {
+    *out = ::operator new (bytes, std::align_val_t{kBytes});
+    std::lock_guard<std::mutex> g(mu_);
+    owned_[*out] = bytes;
+    return Status::ok();
+  }
+  void free_io_buffer(void* p, size_t) override {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      owned_.erase(p);
+    }
+    ::operator delete (p, std::align_val_t{kBytes});
+  }
+  bool owns(const void* buf) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = owned_.upper_bound(const_cast<void*>(buf));
+    if (it == owned_.begin()) return false;
+    --it;
+    return reinterpret_cast<uintptr_t>(buf) < reinterpret_cast<uintptr_t>(it->first) + it->second;
   }
   uint8_t* at(uint64_t b) { return data_.data() + b * kBytes; }
   std::atomic<uint64_t> reads{0}, writes{0}, flushes{0}, trims{0};
@@ -96,6 +123,8 @@ class MemDevice final : public BlockDevice {
 
   std::vector<uint8_t> data_;
   uint64_t blocks_;
+  std::mutex mu_;
+  std::map<void*, size_t> owned_;  // under mu_: alloc_io_buffer's, by start
 };
 
 }  // namespace warpfs::blockdev::test

@@ -459,9 +459,11 @@ TEST(RaidBlockDevice, UncachedReadsGoToTheMembersUncachedWithFailover) {
   }
 }
 
-// read_uncached_start over a set: a range on one member's copy stays in flight on that
-// member until polled (from another thread here), a mirror's failed piece is read again
-// from the other copy at that poll; a range over several members is read at once.
+// read_uncached_start over a set, into the set's I/O memory (its first member's, as the
+// daemon's buffers are): a range on one member's copy stays in flight on that member until
+// polled (another member reads into a bounce of its own memory: 32 at most, then at once),
+// on the copy read_uncached takes; a mirror's failed piece is started again on the other copy
+// by the thread that polls it; a range over several members is read at once.
 TEST(RaidBlockDevice, ReadsStartedOnOneMemberStayInFlightAndAMirrorFailsOverAtThePoll) {
   for (auto [level, members] :
        std::vector<std::pair<uint32_t, uint32_t>>{{0, 2}, {1, 2}, {10, 4}}) {
@@ -470,60 +472,131 @@ TEST(RaidBlockDevice, ReadsStartedOnOneMemberStayInFlightAndAMirrorFailsOverAtTh
     auto s = Set::make_filled(level, members, 7, &w);
     ASSERT_TRUE(s);
     const uint64_t n = s->dev->block_count();
-    for (auto& m : s->mem) m->hold_started = true;
-    // Every block, one at a time, and two-block reads within a stripe: all left in flight.
     struct Read {
       uint64_t block;
       uint32_t count;
-      std::vector<uint8_t> buf;
+      uint8_t* buf;
       std::unique_ptr<BlockDevice::PendingRead> p;
     };
+    // One- and two-block reads inside a stripe, 24 of them: under 32 a member.
     std::vector<Read> reads;
-    for (uint64_t b = 0; b + 2 <= n; b += 3) reads.push_back({b, b % 4 == 3 ? 1u : 2u, {}, {}});
-    for (Read& r : reads) {
-      r.buf.assign(size_t{r.count} * kBB, 0);
-      ASSERT_TRUE(s->dev->read_uncached_start(r.block, r.count, r.buf.data(), &r.p).is_ok());
-      ASSERT_NE(r.p, nullptr) << "block " << r.block;
-      EXPECT_FALSE(r.p->poll());
+    for (uint64_t b = 0; reads.size() < 24; b += 5) {
+      const uint64_t at = b % (n - 2);
+      reads.push_back({at, at % 4 == 3 ? 1u : 2u, nullptr, {}});  // a stripe is 4 blocks
     }
-    uint64_t started = 0;
-    for (auto& m : s->mem) started += m->started_reads.load();
-    EXPECT_EQ(started, reads.size());
+    for (Read& r : reads) {
+      void* p = nullptr;
+      ASSERT_TRUE(s->dev->alloc_io_buffer(2 * kBB, &p).is_ok());
+      r.buf = static_cast<uint8_t*>(p);
+    }
+    auto start_all = [&] {
+      for (auto& m : s->mem) m->hold_started = true;
+      for (Read& r : reads) {
+        std::memset(r.buf, 0, 2 * kBB);
+        ASSERT_TRUE(s->dev->read_uncached_start(r.block, r.count, r.buf, &r.p).is_ok());
+        ASSERT_NE(r.p, nullptr) << "block " << r.block;
+        EXPECT_FALSE(r.p->poll());
+      }
+      for (auto& m : s->mem) m->hold_started = false;
+    };
+    auto poll_all_elsewhere = [&] {  // another thread sees them through, as a reaper does
+      std::thread poller([&] {
+        for (Read& r : reads) {
+          port::Backoff b;
+          while (!r.p->poll()) r.p->idle(b);
+        }
+      });
+      poller.join();
+    };
+    std::vector<uint64_t> started(members);
+    for (uint32_t k = 0; k < members; ++k) started[k] = s->mem[k]->started_reads.load();
+    start_all();
+    poll_all_elsewhere();
+    for (uint32_t k = 0; k < members; ++k)
+      started[k] = s->mem[k]->started_reads.load() - started[k];
+    uint64_t all = 0;
+    for (uint64_t c : started) all += c;
+    EXPECT_EQ(all, reads.size()) << "every read left in flight on its member";
+    for (Read& r : reads) {
+      ASSERT_TRUE(r.p->status().is_ok()) << r.p->status().to_string();
+      EXPECT_EQ(0, std::memcmp(r.buf, w.data() + r.block * kBB, size_t{r.count} * kBB))
+          << "block " << r.block;
+    }
+    // The copies read_uncached takes for the same reads.
+    std::vector<uint64_t> u0(members);
+    for (uint32_t k = 0; k < members; ++k) u0[k] = s->mem[k]->uncached_reads.load();
+    for (Read& r : reads) ASSERT_TRUE(s->dev->read_uncached(r.block, r.count, r.buf).is_ok());
+    for (uint32_t k = 0; k < members; ++k) {
+      EXPECT_EQ(s->mem[k]->uncached_reads.load() - u0[k], started[k]) << "member " << k;
+    }
     // Over a stripe's end: two members, read at once.
-    std::vector<uint8_t> two(2 * kBB);
     std::unique_ptr<BlockDevice::PendingRead> none;
-    ASSERT_TRUE(s->dev->read_uncached_start(3, 2, two.data(), &none).is_ok());
+    s->mem[0]->hold_started = true;
+    s->mem[1]->hold_started = true;
+    ASSERT_TRUE(s->dev->read_uncached_start(3, 2, reads[0].buf, &none).is_ok());
     EXPECT_EQ(none, nullptr);
-    EXPECT_EQ(0, std::memcmp(two.data(), w.data() + 3 * kBB, 2 * kBB));
-    // Member 0 fails every read; the reads are released and polled from another thread.
+    EXPECT_EQ(0, std::memcmp(reads[0].buf, w.data() + 3 * kBB, 2 * kBB));
+    // Member 0 fails every read: RAID 0 reports it, a mirror reads the other copy.
     s->mem[0]->bad_read_begin = 0;
     s->mem[0]->bad_read_end = UINT64_MAX;
     const uint64_t f0 = s->dev->stats().read_failovers;
-    for (auto& m : s->mem) m->hold_started = false;
-    std::thread poller([&] {
-      for (Read& r : reads) {
-        port::Backoff b;
-        while (!r.p->poll()) r.p->idle(b);
-      }
-    });
-    poller.join();
+    start_all();
+    poll_all_elsewhere();
     uint64_t failed = 0;
     for (Read& r : reads) {
       if (!r.p->status().is_ok()) {
         ++failed;
         continue;
       }
-      EXPECT_EQ(0, std::memcmp(r.buf.data(), w.data() + r.block * kBB, r.buf.size()))
+      EXPECT_EQ(0, std::memcmp(r.buf, w.data() + r.block * kBB, size_t{r.count} * kBB))
           << "block " << r.block;
     }
-    const uint64_t on_zero = s->mem[0]->started_reads.load();
-    ASSERT_GT(on_zero, 0u) << "no read went to member 0";
+    ASSERT_GT(started[0], 0u) << "no read went to member 0";
     if (level == 0) {
-      EXPECT_EQ(failed, on_zero);  // no other copy
+      EXPECT_EQ(failed, started[0]);  // no other copy
     } else {
       EXPECT_EQ(failed, 0u);
-      EXPECT_EQ(s->dev->stats().read_failovers - f0, on_zero);
-      EXPECT_EQ(s->dev->stats().failed, 0u);
+      EXPECT_EQ(s->dev->stats().read_failovers - f0, started[0]);
+      EXPECT_EQ(s->dev->stats().failed, 0u);  // a read error alone fails no member
+    }
+    s->mem[0]->bad_read_end = 0;
+    // More reads held on a member other than the first than it has bounces: 32 in flight,
+    // the rest read at once.
+    std::vector<Read> many;
+    for (uint64_t b = 0; b < n && many.size() < 40; ++b) {
+      const RaidMap::Piece pc = s->dev->map().piece(b, 1);
+      const uint32_t start = static_cast<uint32_t>((pc.row / 4) % s->dev->map().copies);
+      if (s->dev->map().member(pc.group, start) == 1) many.push_back({b, 1, nullptr, {}});
+    }
+    ASSERT_EQ(many.size(), 40u);
+    for (auto& m : s->mem) m->hold_started = true;
+    uint64_t held = 0;
+    for (Read& r : many) {
+      void* p = nullptr;
+      ASSERT_TRUE(s->dev->alloc_io_buffer(kBB, &p).is_ok());
+      r.buf = static_cast<uint8_t*>(p);
+      ASSERT_TRUE(s->dev->read_uncached_start(r.block, 1, r.buf, &r.p).is_ok());
+      if (r.p != nullptr) {
+        ++held;
+      } else {
+        EXPECT_EQ(0, std::memcmp(r.buf, w.data() + r.block * kBB, kBB)) << "block " << r.block;
+      }
+    }
+    EXPECT_EQ(held, 32u);
+    for (auto& m : s->mem) m->hold_started = false;
+    for (Read& r : many) {
+      if (r.p != nullptr) {
+        port::Backoff b;
+        while (!r.p->poll()) r.p->idle(b);
+        EXPECT_TRUE(r.p->status().is_ok());
+        EXPECT_EQ(0, std::memcmp(r.buf, w.data() + r.block * kBB, kBB)) << "block " << r.block;
+      }
+      r.p.reset();
+      s->dev->free_io_buffer(r.buf, kBB);
+    }
+    for (Read& r : reads) {
+      r.p.reset();
+      s->dev->free_io_buffer(r.buf, 2 * kBB);
     }
   }
 }

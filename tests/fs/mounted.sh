@@ -849,10 +849,16 @@ PY
       pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p" || fail "a direct reader failed"; done
-    later=$(stat_of transport.reads_answered_later)
-    n=$(stat_of ops.read.count) p50=$(stat_of ops.read.p50_ns)
+    # A reaper counts its read just after the answer that lets dd go on: the last may still be
+    # on its way into the statistics when dd exits.
+    for _ in $(seq 100); do
+      n=$(stat_of ops.read.count)
+      ((n >= 256)) && break
+    done
+    later=$(stat_of transport.reads_answered_later) p50=$(stat_of ops.read.p50_ns)
     echo "live: $later of $n reads answered later, median $p50 ns" >&2
-    ((later >= 64 && n >= 256 && p50 >= 1000000)) ||
+    # More than half answered by the reapers, so the median is one of theirs.
+    ((later * 2 > n && n >= 256 && p50 >= 1000000)) ||
       fail "256 reads of a 2 ms device: $later answered later, ops.read counts $n, median $p50 ns"
     unmount_fs
     # -o async_reads=0: each worker waits for its read; none is answered later.

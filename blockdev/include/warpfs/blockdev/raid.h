@@ -211,9 +211,11 @@ class RaidBlockDevice final : public BlockDevice {
   Status read_uncached(uint64_t block, uint32_t count, void* buf) override;
   // read_uncached() left in flight where the range lies on one member's copy (one piece: a
   // 4 KiB read always does), through that member's read_uncached_start, the copy chosen as
-  // read_uncached() chooses it; a range over several members is read at once. A mirrored
-  // piece whose read fails is read again from another live copy by the thread that polls it
-  // to its end, as read_uncached() fails over.
+  // read_uncached() chooses it; a range over several members is read at once. A member
+  // other than the first reads into memory of its own (the set's buffers are the first
+  // member's, which another member's driver would bounce and read at once), copied over when
+  // the read ends. A mirrored piece whose read fails is started again on another live copy
+  // by the thread that polls it, as read_uncached() fails over.
   Status read_uncached_start(uint64_t block, uint32_t count, void* buf,
                              std::unique_ptr<PendingRead>* pending) override;
   Status write(uint64_t block, uint32_t count, const void* buf) override;
@@ -258,15 +260,34 @@ class RaidBlockDevice final : public BlockDevice {
   // ok when they could be failed (mirrors: every group keeps a live copy), else `first`.
   Status settle(uint32_t bad, const Status& first, const char* what);
   class PendingPiece;
+  // One try at a piece's read on one member (read_uncached_start): in flight while `part`
+  // is set; `bounce`: the member's own buffer it reads into, if any (Bounces).
+  struct Attempt {
+    std::unique_ptr<PendingRead> part;
+    void* bounce = nullptr;
+    Status status;
+  };
+  Attempt start_on(uint32_t k, const RaidMap::Piece& piece, uint8_t* data);
+  // The attempt has ended (its part polled to the end, or none): its status; the bounce's
+  // data copied into `data` if it succeeded, and the bounce given back.
+  Status end_attempt(uint32_t k, Attempt* a, uint8_t* data, uint32_t count);
+  // Buffers of a member's own I/O memory for reads left in flight on it, a stripe each: up
+  // to kBounces a member, made as reads need them and kept until the set goes. None free
+  // and no more to make: that read is done at once. Each member's under its mutex.
+  struct Bounces {
+    std::mutex mu;
+    std::vector<void*> free;  // under mu
+    uint32_t made = 0;        // under mu
+  };
+  static constexpr uint32_t kBounces = 32;
+  void* take_bounce(uint32_t k);
+  void give_bounce(uint32_t k, void* p);
   // submit(); `uncached`: every transfer a read, through the members' read_uncached.
   void run(Io* ios, int n, bool uncached);
   // The member of the first live copy of `piece` at or after the j-th (*j moves to it), in
   // the order a read tries them: from the copy the stripe's index picks, so that a
   // sequential read spreads over the copies. map_.members when no live copy is left.
   uint32_t next_live_copy(const RaidMap::Piece& piece, uint32_t* j) const;
-  // A failed read of `piece` into `data` again from the live copies other than member
-  // `failed_on`, until one serves it (read_failovers counts it); not ok when none did.
-  Status fail_over(const RaidMap::Piece& piece, uint32_t failed_on, uint8_t* data);
   Status flush_members(bool device_only);
   bool live(uint32_t k) const { return !((failed_.load(std::memory_order_acquire) >> k) & 1); }
   std::string member_name(uint32_t k) const;
@@ -281,6 +302,7 @@ class RaidBlockDevice final : public BlockDevice {
   RaidLabel label_;      // under label_mu_ (generation read by stats() under it too)
   std::function<void(const std::string&)> log_;
   std::unique_ptr<PartPool> pool_;
+  std::unique_ptr<Bounces[]> bounces_;  // one per member
 };
 
 }  // namespace warpfs::blockdev
