@@ -826,7 +826,9 @@ RaidBlockDevice::Attempt RaidBlockDevice::start_on(uint32_t k, const RaidMap::Pi
   Attempt a;
   uint8_t* into = data;
   if (k != 0) {
-    a.bounce = take_bounce(k);
+    // A bounce holds a stripe, as much as a read's piece covers (run() and
+    // read_uncached_start cut a mirrored read at its stripe's end; a striped piece ends there).
+    a.bounce = piece.count <= map_.stripe ? take_bounce(k) : nullptr;
     if (a.bounce == nullptr) {  // none left: at once, into the caller's buffer
       a.status = m_[k]->read_uncached(map_.data_offset + piece.row, piece.count, data);
       return a;
