@@ -681,7 +681,7 @@ RaidBlockDevice::RaidBlockDevice(std::vector<BlockDevice*> m, const RaidLabel& l
 // all free.
 RaidBlockDevice::~RaidBlockDevice() {
   for (size_t k = 0; k < m_.size(); ++k) {
-    for (void* p : bounces_[k].free) m_[k]->free_io_buffer(p, size_t{map_.stripe} * bb_);
+    for (void* p : bounces_[k].free) m_[k]->free_io_buffer(p, bounce_bytes());
   }
 }
 
@@ -810,7 +810,7 @@ void* RaidBlockDevice::take_bounce(uint32_t k) {
     ++b.made;
   }
   void* p = nullptr;
-  if (m_[k]->alloc_io_buffer(size_t{map_.stripe} * bb_, &p).is_ok()) return p;
+  if (m_[k]->alloc_io_buffer(bounce_bytes(), &p).is_ok()) return p;
   std::lock_guard<std::mutex> g(b.mu);
   --b.made;
   return nullptr;

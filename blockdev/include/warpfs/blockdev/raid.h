@@ -280,6 +280,7 @@ class RaidBlockDevice final : public BlockDevice {
     uint32_t made = 0;        // under mu
   };
   static constexpr uint32_t kBounces = 32;
+  size_t bounce_bytes() const { return size_t{map_.stripe} * bb_; }
   void* take_bounce(uint32_t k);
   void give_bounce(uint32_t k, void* p);
   // submit(); `uncached`: every transfer a read, through the members' read_uncached.
