@@ -231,7 +231,6 @@ int Journal::commit() {
   if (failed_.load()) return EIO;
   // Close the gate and wait for the operations inside to leave.
   std::vector<MetaBuf*> dirty;
-  std::vector<uint8_t> copy;
   std::vector<std::pair<uint64_t, const uint8_t*>> blocks;
   {
     std::unique_lock<std::mutex> g(gate_mu_);
@@ -268,9 +267,10 @@ int Journal::commit() {
     std::lock_guard<std::mutex> g(graveyard_mu_);
     dead.swap(graveyard_);
   }
-  copy.resize(dirty.size() * kBlockSize);
+  // Each block's image goes where write_transaction writes it from: after the descriptor.
+  if (ring_.size() < (dirty.size() + 2) * kBlockSize) ring_.resize((dirty.size() + 2) * kBlockSize);
   for (size_t i = 0; i < dirty.size(); ++i) {
-    uint8_t* image = copy.data() + i * kBlockSize;
+    uint8_t* image = ring_.data() + (i + 1) * kBlockSize;
     std::memcpy(image, dirty[i]->data, kBlockSize);
     {
       std::lock_guard<std::mutex> g(dirty_mu_);
@@ -329,25 +329,23 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
   }
   // (3) Descriptor, blocks, commit.
   const auto n = static_cast<uint32_t>(blocks.size());
-  std::vector<uint8_t> ring((n + 2) * size_t{kBlockSize});
-  auto* d = reinterpret_cast<JournalDescriptor*>(ring.data());
+  uint8_t* const ring = ring_.data();
+  WARPFS_DCHECK(ring_.size() >= (n + 2) * size_t{kBlockSize} &&
+                    (n == 0 || blocks[0].second == ring + kBlockSize),
+                "Journal::write_transaction: the images are not in ring_");
+  std::memset(ring, 0, kBlockSize);  // the descriptor's unused targets: zero, as before
+  auto* d = reinterpret_cast<JournalDescriptor*>(ring);
   d->magic = kJournalDescriptorMagic;
   d->count = n;
   d->seq = seq_;
   for (uint32_t i = 0; i < n; ++i) d->targets[i] = blocks[i].first;
   d->checksum = block_checksum(d, offsetof(JournalDescriptor, checksum), sb_.checksum_seed);
-  XXH64_state_t xs;  // on the stack (xxh.h)
-  XXH64_reset(&xs, sb_.checksum_seed);
-  XXH64_update(&xs, d, kBlockSize);
-  for (uint32_t i = 0; i < n; ++i) {
-    std::memcpy(ring.data() + (i + 1) * size_t{kBlockSize}, blocks[i].second, kBlockSize);
-    XXH64_update(&xs, blocks[i].second, kBlockSize);
-  }
-  auto* c = reinterpret_cast<JournalCommit*>(ring.data() + (n + 1) * size_t{kBlockSize});
+  auto* c = reinterpret_cast<JournalCommit*>(ring + (n + 1) * size_t{kBlockSize});
+  std::memset(c, 0, kBlockSize);
   c->magic = kJournalCommitMagic;
   c->count = n;
   c->seq = seq_;
-  c->data_checksum = XXH64_digest(&xs);
+  c->data_checksum = checksum(ring, (n + 1) * size_t{kBlockSize}, sb_.checksum_seed);  // FORMAT.md
   c->checksum = block_checksum(c, offsetof(JournalCommit, checksum), sb_.checksum_seed);
   // Write in contiguous runs up to the ring's end, then from position 1.
   uint64_t p = pos_;
@@ -355,7 +353,7 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
   for (uint32_t i = 0; i < n + 2;) {
     const uint32_t run =
         static_cast<uint32_t>(std::min<uint64_t>(n + 2 - i, sb_.journal_blocks - p));
-    if (auto st = meta_io(jblock(p), run, ring.data() + i * size_t{kBlockSize}, true);
+    if (auto st = meta_io(jblock(p), run, ring + i * size_t{kBlockSize}, true);
         !st.is_ok()) {
       return fail("journal write", st);
     }

@@ -204,6 +204,8 @@ class Journal {
   static std::vector<const Journal*>& txns_of_this_thread();
 #endif
   [[nodiscard]] int write_header();  // tail at (pos_, seq_); REQUIRES: commit_mu_
+  // Writes ring_'s first blocks.size() + 2 blocks (the blocks' images already at 1..n) as the
+  // next transaction, then the checkpoint. REQUIRES: commit_mu_.
   [[nodiscard]] int write_transaction(
       const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks);
 
@@ -226,6 +228,12 @@ class Journal {
   // (commit_mu_) that closes it; committed_ (durable_txn()): written under commit_mu_.
   std::atomic<uint64_t> running_{1}, committed_{0};
   uint64_t pos_, seq_;  // commit_mu_
+  // commit_mu_: a commit's image of its run of the ring: the descriptor, the blocks' images
+  // (copied there under the closed gate), the commit record. Kept from one commit to the
+  // next, grown to the largest (at most kJournalMaxBlocks + 2 blocks, 2 MiB): a new buffer
+  // of that size each commit was fresh pages each time, zeroed by the kernel on first touch,
+  // and a second copy of every block.
+  std::vector<uint8_t> ring_;
   // The last transaction whose checkpoint is written (its buffers' homes are current).
   std::atomic<uint64_t> checkpointed_seq_{0};
   std::atomic<size_t> buffers_{0};  // in the shards
