@@ -399,7 +399,8 @@ fuse_lowlevel_ops make_ops() {
 void usage(const char* prog) {
   std::printf(
       "usage: %s [-f] [-s] [-o "
-      "clone_fd,max_threads=N,max_idle_threads=N,io_uring,io_uring_depth=N,io_uring_cpu]\n"
+      "clone_fd,max_threads=N,max_idle_threads=N,io_uring,io_uring_depth=N,io_uring_cpu,"
+      "shared_fd=0|1]\n"
       "       MOUNTPOINT\n"
       "A FUSE filesystem that stores nothing (reads give zeros, writes are dropped): the\n"
       "FUSE transport's ceiling beside warpfs, with warpfs's connection options and thread\n"
@@ -413,12 +414,16 @@ int main(int argc, char** argv) {
   fuse_args args = FUSE_ARGS_INIT(argc, argv);
   const bool threads_given = warpfs::daemon::max_threads_given(&args);
   // -o io_uring[,io_uring_depth=N,io_uring_cpu]: FUSE over io_uring (fs/daemon/fuse_uring.h),
-  // as warpfs takes them.
+  // and -o shared_fd=0|1 (one /dev/fuse descriptor for all workers, or one each), as warpfs
+  // takes them; shared by default, as warpfs has it with a device that answers at once.
   struct {
     warpfs::daemon::UringOptions uring;
+    unsigned shared_fd = 1;
   } o;
   using NullOptions = decltype(o);
-  const fuse_opt null_opts[] = {WARPFS_URING_OPTS(NullOptions), FUSE_OPT_END};
+  const fuse_opt null_opts[] = {WARPFS_URING_OPTS(NullOptions),
+                                {"shared_fd=%u", offsetof(NullOptions, shared_fd), 0},
+                                FUSE_OPT_END};
   if (fuse_opt_parse(&args, &o, null_opts, nullptr) != 0) return 1;
   fuse_cmdline_opts cl{};
   if (fuse_parse_cmdline(&args, &cl) != 0) return 1;
@@ -442,7 +447,8 @@ int main(int argc, char** argv) {
       if (fuse_session_mount(se, cl.mountpoint) == 0) {
         if (fuse_daemonize(cl.foreground) == 0) {
           looped = true;
-          rc = warpfs::daemon::run_session_loop(se, cl, threads_given, {}, o.uring);
+          rc = warpfs::daemon::run_session_loop(se, cl, threads_given, {}, o.uring, 0,
+                                                o.shared_fd != 0);
         }
         fuse_session_unmount(se);
       }

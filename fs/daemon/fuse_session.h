@@ -9,11 +9,13 @@
 #include <linux/fuse.h>
 #include <pthread.h>
 #include <semaphore.h>
+#include <sys/ioctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +25,7 @@
 
 #include "fuse_uring.h"
 #include "reader_gate.h"
+#include "worker_fds.h"
 #include "worker_threads.h"
 
 namespace warpfs::daemon {
@@ -300,6 +303,89 @@ struct UringOptions {
     "io_uring_depth=%u", offsetof(T, uring.depth), 0                                     \
   }
 
+// Each SessionLoop worker's own /dev/fuse descriptor, and the custom I/O hooks that read from
+// it and route every reply to the descriptor its request came from (worker_fds.h says why and
+// how). One session a process uses them: the hooks are libfuse's session-wide callbacks,
+// with nothing of ours passed to them, so the table is this process's.
+class OwnDescriptors {
+ public:
+  // Routes the session's reads and replies through the hooks. Before INIT (answer_init
+  // reads and answers it through them). Returns 0 or libfuse's negative error.
+  static int install(fuse_session* se) {
+    static const fuse_custom_io io = {&OwnDescriptors::writev, &OwnDescriptors::read, nullptr,
+                                      nullptr};
+    return fuse_session_custom_io(se, &io, fuse_session_fd(se));
+  }
+  // Gives the calling worker a descriptor of its own, cloned from the session's
+  // (FUSE_DEV_IOC_CLONE, Linux 4.5), from which its reads come from now on. Fails (the worker
+  // reads the session's descriptor, and nothing else changes) where /dev/fuse cannot be
+  // opened or cloned here. Returns 0 or the errno of the failure.
+  static int adopt(int session_fd) {
+    const int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    if (fd < 0) return errno;
+    uint32_t master = static_cast<uint32_t>(session_fd);
+    if (ioctl(fd, FUSE_DEV_IOC_CLONE, &master) != 0) {
+      const int err = errno;
+      close(fd);
+      return err;
+    }
+    table().add(fd);
+    mine() = fd;
+    return 0;
+  }
+  // For the daemon's statistics: workers reading a descriptor of their own, and replies the
+  // table sent to the wrong one first (WorkerFds::rerouted).
+  static size_t descriptors() { return table().size(); }
+  static uint64_t rerouted() { return table().rerouted.load(std::memory_order_relaxed); }
+
+ private:
+  static WorkerFds& table() {
+    static WorkerFds* t = new WorkerFds;  // never freed: replies may come until the exit
+    return *t;
+  }
+  static int& mine() {  // this thread's descriptor, or -1: the session's
+    static thread_local int fd = -1;
+    return fd;
+  }
+  static ssize_t read(int fd, void* buf, size_t len, void*) {
+    const int from = mine() >= 0 ? mine() : fd;
+    const ssize_t n = ::read(from, buf, len);
+    if (n >= static_cast<ssize_t>(sizeof(fuse_in_header))) {
+      uint64_t unique;
+      std::memcpy(&unique, static_cast<const char*>(buf) + offsetof(fuse_in_header, unique),
+                  sizeof unique);
+      table().note(unique, from);
+    }
+    return n;  // errno as ::read left it
+  }
+  // A reply (libfuse's [fuse_out_header, arguments...]) to its request's descriptor; a
+  // notification (unique 0) to the session's, as any of the connection's would do.
+  static ssize_t writev(int fd, iovec* iov, int count, void*) {
+    uint64_t unique = 0;
+    if (count >= 1 && iov[0].iov_len >= sizeof(fuse_out_header)) {
+      std::memcpy(&unique,
+                  static_cast<const char*>(iov[0].iov_base) + offsetof(fuse_out_header, unique),
+                  sizeof unique);
+    }
+    const int to = unique != 0 ? table().find(unique) : -1;
+    ssize_t n = ::writev(to >= 0 ? to : fd, iov, count);
+    if (n >= 0 || errno != ENOENT || unique == 0) return n;
+    // Not a request of that descriptor (a slot another request took since), or one the
+    // kernel has ended: try the others. ENOENT from all of them is the kernel's answer.
+    auto take = [&](int f) {
+      if (f == to || (to < 0 && f == fd)) return false;
+      n = ::writev(f, iov, count);
+      return n >= 0 || errno != ENOENT;
+    };
+    if (take(fd) || table().any(take)) {
+      if (n >= 0) table().rerouted.fetch_add(1, std::memory_order_relaxed);
+      return n;
+    }
+    errno = ENOENT;
+    return -1;
+  }
+};
+
 // The multithreaded session loop with the receive buffers from `mem` (libfuse's own loop
 // allocates its own). As in libfuse's loop: one worker to begin with, and another (up to
 // `threads`) whenever a worker takes a request while no other is waiting for one, so a
@@ -309,24 +395,35 @@ struct UringOptions {
 // after a burst is served by warm threads, not by the one idle longest. A worker reads and
 // processes requests until the session has exited (unmount, or a signal handler's
 // fuse_session_exit); the calling thread waits for the first worker to finish, then cancels the
-// rest, which take cancellation only while they wait for a request or are parked. Returns 0, or the
-// negative error of a failed read (INIT's write too: answer_init), or -ENOMEM (no first worker).
+// rest, which take cancellation only while they wait for a request or are parked. Unless
+// `shared_fd`, each worker reads from a /dev/fuse descriptor of its own (OwnDescriptors,
+// worker_fds.h; not with io_uring, where /dev/fuse carries only INIT, FORGET and INTERRUPT).
+// Returns 0, or the negative error of a failed read (INIT's write too: answer_init), or
+// -ENOMEM (no first worker).
 class SessionLoop {
  public:
   // `uring`: whether and how to ask for FUSE over io_uring (fuse_uring.h); its threads are
   // `threads` spread over the kernel's queues, at least 4 a queue, unless uring.depth says.
   SessionLoop(fuse_session* se, unsigned threads, const ReceiveMemory& mem,
-              const UringOptions& uring = {})
+              const UringOptions& uring = {}, bool shared_fd = false)
       : se_(se),
         threads_(threads > 0 ? threads : 1),
         mem_(mem),
         uring_(uring),
+        own_fds_(!shared_fd && !uring.on),
         workers_(threads_) {}
 
   int run() {
     if (sem_init(&finish_, 0, 0) != 0) return -errno;
     std::unique_ptr<RingTransport> ring;
     if (uring_.on) ring = make_ring();
+    if (own_fds_) {
+      if (const int err = OwnDescriptors::install(se_); err != 0) {
+        fuse_log(FUSE_LOG_ERR, "per-worker descriptors: %s: the workers share one\n",
+                 std::strerror(-err));
+        own_fds_ = false;
+      }
+    }
     UringGrant grant = UringGrant::kNotAsked;
     int rc = answer_init(se_, ring != nullptr, &grant);
     if (rc >= 0 && ring != nullptr && !fuse_session_exited(se_)) {
@@ -447,6 +544,16 @@ class SessionLoop {
     auto* w = static_cast<Worker*>(arg);
     SessionLoop& l = *w->loop;
     pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, nullptr);
+    if (l.own_fds_) {
+      if (const int err = OwnDescriptors::adopt(fuse_session_fd(l.se_)); err != 0) {
+        bool unsaid = true;  // said once: every worker would fail alike
+        if (l.clone_failure_unsaid_.compare_exchange_strong(unsaid, false)) {
+          fuse_log(FUSE_LOG_ERR,
+                   "per-worker descriptors: cloning /dev/fuse: %s: the workers share one\n",
+                   std::strerror(err));
+        }
+      }
+    }
     while (!fuse_session_exited(l.se_)) {
       fuse_buf& buf = w->buf;
       buf = fuse_buf{};
@@ -497,6 +604,8 @@ class SessionLoop {
   const unsigned threads_;
   const ReceiveMemory mem_;
   const UringOptions uring_;
+  bool own_fds_;  // set before the first worker starts; read-only afterwards
+  std::atomic<bool> clone_failure_unsaid_{true};  // no worker has logged a failed clone
   // Sized once; workers_[i] is written by start_worker() before thread i starts, then read
   // by that thread and, after it has been joined, by run().
   std::vector<Worker> workers_;
@@ -519,7 +628,7 @@ class SessionLoop {
 // buffered write). Returns the loop's result.
 inline int run_session_loop(fuse_session* se, const fuse_cmdline_opts& cl, bool threads_given,
                             const ReceiveMemory& mem = {}, const UringOptions& uring = {},
-                            unsigned default_threads = 0) {
+                            unsigned default_threads = 0, bool shared_fd = false) {
   if (uring.on && (cl.singlethread || cl.clone_fd)) {
     fuse_log(FUSE_LOG_ERR, "io_uring: not used with %s: requests stay on /dev/fuse\n",
              cl.singlethread ? "-s" : "clone_fd");
@@ -528,7 +637,7 @@ inline int run_session_loop(fuse_session* se, const fuse_cmdline_opts& cl, bool 
   const unsigned threads = threads_given          ? cl.max_threads
                            : default_threads != 0 ? default_threads
                                                   : default_max_threads();
-  if (!cl.clone_fd) return SessionLoop(se, threads, mem, uring).run();
+  if (!cl.clone_fd) return SessionLoop(se, threads, mem, uring, shared_fd).run();
   fuse_loop_config* lc = fuse_loop_cfg_create();
   fuse_loop_cfg_set_clone_fd(lc, cl.clone_fd);
   fuse_loop_cfg_set_max_threads(lc, threads);

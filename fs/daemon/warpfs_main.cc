@@ -63,6 +63,7 @@ constexpr unsigned kCommitUnset = ~0u;      // commit= not given: the filesystem
 constexpr unsigned kMetaCacheUnset = ~0u;   // meta_cache_mb= not given: the superblock's, else 32
 constexpr unsigned kWorkersUnset = ~0u;     // workers= not given: one per I/O queue
 constexpr unsigned kAsyncReadsUnset = ~0u;  // async_reads= not given: by the CPUs
+constexpr unsigned kSharedFdUnset = ~0u;    // shared_fd= not given: by the device
 
 struct Options {
   char* device = nullptr;
@@ -83,7 +84,8 @@ struct Options {
   int discard = -1;         // -1: neither discard nor nodiscard given (the superblock's, else on)
   int writeback_cache = 0;  // -o writeback_cache (nowriteback_cache: off, the default)
   int dedup = 0;            // -o dedup: a deduplication pass in the background after mount
-  warpfs::daemon::UringOptions uring;  // -o io_uring[,io_uring_depth=N,io_uring_cpu]
+  warpfs::daemon::UringOptions uring;   // -o io_uring[,io_uring_depth=N,io_uring_cpu]
+  unsigned shared_fd = kSharedFdUnset;  // -o shared_fd=0|1 (worker_threads.h)
   unsigned dedup_table_mb = 64;
   int help = 0;
   int list_devices = 0;
@@ -123,6 +125,7 @@ const fuse_opt kOpts[] = {WARPFS_OPT("cache_mb=%u", cache_mb),
                           WARPFS_OPT("meta_cache_mb=%u", meta_cache_mb),
                           WARPFS_OPT("dedup", dedup),
                           WARPFS_URING_OPTS(Options),
+                          WARPFS_OPT("shared_fd=%u", shared_fd),
                           WARPFS_OPT("dedup_table_mb=%u", dedup_table_mb),
                           WARPFS_OPT("-h", help),
                           WARPFS_OPT("--help", help),
@@ -1213,7 +1216,9 @@ std::string stats_json(const Daemon& d) {
              {"discard", s.discard},
              {"meta_cache_mb", s.meta_cache_mb}};
   j["transport"] = {{"io_uring_requests", warpfs::daemon::RingTransport::answered()},
-                    {"reads_answered_later", d.reaper ? d.reaper->answered() : 0}};
+                    {"reads_answered_later", d.reaper ? d.reaper->answered() : 0},
+                    {"worker_descriptors", warpfs::daemon::OwnDescriptors::descriptors()},
+                    {"replies_rerouted", warpfs::daemon::OwnDescriptors::rerouted()}};
   j["shared"] = {{"shared_blocks", s.shared_blocks},
                  {"saved_bytes", s.saved_blocks * warpfs::fs::kBlockSize},
                  {"clones", s.clones},
@@ -1631,6 +1636,9 @@ void usage(const char* prog) {
       "  io_uring_depth=N threads, each with one ring entry, per CPU's queue (default: the\n"
       "                  worker threads over the CPUs, at least 2; at most 64)\n"
       "  io_uring_cpu    run each queue's threads on that queue's CPU only\n"
+      "  shared_fd=0|1   worker threads read one /dev/fuse descriptor (1) or each a clone\n"
+      "                  of its own (0: their requests and replies do not contend for one\n"
+      "                  kernel lock); default 1 with the emulated device at no latency, else 0\n"
       "  timeout=SECONDS how long the kernel may cache names and attributes (default 86400;\n"
       "                  0: ask the daemon every time)\n"
       "  io_timeout=N    reset the controller when a busy queue completes nothing for N\n"
@@ -1981,7 +1989,11 @@ int main(int argc, char** argv) {
         // reaper answers the read: more threads by default then, so that the commands overlap.
         const unsigned default_threads =
             warpfs::daemon::default_worker_threads(d.stack->prompt(), d.reaper ? reapers : 0);
-        rc = warpfs::daemon::run_session_loop(se, cl, threads_given, mem, o.uring, default_threads);
+        const bool shared_fd = o.shared_fd == kSharedFdUnset
+                                   ? warpfs::daemon::default_shared_fd(d.stack->prompt())
+                                   : o.shared_fd != 0;
+        rc = warpfs::daemon::run_session_loop(se, cl, threads_given, mem, o.uring, default_threads,
+                                              shared_fd);
         if (d.reaper != nullptr) d.reaper->stop();  // every read answered: the workers ended
         // A second Ctrl-C or SIGTERM must not cut the unmount below short.
         pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);

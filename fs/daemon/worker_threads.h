@@ -69,6 +69,21 @@ inline bool park_idle_workers(unsigned cpus = usable_cpus()) {
   return cpus >= 8;
 }
 
+// Whether SessionLoop's workers share the session's one /dev/fuse descriptor (-o shared_fd=1)
+// rather than each reading from a clone of its own (worker_fds.h) where shared_fd= is not
+// given: shared where the device completes commands promptly (`prompt`: the emulated one
+// with no latency), each its own otherwise (a drive, a latency model). Measured on the
+// 16-core device machine (bench/results/worker-fds-16core-20261206.md, 4 KiB O_DIRECT at
+// 2 x QD32): with an 80 µs device their own descriptors ran writes 1.27-1.30x and reads
+// 1.01-1.06x; with a prompt device they halved the daemon's CPU per request (21-28 µs against
+// 36-40, which is spinning for the shared descriptor's lock) but ran writes 0.73-0.80x and
+// reads 0.79-1.0x, its CPUs 55-72 % idle: the workers then sleep between requests, and waking
+// one on that VM (a halted vCPU) costs more than the spin. On the 2-core VM both ways ran
+// within the noise of each other.
+inline bool default_shared_fd(bool prompt) {
+  return prompt;
+}
+
 // Threads that answer reads after their handlers return (read_reaper.h, -o async_reads)
 // where async_reads= is not given: one per 4 CPUs, none below 4. Measured at both ends with
 // an 80 µs device (bench/results/async-reads-20261206.md): on the 16-core device machine,

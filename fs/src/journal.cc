@@ -353,8 +353,7 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
   for (uint32_t i = 0; i < n + 2;) {
     const uint32_t run =
         static_cast<uint32_t>(std::min<uint64_t>(n + 2 - i, sb_.journal_blocks - p));
-    if (auto st = meta_io(jblock(p), run, ring + i * size_t{kBlockSize}, true);
-        !st.is_ok()) {
+    if (auto st = meta_io(jblock(p), run, ring + i * size_t{kBlockSize}, true); !st.is_ok()) {
       return fail("journal write", st);
     }
     mine.push_back({jblock(p), run});

@@ -280,6 +280,8 @@ PY
     mount_fs
     "$FSX" -q -N 100000 -S 1 "$mnt/fsx.small" || fail "fsx (1 MiB files)"
     "$FSX" -q -N 20000 -S 2 -l 64M -o 1M "$mnt/fsx.big" || fail "fsx (64 MiB files)"
+    # The emulated device at no latency answers at once: the workers share one descriptor.
+    [[ $(stat_of transport.worker_descriptors) == 0 ]] || fail "a prompt device, yet workers with descriptors of their own"
     unmount_fs
     fsck_clean
     # Reads answered by the daemon's reapers (-o async_reads=2; no software cache, and the
@@ -293,6 +295,31 @@ PY
     later=$(stat_of transport.reads_answered_later)
     echo "async_reads=2: $later reads answered later" >&2
     ((later > 1000)) || fail "async_reads=2: $later reads answered later"
+    # A device with latency: each worker reads a descriptor of its own (the default there), so
+    # the reapers' answers above went to the descriptors their requests came from.
+    fds=$(stat_of transport.worker_descriptors)
+    ((fds >= 1)) || fail "latency_us=20: $fds workers with a descriptor of their own"
+    unmount_fs
+    fsck_clean
+    ;;
+  fds)  # -o shared_fd=0 (a /dev/fuse descriptor each worker) at no latency: the POSIX suite, two fsx at once
+    format 2G --inodes 300000
+    mount_fs -o shared_fd=0
+    WARPFS_TEST_DIR=$mnt WARPFS_TEST_FS=warpfs "$POSIX_TESTS" || fail "posix_tests (shared_fd=0)"
+    "$FSX" -q -N 20000 -S 5 "$mnt/fsx.fds1" &
+    p1=$!
+    "$FSX" -q -N 20000 -S 6 "$mnt/fsx.fds2" || fail "fsx (shared_fd=0, second)"
+    wait "$p1" || fail "fsx (shared_fd=0, first)"
+    fds=$(stat_of transport.worker_descriptors)
+    # The daemon holds the session's descriptor and one for each of those workers.
+    open=$(find "/proc/$daemon_pid/fd" -lname /dev/fuse 2>/dev/null | wc -l)
+    rerouted=$(stat_of transport.replies_rerouted)
+    echo "shared_fd=0: $fds workers with a descriptor of their own, $open open, $rerouted replies rerouted" >&2
+    ((fds >= 2 && open == fds + 1)) || fail "shared_fd=0: $fds workers' descriptors, $open /dev/fuse open"
+    # Every reply found its descriptor in the table at once (none of these requests waits
+    # while thousands of later ones pass): a table that routed wrongly would show here, its
+    # replies then reaching their descriptors only by the fallback's search.
+    [[ $rerouted == 0 ]] || fail "shared_fd=0: $rerouted replies went to the wrong descriptor first"
     unmount_fs
     fsck_clean
     ;;
