@@ -63,12 +63,13 @@ class WorkerFds {
     s.unique.store(unique, std::memory_order_release);
   }
   // The descriptor `unique` was read from, or -1 where the table no longer knows.
+  // The acquire pairs with note()'s release: the descriptor read is at least the one noted
+  // with `unique`, or a later request's whose note into this slot has begun (the torn case
+  // the reply's fallback covers).
   int find(uint64_t unique) const {
     const Slot& s = slot(unique);
     if (s.unique.load(std::memory_order_acquire) != unique) return -1;
-    const int fd = s.fd.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    return s.unique.load(std::memory_order_relaxed) == unique ? fd : -1;
+    return s.fd.load(std::memory_order_relaxed);
   }
   // A worker's descriptor, for the fallback.
   void add(int fd) {
