@@ -368,12 +368,13 @@ class OwnDescriptors {
                   sizeof unique);
     }
     const int to = unique != 0 ? table().find(unique) : -1;
-    ssize_t n = ::writev(to >= 0 ? to : fd, iov, count);
+    const int tried = to >= 0 ? to : fd;
+    ssize_t n = ::writev(tried, iov, count);
     if (n >= 0 || errno != ENOENT || unique == 0) return n;
     // Not a request of that descriptor (a slot another request took since), or one the
     // kernel has ended: try the others. ENOENT from all of them is the kernel's answer.
     auto take = [&](int f) {
-      if (f == to || (to < 0 && f == fd)) return false;
+      if (f == tried) return false;
       n = ::writev(f, iov, count);
       return n >= 0 || errno != ENOENT;
     };

@@ -231,7 +231,7 @@ int Journal::commit() {
   if (failed_.load()) return EIO;
   // Close the gate and wait for the operations inside to leave.
   std::vector<MetaBuf*> dirty;
-  std::vector<std::pair<uint64_t, const uint8_t*>> blocks;
+  std::vector<uint64_t> blocks;  // home block numbers; image i at ring_ block i + 1
   {
     std::unique_lock<std::mutex> g(gate_mu_);
     closed_ = true;
@@ -283,7 +283,7 @@ int Journal::commit() {
       const uint64_t sum = block_checksum(image, kHeaderChecksumOffset, sb_.checksum_seed);
       std::memcpy(image + kHeaderChecksumOffset, &sum, 8);
     }
-    blocks.emplace_back(dirty[i]->block, image);
+    blocks.push_back(dirty[i]->block);
   }
   {
     std::lock_guard<std::mutex> g(gate_mu_);
@@ -313,7 +313,7 @@ int Journal::commit() {
   return rc;
 }
 
-int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks) {
+int Journal::write_transaction(const std::vector<uint64_t>& blocks) {
   auto fail = [&](const char* what, const blockdev::Status& st) {
     log_(std::string("journal: ") + what + " failed: " + st.to_string() +
          "; the filesystem is now read-only");
@@ -330,15 +330,14 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
   // (3) Descriptor, blocks, commit.
   const auto n = static_cast<uint32_t>(blocks.size());
   uint8_t* const ring = ring_.data();
-  WARPFS_DCHECK(ring_.size() >= (n + 2) * size_t{kBlockSize} &&
-                    (n == 0 || blocks[0].second == ring + kBlockSize),
-                "Journal::write_transaction: the images are not in ring_");
+  WARPFS_DCHECK(ring_.size() >= (n + 2) * size_t{kBlockSize},
+                "Journal::write_transaction: ring_ is shorter than the transaction");
   std::memset(ring, 0, kBlockSize);  // the descriptor's unused targets: zero, as before
   auto* d = reinterpret_cast<JournalDescriptor*>(ring);
   d->magic = kJournalDescriptorMagic;
   d->count = n;
   d->seq = seq_;
-  for (uint32_t i = 0; i < n; ++i) d->targets[i] = blocks[i].first;
+  for (uint32_t i = 0; i < n; ++i) d->targets[i] = blocks[i];
   d->checksum = block_checksum(d, offsetof(JournalDescriptor, checksum), sb_.checksum_seed);
   auto* c = reinterpret_cast<JournalCommit*>(ring + (n + 1) * size_t{kBlockSize});
   std::memset(c, 0, kBlockSize);
@@ -371,10 +370,10 @@ int Journal::write_transaction(const std::vector<std::pair<uint64_t, const uint8
   // (5) Checkpoint: home locations (durable at the next commit's flush, or at unmount).
   std::vector<blockdev::BlockDevice::Io> ios(blocks.size());
   for (size_t k = 0; k < blocks.size(); ++k) {
-    ios[k].block = blocks[k].first;
+    ios[k].block = blocks[k];
     ios[k].write = true;
     ios[k].priority = nvme::Priority::kMetadata;
-    ios[k].data = const_cast<uint8_t*>(blocks[k].second);
+    ios[k].data = ring + (k + 1) * size_t{kBlockSize};
   }
   dev_.submit(ios.data(), static_cast<int>(ios.size()));  // a warp of blocks at a time
   for (const auto& io : ios) {

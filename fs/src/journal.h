@@ -204,10 +204,10 @@ class Journal {
   static std::vector<const Journal*>& txns_of_this_thread();
 #endif
   [[nodiscard]] int write_header();  // tail at (pos_, seq_); REQUIRES: commit_mu_
-  // Writes ring_'s first blocks.size() + 2 blocks (the blocks' images already at 1..n) as the
-  // next transaction, then the checkpoint. REQUIRES: commit_mu_.
-  [[nodiscard]] int write_transaction(
-      const std::vector<std::pair<uint64_t, const uint8_t*>>& blocks);
+  // Writes ring_'s first blocks.size() + 2 blocks as the next transaction (the image of the
+  // block whose home is blocks[i] already at ring_ block i + 1), then the checkpoint.
+  // REQUIRES: commit_mu_.
+  [[nodiscard]] int write_transaction(const std::vector<uint64_t>& blocks);
 
   blockdev::BlockDevice& dev_;
   Flusher flusher_;
