@@ -4,8 +4,9 @@
 #   build/       Release (what users build), all tests, including real FUSE mounts (ctest
 #                label mounted), the concurrent stress harnesses and the VFIO guests
 #   build-asan/  ASan + UBSan, all tests; the mounted stress runs against the ASan daemon
-#   build-tsan/  TSan, the concurrent layers (ctest labels nvme, cache, blockdev) and the
+#   build-tsan/  TSan, the concurrent layers (ctest labels nvme, cache, blockdev), the
 #                filesystem core (fs_tests; not the tools that only check the host's tmpfs)
+#                and a real mount of the TSan daemon (mounted_fds_tsan_daemon)
 # Prints a final "N passed, N failed" line; exits non-zero on any failure.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

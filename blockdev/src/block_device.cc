@@ -254,10 +254,10 @@ void CachedBlockDevice::run_warp(Io* ios, const cache::Lane* lanes, const LaneOf
     uint8_t* mine = io.data + uint64_t{of[i].at} * bb;
     Status s = refs[i].status;
     if (s.is_ok() && io.write) {
-      if (!refs[i].holds_src) std::memcpy(refs[i].data, mine, bb);
+      if (!refs[i].holds_src) cache_->copy_in(refs[i], 0, mine, bb);
       wrote[i] = true;
     } else if (s.is_ok()) {
-      std::memcpy(mine, refs[i].data, bb);
+      cache_->copy_out(refs[i], 0, mine, bb);
     } else if (s.code() == Code::kSetFull) {
       s = bypass(io, lanes[i].block, 1, mine);
     }

@@ -19,9 +19,12 @@ using line_state::kAhead;  // filled by read-ahead, not yet used
 using line_state::kBusy;
 using line_state::kCountMask;
 using line_state::kDirty;
-using line_state::kMeta;  // dirty data written by a metadata-class lane
-using line_state::kRef;   // clock: referenced since the hand last passed
+using line_state::kMeta;        // dirty data written by a metadata-class lane
+using line_state::kReaderMask;  // readers copying out of the line (copy_out)
+using line_state::kReaderOne;
+using line_state::kRef;  // clock: referenced since the hand last passed
 using line_state::kValid;
+using line_state::kWriter;   // a writer copying into the line (copy_in)
 using line_state::kWriting;  // a flusher's write-back of the line is in flight
 
 enum Stat {
@@ -626,7 +629,7 @@ Status Cache::read(uint64_t block, uint32_t offset, void* buf, uint32_t len) {
   Lane l{block, Intent::kRead, nullptr};
   LineRef r;
   if (acquire_scalar(&l, &r) != 0) return r.status;
-  std::memcpy(buf, r.data + offset, len);
+  copy_out(r, offset, buf, len);
   release(&l, 1, &r, nullptr);
   return Status::ok();
 }
@@ -642,9 +645,48 @@ Status Cache::write(uint64_t block, uint32_t offset, const void* buf, uint32_t l
   bool wrote = true;
   // A whole-line write was published by acquire() (unless the line was already cached, in
   // which case it is overwritten here like any write).
-  std::memcpy(r.data + offset, buf, len);
+  if (!r.holds_src) copy_in(r, offset, buf, len);
   release(&l, 1, &r, &wrote);
   return Status::ok();
+}
+
+void Cache::copy_in(uint32_t line, uint32_t offset, const void* src, uint32_t len) {
+  LineMeta& m = meta_[line];
+  port::Backoff b;
+  // kWriter is taken only while no write-back and no other writer is at the line: one
+  // atomic step on the flags word, so it and a flusher's kWriting come in one order.
+  // Acquire: a write-back or a writer that ended before is done with the line.
+  uint32_t f = m.flags.load(port::Order::kRelaxed);
+  for (;;) {
+    if (f & (kWriting | kWriter)) {
+      b.pause();
+      f = m.flags.load(port::Order::kRelaxed);
+    } else if (m.flags.compare_exchange(f, f | kWriter, port::Order::kAcquire)) {
+      break;
+    }
+  }
+  // Readers that came before finish their copies (no new one starts while kWriter is set).
+  while (f & kReaderMask) {
+    b.pause();
+    f = m.flags.load(port::Order::kAcquire);
+  }
+  std::memcpy(data_of(line) + offset, src, len);
+  // Release: the copy happens before a flusher or reader that sees kWriter clear reads it.
+  m.flags.fetch_and(~kWriter, port::Order::kRelease);
+}
+
+void Cache::copy_out(uint32_t line, uint32_t offset, void* dst, uint32_t len) {
+  LineMeta& m = meta_[line];
+  port::Backoff b;
+  // Counted in while no writer copies (a writer waits for the count to fall to zero).
+  // Acquire: the last writer's copy is visible.
+  while (m.flags.fetch_add(kReaderOne, port::Order::kAcquire) & kWriter) {
+    m.flags.fetch_sub(kReaderOne, port::Order::kRelaxed);
+    while (m.flags.load(port::Order::kAcquire) & kWriter) b.pause();
+  }
+  std::memcpy(dst, data_of(line) + offset, len);
+  // Release: our copy happens before a writer that sees the count fall overwrites the line.
+  m.flags.fetch_sub(kReaderOne, port::Order::kRelease);
 }
 
 void Cache::collect_line(uint32_t w, WriteBack* wb) {
@@ -652,23 +694,46 @@ void Cache::collect_line(uint32_t w, WriteBack* wb) {
   const uint64_t tag = tag_of(m).load(port::Order::kAcquire);
   const uint32_t s = m.state.load(port::Order::kAcquire);
   if (tag == 0 || !(s & kValid) || (s & kBusy)) return;
-  if (!(s & kDirty)) {
-    // Clean, but maybe only because another flusher cleared Dirty and is still writing it:
-    // that write must have reached the device before this call may say the block did.
-    if (m.flags.load(port::Order::kAcquire) & kWriting) {
-      m.state.fetch_add(1, port::Order::kAcquire);  // pinned: the tag stays while we wait
-      wb->waits.push_back(w);
-    }
+  if (!(s & kDirty) && !(m.flags.load(port::Order::kAcquire) & kWriting)) return;
+  m.state.fetch_add(1, port::Order::kAcquire);  // pinned: the tag stays, not evictable
+  // No writer starts a copy into the line from here on (copy_in). kWriting is set only here,
+  // under the set's lock; finish_item clears it without the lock, hence the one atomic step.
+  uint32_t f = m.flags.fetch_or(kWriting, port::Order::kAcqRel);
+  if (f & kWriting) {
+    // Another flusher's write-back of the line is in flight. It must reach the device before
+    // this call may say the block did, and if the line is dirty again (a writer's release
+    // after that flusher cleared Dirty), it is written once that write-back ends
+    // (finish_write_back): two write-backs of one line at once could not both keep the
+    // writers off until their own ended.
+    wb->waits.push_back(w);
     return;
   }
-  m.state.fetch_add(1, port::Order::kAcquire);  // pinned: not evictable while written
-  m.flags.fetch_or(kWriting, port::Order::kRelaxed);
+  if (!(m.state.load(port::Order::kAcquire) & kDirty)) {
+    finish_unwritten(m);  // clean, and that flusher's write-back ended since the first look
+    return;
+  }
+  // A writer already copying finishes first (a copy of at most a line: this waits under the
+  // set lock, and no copy waits for a set lock). Acquire: its copy happens before the device
+  // reads the line.
+  if (f & kWriter) {
+    port::Backoff b;
+    do {
+      b.pause();
+      f = m.flags.load(port::Order::kAcquire);
+    } while (f & kWriter);
+  }
   clear_bits(m, kDirty, port::Order::kAcqRel);
   // A metadata writer racing this may set kMeta and Dirty after we clear them apart: the
   // line is then written back later in the bulk class. Its class, never its data, is lost.
   const bool meta = (m.flags.fetch_and(~kMeta, port::Order::kRelaxed) & kMeta) != 0;
   wb->items.push_back(
       Writing{w, tag - 1, meta ? nvme::Priority::kMetadata : nvme::Priority::kBulk});
+}
+
+// A line collect_line pinned and took kWriting on, then found nothing to write: let go.
+void Cache::finish_unwritten(LineMeta& m) {
+  m.flags.fetch_and(~kWriting, port::Order::kRelease);
+  m.state.fetch_sub(1, port::Order::kRelease);
 }
 
 void Cache::write_items(WriteBack* wb) {
@@ -976,7 +1041,7 @@ void Cache::DirectRead::finish() {
   started_.reset();
   if (op_.status.is_ok()) {
     for (const auto& [b, w] : pins_) {
-      std::memcpy(op_.data + (b - op_.block) * c_.line_bytes_, c_.data_of(w), c_.line_bytes_);
+      c_.copy_out(w, 0, op_.data + (b - op_.block) * c_.line_bytes_, c_.line_bytes_);
     }
     if (pins_.size() < op_.count) {
       c_.count(kBypassed, uint64_t{op_.count} * c_.line_bytes_);
@@ -998,7 +1063,7 @@ Status Cache::write_direct(uint64_t first, uint64_t count_lines, const void* buf
   const auto* src = static_cast<const uint8_t*>(buf);
   const auto pins = pin_range(first, count_lines);
   for (const auto& [b, w] : pins) {
-    std::memcpy(data_of(w), src + (b - first) * line_bytes_, line_bytes_);
+    copy_in(w, 0, src + (b - first) * line_bytes_, line_bytes_);
     mark_dirty(meta_[w], port::Order::kRelease);
   }
   Backend::Op op;
@@ -1034,18 +1099,20 @@ void Cache::refresh_after_direct_write(uint64_t block, const uint8_t* data) {
       return;
     }
     LineMeta& m = meta_[w];
-    const uint32_t s = m.state.load(port::Order::kAcquire);
+    // Pinned, the line keeps its block once the lock is dropped.
+    const uint32_t s = m.state.fetch_add(1, port::Order::kAcquire);
+    sm.lock.unlock();
     if (!(s & kBusy)) {
       if (s & kValid) {
-        std::memcpy(data_of(static_cast<uint32_t>(w)), data, line_bytes_);
+        // Outside the set lock: the copy may wait for a write-back of the line, whose
+        // flusher may want this set's lock before it sends its writes.
+        copy_in(static_cast<uint32_t>(w), 0, data, line_bytes_);
         mark_dirty(m, port::Order::kRelease);
       }
-      sm.lock.unlock();
+      m.state.fetch_sub(1, port::Order::kRelease);
       return;
     }
     // A fill is in flight (it holds no set lock): wait for it, then look again.
-    m.state.fetch_add(1, port::Order::kAcquire);
-    sm.lock.unlock();
     wait_not_busy(m, block);
     m.state.fetch_sub(1, port::Order::kRelease);
   }

@@ -205,6 +205,160 @@ TEST(Cache, WriteBackWaitsForAConcurrentFlushOfTheSameLine) {
   EXPECT_EQ(c->audit(true), "");
 }
 
+// A backend over the rig's that looks at every line it is asked to write, as the device
+// reads it: in two halves with a yield between (a DMA engine reads a line over time too), so
+// that a writer copying into the line meanwhile shows as a line of two generations. Every
+// writer below writes whole lines of one generation (fill_block).
+class TornLineCheck final : public Backend {
+ public:
+  explicit TornLineCheck(Backend& below) : b_(below) {}
+  uint32_t line_bytes() const override { return b_.line_bytes(); }
+  uint64_t line_count() const override { return b_.line_count(); }
+  Status alloc(size_t bytes, void** out) override { return b_.alloc(bytes, out); }
+  void free(void* p, size_t bytes) override { b_.free(p, bytes); }
+  void io(Op* ops, int n) override {
+    for (int i = 0; i < n; ++i) {
+      if (ops[i].write) look(ops[i]);
+    }
+    b_.io(ops, n);
+  }
+  void start(Op* op, std::unique_ptr<Started>* out) override {
+    if (op->write) look(*op);
+    b_.start(op, out);
+  }
+  Status flush() override { return b_.flush(); }
+  Status trim(uint64_t block, uint64_t lines) override { return b_.trim(block, lines); }
+
+  std::atomic<uint64_t> looked{0}, torn{0};
+
+ private:
+  void look(const Op& op) {
+    std::vector<uint64_t> seen(512);
+    for (uint32_t k = 0; k < op.count; ++k) {
+      const auto* line = reinterpret_cast<const uint64_t*>(op.data) + size_t{k} * 512;
+      const uint64_t blk = op.block + k;
+      std::memcpy(seen.data(), line, 2048);
+      std::this_thread::yield();
+      std::memcpy(seen.data() + 256, line + 256, 2048);
+      const uint64_t gen = (seen[0] ^ (blk << 20)) >> 44;  // fill_block's word 0
+      looked.fetch_add(1, std::memory_order_relaxed);
+      if (!block_is(seen.data(), blk, gen)) torn.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  Backend& b_;
+};
+
+// Stable lines: a write-back never sends the device a line that a writer is copying into
+// (the kernel's stable pages for devices that checksum). Without that, a crash or a kill
+// after such a write-back leaves a block on the device that is neither its old contents nor
+// its new ones. Writers rewrite lines of their own over and over while flushers (of ranges,
+// of named blocks, of everything) and the background write-back write them back.
+TEST(Cache, AWriteBackNeverSendsALineAWriterIsCopyingInto) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  constexpr int kWriters = 3;
+  constexpr uint64_t kPerWriter = 4;
+  constexpr uint64_t kLooks = 3000;
+  seed_device(*s->backend, 0, kWriters * kPerWriter, 0);
+  TornLineCheck check(*s->backend);
+  auto c = make_cache(check, 16, 4, true, 10);  // 64 lines: the background pass starts at 6
+  std::atomic<int> writing{kWriters};
+  std::vector<std::thread> ts;
+  std::vector<uint64_t> last(kWriters * kPerWriter, 0);
+  for (int t = 0; t < kWriters; ++t) {
+    ts.emplace_back([&, t] {
+      std::vector<uint8_t> buf(4096);
+      // Until the device has looked at enough write-backs (fill_block's generations stay
+      // below 2^20).
+      for (uint64_t g = 1; g < (1u << 20) && check.looked.load() < kLooks; ++g) {
+        const uint64_t b = static_cast<uint64_t>(t) * kPerWriter + g % kPerWriter;
+        fill_block(buf.data(), b, g);
+        ASSERT_TRUE(c->write(b, 0, buf.data(), 4096).is_ok());
+        last[b] = g;
+      }
+      writing--;
+    });
+  }
+  for (int f = 0; f < 2; ++f) {
+    ts.emplace_back([&, f] {
+      uint64_t n = 0;
+      while (writing.load() > 0) {
+        const Cache::Range r{n % (kWriters * kPerWriter), 1};
+        const Status st = f == 0  ? c->flush_range(0, kWriters * kPerWriter)
+                          : n % 8 ? c->write_back(&r, 1)
+                                  : c->flush_all();
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+        ++n;
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  ASSERT_TRUE(c->flush_all().is_ok());
+  c->drain_writeback();
+  EXPECT_GE(check.looked.load(), kLooks);  // the write-backs raced the writers
+  EXPECT_EQ(check.torn.load(), 0u) << "of " << check.looked.load() << " lines written back";
+  for (uint64_t b = 0; b < last.size(); ++b) {
+    EXPECT_TRUE(block_is(device_block(*s->backend, b).data(), b, last[b])) << b;
+  }
+  EXPECT_EQ(c->audit(true), "");
+}
+
+// A line is copied in and out whole: readers of lines that two writers each rewrite over and
+// over (whole lines of one generation each, the writers' generations odd and even) see one
+// generation in every line, never a mix, through the scalar read and the warp API alike.
+TEST(Cache, ReadersAndWritersOfOneLineSeeItWhole) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  constexpr uint64_t kBlocks = 4;
+  constexpr uint64_t kReads = 50000;
+  seed_device(*s->backend, 0, kBlocks, 0);
+  auto c = make_cache(*s->backend, 16, 4);
+  std::atomic<uint64_t> reads{0}, torn{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 2; ++t) {
+    ts.emplace_back([&, t] {
+      std::vector<uint8_t> buf(4096);
+      // Until the readers are done (generations stay below 2^20).
+      for (uint64_t g = 2 + t; g < (1u << 20) && reads.load() < kReads; g += 2) {
+        fill_block(buf.data(), g % kBlocks, g);
+        ASSERT_TRUE(c->write(g % kBlocks, 0, buf.data(), 4096).is_ok());
+      }
+    });
+  }
+  auto whole = [&](const uint8_t* p, uint64_t blk) {
+    uint64_t w0;
+    std::memcpy(&w0, p, 8);
+    const uint64_t gen = (w0 ^ (blk << 20)) >> 44;
+    if (!block_is(p, blk, gen)) torn++;
+    reads++;
+  };
+  ts.emplace_back([&] {  // the scalar read
+    std::vector<uint8_t> buf(4096);
+    for (uint64_t i = 0; reads.load() < kReads; ++i) {
+      ASSERT_TRUE(c->read(i % kBlocks, 0, buf.data(), 4096).is_ok());
+      whole(buf.data(), i % kBlocks);
+    }
+  });
+  ts.emplace_back([&] {  // a warp over every block, through copy_out
+    Lane lanes[kBlocks];
+    LineRef refs[kBlocks];
+    std::vector<uint8_t> buf(4096);
+    for (uint64_t b = 0; b < kBlocks; ++b) lanes[b] = Lane{b, Intent::kRead, nullptr};
+    while (reads.load() < kReads) {
+      ASSERT_EQ(c->acquire(lanes, kBlocks, refs), 0);
+      for (uint64_t b = 0; b < kBlocks; ++b) {
+        c->copy_out(refs[b], 0, buf.data(), 4096);
+        whole(buf.data(), b);
+      }
+      c->release(lanes, kBlocks, refs, nullptr);
+    }
+  });
+  for (auto& th : ts) th.join();
+  EXPECT_GE(reads.load(), kReads);
+  EXPECT_EQ(torn.load(), 0u) << "of " << reads.load() << " reads";
+  EXPECT_EQ(c->audit(true), "");
+}
+
 // Threads own disjoint blocks that share a tiny cache's sets, so every operation fights
 // eviction; each thread checks reads against its model, and at the end the device must
 // hold exactly the model.

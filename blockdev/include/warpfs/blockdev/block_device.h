@@ -6,8 +6,10 @@
 // name stands for.
 //
 // Thread-safety: every method may be called from any number of threads. Concurrent writes
-// to the same block, or a read racing a write of it, give one of the two contents: callers
-// (the filesystem) order conflicting accesses themselves.
+// to the same block, or a read racing a write of it, give one of the two contents of each
+// block through the cache (a line is copied in and out whole: cache.h's copy_in/copy_out),
+// and what the device gives where a transfer goes past it; a range of blocks is not one
+// unit: callers (the filesystem) order conflicting accesses where they need more.
 #pragma once
 
 #include <cstddef>

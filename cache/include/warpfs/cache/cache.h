@@ -18,9 +18,16 @@
 //            clock, claim it with fetch_or(B) and re-check that its count was 0 and B clear
 //            (BaM Fig 6.5: a lane that raced in backs us off), write it back if Dirty, retag
 //            it, add our count, unlock, fill. fetch_xor(B|V) publishes the line (BaM §6.4).
+//   copy:    lanes copy into and out of their lines through copy_in() and copy_out(), a
+//            reader/writer lock of the line's bytes in its flags word held for the copy's
+//            length. A flusher sets kWriting and waits for a writer's copy to end before the
+//            device reads the line; a writer that finds kWriting waits until the device has
+//            read it. So a write-back (stable lines: the kernel's stable pages, which it
+//            keeps for devices that checksum their blocks) and a reader get each line whole,
+//            old or new, never torn; two writers of one line come one after the other.
 //   release: fetch_or(D) if the lane wrote (Dirty is set when the write is done, not at
-//            acquire, so a flush that clears D while a writer is still copying cannot lose
-//            the writer's data: the release sets D again), then fetch_sub(count).
+//            acquire, so a flush that clears D after a writer's copy and before its release
+//            cannot lose the writer's data: the release sets D again), then fetch_sub(count).
 // Invariants: at most one copy of a block (retagging happens under the set lock, and every
 // inserter re-probes under it); a line with references or Busy is never evicted (the claim's
 // fetch_or sees them); concurrent misses on one block cause one device read (the first
@@ -150,6 +157,19 @@ class Cache {
   // OR-ed. The group's misses are filled together (one IoBatch). Returns the number of
   // lanes that failed (their status says why; Code::kSetFull means "set full").
   int acquire(const Lane* lanes, int n, LineRef* out);
+  // Copies `len` bytes from `src` into the line `r` holds (acquire() with a write intent)
+  // at `offset`, and out of it into `dst`. Every copy into or out of a line goes through
+  // these (r.data is the line's address, for a caller that knows no one else is at the line):
+  // a line's copies in exclude each other, its copies out and its write-back, so a
+  // write-back or a reader of a line another thread writes gets it whole, old or new, never
+  // torn. A copy in waits while a write-back of the line is in flight (a device round trip);
+  // otherwise the waits are for other copies, which hold no lock and wait for none.
+  void copy_in(const LineRef& r, uint32_t offset, const void* src, uint32_t len) {
+    copy_in(r.line, offset, src, len);
+  }
+  void copy_out(const LineRef& r, uint32_t offset, void* dst, uint32_t len) {
+    copy_out(r.line, offset, dst, len);
+  }
   // Releases what acquire() handed out. `wrote[i]` (may be null: none wrote) marks lanes
   // that modified their line; their lines become dirty.
   void release(const Lane* lanes, int n, LineRef* refs, const bool* wrote);
@@ -246,6 +266,12 @@ class Cache {
     Cursor& operator=(const Cursor&) = delete;
     // The line holding `block`, or null (status() says why).
     uint8_t* get(uint64_t block);
+    // Copies into and out of the line get() returned, through Cache::copy_in / copy_out.
+    void copy_in(uint32_t offset, const void* src, uint32_t len) {
+      c_.copy_in(ref_, offset, src, len);
+      wrote_ = true;
+    }
+    void copy_out(uint32_t offset, void* dst, uint32_t len) { c_.copy_out(ref_, offset, dst, len); }
     void mark_written() { wrote_ = true; }
     void reset();
     const Status& status() const { return ref_.status; }
@@ -265,7 +291,7 @@ class Cache {
   // so a probe reads one line instead of one per way.
   struct alignas(port::kCacheLine) LineMeta {
     port::Atomic<uint32_t> state;  // V | B | D | 29-bit count
-    port::Atomic<uint32_t> flags;  // clock reference bit, read-ahead bit
+    port::Atomic<uint32_t> flags;  // kRef, kAhead, kMeta, kWriting; writers copying in
   };
   struct alignas(port::kCacheLine) SetMeta {
     port::TicketLock lock;  // Lock order: at most one set lock at a time.
@@ -317,8 +343,11 @@ class Cache {
     Status result;
     bool background = false;  // the background write-back's: its lines also count as cleaned
   };
-  // Line w of `set` (its lock held) joins `wb` if it holds a dirty or in-flight block.
+  // Line w of `set` (its lock held) joins `wb`: as an item if it is dirty (kWriting taken,
+  // Dirty cleared), as a wait if another flusher's write-back of it is in flight (to be
+  // looked at again once that one ends).
   void collect_line(uint32_t w, WriteBack* wb);
+  void finish_unwritten(LineMeta& m);
   void write_items(WriteBack* wb);          // writes the items (batches of kMaxOps), unpins them
   bool cleanable(const LineMeta& m) const;  // clean() may take it (set lock held)
   Backend::Op item_op(const Writing& it) const;  // the device write of one item
@@ -329,6 +358,9 @@ class Cache {
   std::vector<std::pair<uint64_t, uint32_t>> pin_range(uint64_t first, uint64_t count);
   void unpin(const std::vector<std::pair<uint64_t, uint32_t>>& pins);
   void refresh_after_direct_write(uint64_t block, const uint8_t* data);
+  // copy_in() and copy_out() of a line this thread holds (a reference or a pin).
+  void copy_in(uint32_t line, uint32_t offset, const void* src, uint32_t len);
+  void copy_out(uint32_t line, uint32_t offset, void* dst, uint32_t len);
   void count(int stat, uint64_t n = 1);
 
   Backend& b_;

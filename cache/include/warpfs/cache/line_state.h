@@ -37,6 +37,14 @@ inline constexpr uint32_t kRef = 1;
 inline constexpr uint32_t kAhead = 2;
 inline constexpr uint32_t kMeta = 4;
 inline constexpr uint32_t kWriting = 8;
+// Copies in and out of the line at this moment (the CPU cache's Cache::copy_in and
+// copy_out), a reader/writer lock of the line's bytes: a writer (kWriter, one at a time) copies
+// while no reader, no other writer and no write-back (kWriting) is at the line; readers
+// (counted from bit 8) copy while no writer is. So a write-back or a reader gets each
+// line whole, old or new, never torn (stable lines).
+inline constexpr uint32_t kWriter = 16;
+inline constexpr uint32_t kReaderOne = 1u << 8;
+inline constexpr uint32_t kReaderMask = ~0u << 8;
 
 // Valid and not being filled or evicted: a reference taken on it is a hit.
 WARPFS_HD constexpr bool usable(uint32_t s) {
