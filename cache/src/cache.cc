@@ -782,19 +782,31 @@ void Cache::finish_item(const Writing& it, const Backend::Op& op, WriteBack* wb)
 
 Status Cache::finish_write_back(WriteBack* wb) {
   write_items(wb);
+  // Rounds: wait until every write-back of the waited-for lines in flight has ended, then look
+  // at each again (a line dirty again is taken and written). Nothing is waited for while this
+  // call holds kWriting on a line it has not written yet: a line it took in this round could
+  // also be one it waits for next (a range naming a block twice, re-dirtied meanwhile), and a
+  // writer of that line would wait with it, forever.
   while (!wb->waits.empty()) {
     std::vector<uint32_t> waits;
     waits.swap(wb->waits);
+    std::sort(waits.begin(), waits.end());
+    for (size_t i = 1; i < waits.size(); ++i) {  // one pin per line is enough to wait on
+      if (waits[i] == waits[i - 1]) meta_[waits[i]].state.fetch_sub(1, port::Order::kRelease);
+    }
+    waits.erase(std::unique(waits.begin(), waits.end()), waits.end());
     for (uint32_t w : waits) {
-      LineMeta& m = meta_[w];
       port::Backoff b;
-      while (m.flags.load(port::Order::kAcquire) & kWriting) b.pause();
-      // Dirty again (the other write-back failed, or a newer write): written here.
+      while (meta_[w].flags.load(port::Order::kAcquire) & kWriting) b.pause();
+    }
+    for (uint32_t w : waits) {
+      // Dirty again (the other write-back failed, or a newer write): written here. Taken by
+      // yet another flusher since: waited for in the next round.
       SetMeta& sm = sets_[w / ways_];
       sm.lock.lock();
       collect_line(w, wb);
       sm.lock.unlock();
-      m.state.fetch_sub(1, port::Order::kRelease);  // our pin, the tag held while we waited
+      meta_[w].state.fetch_sub(1, port::Order::kRelease);  // our pin, the tag held meanwhile
     }
     write_items(wb);
   }
