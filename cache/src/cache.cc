@@ -666,10 +666,7 @@ void Cache::copy_in(uint32_t line, uint32_t offset, const void* src, uint32_t le
     }
   }
   // Readers that came before finish their copies (no new one starts while kWriter is set).
-  while (f & kReaderMask) {
-    b.pause();
-    f = m.flags.load(port::Order::kAcquire);
-  }
+  if (f & kReaderMask) wait_flags_clear(m, kReaderMask);
   std::memcpy(data_of(line) + offset, src, len);
   // Release: the copy happens before a flusher or reader that sees kWriter clear reads it.
   m.flags.fetch_and(~kWriter, port::Order::kRelease);
@@ -677,16 +674,20 @@ void Cache::copy_in(uint32_t line, uint32_t offset, const void* src, uint32_t le
 
 void Cache::copy_out(uint32_t line, uint32_t offset, void* dst, uint32_t len) {
   LineMeta& m = meta_[line];
-  port::Backoff b;
   // Counted in while no writer copies (a writer waits for the count to fall to zero).
   // Acquire: the last writer's copy is visible.
   while (m.flags.fetch_add(kReaderOne, port::Order::kAcquire) & kWriter) {
     m.flags.fetch_sub(kReaderOne, port::Order::kRelaxed);
-    while (m.flags.load(port::Order::kAcquire) & kWriter) b.pause();
+    wait_flags_clear(m, kWriter);
   }
   std::memcpy(dst, data_of(line) + offset, len);
   // Release: our copy happens before a writer that sees the count fall overwrites the line.
   m.flags.fetch_sub(kReaderOne, port::Order::kRelease);
+}
+
+void Cache::wait_flags_clear(const LineMeta& m, uint32_t bits) {
+  port::Backoff b;
+  while (m.flags.load(port::Order::kAcquire) & bits) b.pause();
 }
 
 void Cache::collect_line(uint32_t w, WriteBack* wb) {
@@ -715,13 +716,7 @@ void Cache::collect_line(uint32_t w, WriteBack* wb) {
   // A writer already copying finishes first (a copy of at most a line: this waits under the
   // set lock, and no copy waits for a set lock). Acquire: its copy happens before the device
   // reads the line.
-  if (f & kWriter) {
-    port::Backoff b;
-    do {
-      b.pause();
-      f = m.flags.load(port::Order::kAcquire);
-    } while (f & kWriter);
-  }
+  if (f & kWriter) wait_flags_clear(m, kWriter);
   clear_bits(m, kDirty, port::Order::kAcqRel);
   // A metadata writer racing this may set kMeta and Dirty after we clear them apart: the
   // line is then written back later in the bulk class. Its class, never its data, is lost.
@@ -795,10 +790,7 @@ Status Cache::finish_write_back(WriteBack* wb) {
       if (waits[i] == waits[i - 1]) meta_[waits[i]].state.fetch_sub(1, port::Order::kRelease);
     }
     waits.erase(std::unique(waits.begin(), waits.end()), waits.end());
-    for (uint32_t w : waits) {
-      port::Backoff b;
-      while (meta_[w].flags.load(port::Order::kAcquire) & kWriting) b.pause();
-    }
+    for (uint32_t w : waits) wait_flags_clear(meta_[w], kWriting);
     for (uint32_t w : waits) {
       // Dirty again (the other write-back failed, or a newer write): written here. Taken by
       // yet another flusher since: waited for in the next round.

@@ -210,17 +210,30 @@ TEST(Cache, WriteBackWaitsForAConcurrentFlushOfTheSameLine) {
   EXPECT_EQ(c->audit(true), "");
 }
 
-// A backend over the rig's that looks at every line it is asked to write, as the device
-// reads it: in two halves with a yield between (a DMA engine reads a line over time too), so
-// that a writer copying into the line meanwhile shows as a line of two generations. Every
-// writer below writes whole lines of one generation (fill_block).
-class TornLineCheck final : public Backend {
+// A backend that passes everything to another (the rig's), for tests that look at or hold
+// back some of its I/O. start() is Backend's: io() of the one op, through the subclass's io().
+class BackendOver : public Backend {
  public:
-  explicit TornLineCheck(Backend& below) : b_(below) {}
+  explicit BackendOver(Backend& below) : b_(below) {}
   uint32_t line_bytes() const override { return b_.line_bytes(); }
   uint64_t line_count() const override { return b_.line_count(); }
   Status alloc(size_t bytes, void** out) override { return b_.alloc(bytes, out); }
   void free(void* p, size_t bytes) override { b_.free(p, bytes); }
+  void io(Op* ops, int n) override { b_.io(ops, n); }
+  Status flush() override { return b_.flush(); }
+  Status trim(uint64_t block, uint64_t lines) override { return b_.trim(block, lines); }
+
+ protected:
+  Backend& b_;
+};
+
+// A backend over the rig's that looks at every line it is asked to write, as the device
+// reads it: in two halves with a yield between (a DMA engine reads a line over time too), so
+// that a writer copying into the line meanwhile shows as a line of two generations. Every
+// writer below writes whole lines of one generation (fill_block).
+class TornLineCheck final : public BackendOver {
+ public:
+  using BackendOver::BackendOver;
   void io(Op* ops, int n) override {
     for (int i = 0; i < n; ++i) {
       if (ops[i].write) look(ops[i]);
@@ -231,8 +244,6 @@ class TornLineCheck final : public Backend {
     if (op->write) look(*op);
     b_.start(op, out);
   }
-  Status flush() override { return b_.flush(); }
-  Status trim(uint64_t block, uint64_t lines) override { return b_.trim(block, lines); }
 
   std::atomic<uint64_t> looked{0}, torn{0};
 
@@ -250,7 +261,6 @@ class TornLineCheck final : public Backend {
       if (!block_is(seen.data(), blk, gen)) torn.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  Backend& b_;
 };
 
 // Stable lines: a write-back never sends the device a line that a writer is copying into
@@ -372,13 +382,9 @@ TEST(Cache, ReadersAndWritersOfOneLineSeeItWhole) {
 }
 
 // A backend over the rig's whose writes of one block stop at a gate until it is opened.
-class GatedWrites final : public Backend {
+class GatedWrites final : public BackendOver {
  public:
-  GatedWrites(Backend& below, uint64_t block) : b_(below), block_(block) {}
-  uint32_t line_bytes() const override { return b_.line_bytes(); }
-  uint64_t line_count() const override { return b_.line_count(); }
-  Status alloc(size_t bytes, void** out) override { return b_.alloc(bytes, out); }
-  void free(void* p, size_t bytes) override { b_.free(p, bytes); }
+  GatedWrites(Backend& below, uint64_t block) : BackendOver(below), block_(block) {}
   void io(Op* ops, int n) override {
     for (int i = 0; i < n; ++i) {
       if (ops[i].write && ops[i].block == block_) {
@@ -390,8 +396,6 @@ class GatedWrites final : public Backend {
     }
     b_.io(ops, n);
   }
-  Status flush() override { return b_.flush(); }
-  Status trim(uint64_t block, uint64_t lines) override { return b_.trim(block, lines); }
   void close() {
     std::lock_guard<std::mutex> g(mu_);
     open_ = false;
@@ -407,7 +411,6 @@ class GatedWrites final : public Backend {
   }
 
  private:
-  Backend& b_;
   const uint64_t block_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -291,7 +291,7 @@ class Cache {
   // so a probe reads one line instead of one per way.
   struct alignas(port::kCacheLine) LineMeta {
     port::Atomic<uint32_t> state;  // V | B | D | 29-bit count
-    port::Atomic<uint32_t> flags;  // kRef, kAhead, kMeta, kWriting; writers copying in
+    port::Atomic<uint32_t> flags;  // kRef, kAhead, kMeta, kWriting, kWriter, readers copying
   };
   struct alignas(port::kCacheLine) SetMeta {
     port::TicketLock lock;  // Lock order: at most one set lock at a time.
@@ -361,6 +361,9 @@ class Cache {
   // copy_in() and copy_out() of a line this thread holds (a reference or a pin).
   void copy_in(uint32_t line, uint32_t offset, const void* src, uint32_t len);
   void copy_out(uint32_t line, uint32_t offset, void* dst, uint32_t len);
+  // Spins, backing off, until none of `bits` is set in the line's flags (acquire: what the
+  // thread that cleared them did to the line is visible).
+  static void wait_flags_clear(const LineMeta& m, uint32_t bits);
   void count(int stat, uint64_t n = 1);
 
   Backend& b_;
