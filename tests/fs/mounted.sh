@@ -303,13 +303,21 @@ PY
     fsck_clean
     ;;
   fds)  # -o shared_fd=0 (a /dev/fuse descriptor each worker) at no latency: the POSIX suite, two fsx at once
+    # Beside the fsx runs, 1 MiB O_DIRECT writes (transfers past the software cache, straight
+    # between the FUSE buffer and the device), then read back the same way.
     format 2G --inodes 300000
     mount_fs -o shared_fd=0
     WARPFS_TEST_DIR=$mnt WARPFS_TEST_FS=warpfs "$POSIX_TESTS" || fail "posix_tests (shared_fd=0)"
+    head -c 24M /dev/urandom >"$work/stream"
     "$FSX" -q -N 20000 -S 5 "$mnt/fsx.fds1" &
     p1=$!
+    dd if="$work/stream" of="$mnt/stream" bs=1M oflag=direct status=none &
+    p2=$!
     "$FSX" -q -N 20000 -S 6 "$mnt/fsx.fds2" || fail "fsx (shared_fd=0, second)"
     wait "$p1" || fail "fsx (shared_fd=0, first)"
+    wait "$p2" || fail "dd of 24 MiB in 1 MiB O_DIRECT writes"
+    dd if="$mnt/stream" bs=1M iflag=direct status=none | cmp - "$work/stream" ||
+      fail "24 MiB written and read in 1 MiB O_DIRECT transfers differ"
     fds=$(stat_of transport.worker_descriptors)
     # The daemon holds the session's descriptor and one for each of those workers.
     open=$(find "/proc/$daemon_pid/fd" -lname /dev/fuse 2>/dev/null | wc -l)

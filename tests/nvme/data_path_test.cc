@@ -1,5 +1,8 @@
 // Every NVM command with its data verified, PRP edge cases, phase tags across many wraps,
 // and completions out of submission order.
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <map>
 #include <numeric>
@@ -46,12 +49,29 @@ HandPrp build_prps(const std::vector<uint64_t>& pages, uint64_t offset, uint64_t
   return h;
 }
 
-class DataPath : public ::testing::Test {
+// Where the emulated controller keeps written data (EmulatedConfig::cache_in_store): in its
+// own cache model over RAM, or straight in the store, an image file, which it reads and
+// writes through a shared mapping (the daemon's way).
+enum class MediaPath { kModelCache, kImageFile };
+
+class DataPath : public ::testing::TestWithParam<MediaPath> {
  protected:
   void SetUp() override {
     EmulatedConfig cfg;
     cfg.mdts = 10;  // 4 MiB transfers: PRP lists that chain over several pages
-    r_ = Rig::make(cfg, 64ull << 20);
+    std::shared_ptr<BackingStore> store;
+    if (GetParam() == MediaPath::kImageFile) {
+      cfg.cache_in_store = true;
+      char path[] = "/tmp/warpfs-nvme-test-XXXXXX";
+      const int fd = mkstemp(path);
+      ASSERT_GE(fd, 0);
+      close(fd);
+      std::string err;
+      store = BackingStore::open_file(path, 64ull << 20, &err);
+      unlink(path);  // the mapping and descriptor keep the file until the store goes
+      ASSERT_TRUE(store) << err;
+    }
+    r_ = Rig::make(cfg, 64ull << 20, {}, store);
     ASSERT_TRUE(r_);
     ASSERT_TRUE(r_->ctrl->create_queue_pair(1, 64, QueuePriority::kMedium, &v_).is_ok());
     qp_ = std::make_unique<RawQueuePair>(v_);
@@ -87,7 +107,7 @@ std::vector<uint64_t> pages_of(const DmaRegion& d, uint64_t len) {
 
 // Transfers of every PRP shape up to the device's MDTS (at most 4 MiB): within one page,
 // PRP2 as a data pointer, one list page, and lists chained over several pages.
-TEST_F(DataPath, WriteThenReadEverySizeUpToMdts) {
+TEST_P(DataPath, WriteThenReadEverySizeUpToMdts) {
   const uint64_t lb = r_->lba;
   const uint64_t limit = std::min<uint64_t>(r_->ctrl->max_transfer_bytes(), 4ull << 20) / lb * lb;
   DmaRegion wbuf = r_->alloc(limit), rbuf = r_->alloc(limit), list = r_->alloc(4 * kPage);
@@ -132,7 +152,7 @@ TEST_F(DataPath, WriteThenReadEverySizeUpToMdts) {
 
 // Data scattered over pages in random order, a first page entered at an offset, a PRP list
 // that starts mid-page and chains over two list pages: bytes land where the entries say.
-TEST_F(DataPath, ScatteredPagesOffsetsAndChainedLists) {
+TEST_P(DataPath, ScatteredPagesOffsetsAndChainedLists) {
   std::mt19937_64 rng(42);
   const uint64_t lb = r_->lba;
   // Up to 700 blocks of 512 B, a page under MDTS so that the offset's extra page fits too.
@@ -179,7 +199,7 @@ TEST_F(DataPath, ScatteredPagesOffsetsAndChainedLists) {
 // Write Zeroes (NVM §3.2.8) reads back zeroes with or without its Deallocate bit. Dataset
 // Management deallocate (NVM §3.2.3) is advisory: the emulated controller deallocates and
 // reads zeroes; another device may keep the data or return its DLFEAT value instead.
-TEST_F(DataPath, WriteZeroesAndDeallocateReadBackZeroes) {
+TEST_P(DataPath, WriteZeroesAndDeallocateReadBackZeroes) {
   const uint16_t oncs = r_->ctrl->identify().oncs;
   const uint64_t lb = r_->lba;
   constexpr uint64_t kBase = 100;
@@ -230,7 +250,7 @@ TEST_F(DataPath, WriteZeroesAndDeallocateReadBackZeroes) {
   }
 }
 
-TEST_F(DataPath, FlushAndFuaSucceed) {
+TEST_P(DataPath, FlushAndFuaSucceed) {
   DmaRegion buf = r_->alloc(kPage);
   SubmissionEntry w = make_write(r_->nsid, 0, static_cast<uint32_t>(kPage / r_->lba), /*fua=*/true);
   w.prp1 = buf.iova;
@@ -258,6 +278,12 @@ TEST_F(DataPath, FlushAndFuaSucceed) {
 
 // A 4-entry queue wrapped hundreds of times: the phase tag flips on every pass and the driver
 // must follow it, with the doorbell values wrapping too.
+INSTANTIATE_TEST_SUITE_P(Media, DataPath,
+                         ::testing::Values(MediaPath::kModelCache, MediaPath::kImageFile),
+                         [](const ::testing::TestParamInfo<MediaPath>& i) {
+                           return i.param == MediaPath::kModelCache ? "ModelCache" : "ImageFile";
+                         });
+
 TEST(PhaseTag, HundredsOfWrapsOfASmallQueue) {
   auto r = Rig::make();
   ASSERT_TRUE(r);
