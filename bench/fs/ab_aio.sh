@@ -6,7 +6,8 @@
 #   KIND: warpfs (a fresh image, -o latency_us=$LAT_US, default 0), null (warpfs-null),
 #         pll (passthrough_ll over a directory in TMPDIR); OPTS: more -o options, commas;
 #         VAR=VALUE: the daemon's environment, but BIN=PATH: the daemon's binary instead of
-#         the kind's own (an older build beside the new one, say).
+#         the kind's own (an older build beside the new one, say), and LAT_US=N: this
+#         variant's emulated latency (warpfs), where the environment's LAT_US sets every one's.
 # WARPFS, MKFS, NULL, PLL: the binaries (default: on PATH as warpfs, mkfs.warpfs, warpfs-null,
 # passthrough_ll); AIOLOAD: the load generator (default TMPDIR/aioload; built from aioload.c
 # beside this script where absent, the default also when older than aioload.c); JOBS:
@@ -14,7 +15,7 @@
 # SECONDS_PER_JOB (default 3); TMPDIR (default /dev/shm).
 # Prints one JSON object per measurement: {"variant","round","rw","qd","jobs","iops"}.
 set -u
-(($# >= 2)) || { sed -n 2,15p "$0" >&2; exit 2; }
+(($# >= 2)) || { sed -n 2,16p "$0" >&2; exit 2; }
 rounds=$1
 shift
 tmp=${TMPDIR:-/dev/shm}
@@ -42,16 +43,20 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 mount_variant() {  # KIND OPTS ENV
-  local kind=$1 opts=$2 o env=(env) list v bin=""
+  local kind=$1 opts=$2 o env=(env) list v bin="" lat=${LAT_US:-0}
   IFS=, read -r -a list <<<"$3"
   for v in "${list[@]}"; do
-    if [[ $v == BIN=* ]]; then bin=${v#BIN=}; else env+=("$v"); fi
+    case $v in
+      BIN=*) bin=${v#BIN=} ;;
+      LAT_US=*) lat=${v#LAT_US=} ;;  # the script's setting, not the daemon's environment
+      *) env+=("$v") ;;
+    esac
   done
   case $kind in
     warpfs)
       rm -f "$tmp/ab-aio-w.img"
       "$mkfs" -q --size 1024M "emu:$tmp/ab-aio-w.img" || return 1
-      o="latency_us=${LAT_US:-0}${opts:+,$opts}"
+      o="latency_us=$lat${opts:+,$opts}"
       "${env[@]}" "${bin:-$warpfs}" -f -o "$o" "emu:$tmp/ab-aio-w.img" "$mnt" 2>"$tmp/ab-aio-daemon.log" &
       ;;
     null) "${env[@]}" "${bin:-$null}" -f ${opts:+-o "$opts"} "$mnt" 2>"$tmp/ab-aio-daemon.log" & ;;
