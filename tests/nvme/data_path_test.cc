@@ -276,14 +276,14 @@ TEST_P(DataPath, FlushAndFuaSucceed) {
   }
 }
 
-// A 4-entry queue wrapped hundreds of times: the phase tag flips on every pass and the driver
-// must follow it, with the doorbell values wrapping too.
 INSTANTIATE_TEST_SUITE_P(Media, DataPath,
                          ::testing::Values(MediaPath::kModelCache, MediaPath::kImageFile),
                          [](const ::testing::TestParamInfo<MediaPath>& i) {
                            return i.param == MediaPath::kModelCache ? "ModelCache" : "ImageFile";
                          });
 
+// A 4-entry queue wrapped hundreds of times: the phase tag flips on every pass and the driver
+// must follow it, with the doorbell values wrapping too.
 TEST(PhaseTag, HundredsOfWrapsOfASmallQueue) {
   auto r = Rig::make();
   ASSERT_TRUE(r);
