@@ -33,6 +33,26 @@ void BlockDevice::free_io_buffer(void* p, size_t) {
   std::free(p);
 }
 
+void IoBuffer::reserve(size_t bytes) {
+  if (bytes <= bytes_) return;
+  release();
+  void* p = nullptr;
+  from_device_ = dev_ != nullptr && dev_->alloc_io_buffer(bytes, &p).is_ok() && p != nullptr;
+  p_ = from_device_ ? static_cast<uint8_t*>(p) : new uint8_t[bytes];
+  bytes_ = bytes;
+}
+
+void IoBuffer::release() {
+  if (p_ == nullptr) return;
+  if (from_device_) {
+    dev_->free_io_buffer(p_, bytes_);
+  } else {
+    delete[] p_;
+  }
+  p_ = nullptr;
+  bytes_ = 0;
+}
+
 Status BlockDevice::submit_one(uint64_t block, uint32_t count, void* buf, bool write) {
   Io io{block, count, write, static_cast<uint8_t*>(buf), {}};
   submit(&io, 1);

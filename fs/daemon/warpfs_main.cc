@@ -284,30 +284,24 @@ constexpr const char* kOpNames[kOpCount] = {
 // read it served and never shrunk. Heap memory where the device has none to give (an NVMe
 // namespace has room for 256 regions): reads into it are bounced, and performed at once.
 class ReadBuffers {
-  struct Buf {
-    char* p = nullptr;
-    size_t bytes = 0;
-    bool dma = false;  // from the device's alloc_io_buffer, else new[]
-  };
+  using Buf = warpfs::blockdev::IoBuffer;
 
  public:
-  ~ReadBuffers() { clear(); }
   void set_device(warpfs::blockdev::BlockDevice* dev) { dev_ = dev; }
   // Gives every buffer back to the device. REQUIRES: no lease outstanding.
   void clear() {
     std::lock_guard<std::mutex> g(mu_);
-    for (const Buf& b : free_) release(b);
     free_.clear();
   }
 
   class Lease {
    public:
     Lease(ReadBuffers& pool, size_t bytes) : pool_(pool), b_(pool.take(bytes)) {}
-    ~Lease() { pool_.give(b_); }
+    ~Lease() { pool_.give(std::move(b_)); }
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
-    char* data() { return b_.p; }
-    size_t size() const { return b_.bytes; }
+    char* data() { return reinterpret_cast<char*>(b_.data()); }
+    size_t size() const { return b_.size(); }
 
    private:
     ReadBuffers& pool_;
@@ -316,33 +310,20 @@ class ReadBuffers {
 
  private:
   Buf take(size_t bytes) {
-    Buf b;
+    Buf b(dev_);
     {
       std::lock_guard<std::mutex> g(mu_);
       if (!free_.empty()) {
-        b = free_.back();
+        b = std::move(free_.back());
         free_.pop_back();
       }
     }
-    if (b.bytes >= bytes) return b;
-    release(b);
-    const size_t want = std::max<size_t>((bytes + 4095) & ~size_t{4095}, 128 << 10);
-    void* p = nullptr;
-    if (dev_ != nullptr && dev_->alloc_io_buffer(want, &p).is_ok())
-      return Buf{static_cast<char*>(p), want, true};
-    return Buf{new char[want], want, false};
+    if (b.size() < bytes) b.reserve(std::max<size_t>((bytes + 4095) & ~size_t{4095}, 128 << 10));
+    return b;
   }
-  void give(const Buf& b) {
+  void give(Buf b) {
     std::lock_guard<std::mutex> g(mu_);
-    free_.push_back(b);
-  }
-  void release(const Buf& b) {
-    if (b.p == nullptr) return;
-    if (b.dma) {
-      dev_->free_io_buffer(b.p, b.bytes);
-    } else {
-      delete[] b.p;
-    }
+    free_.push_back(std::move(b));
   }
   warpfs::blockdev::BlockDevice* dev_ = nullptr;  // set before the workers start, then read-only
   std::mutex mu_;

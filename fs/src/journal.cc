@@ -35,35 +35,13 @@ const char* kind_name(MetaKind k) {
 
 Journal::Journal(blockdev::BlockDevice& dev, const Superblock& sb, uint64_t pos, uint64_t seq,
                  Log log)
-    : dev_(dev), flusher_(dev), sb_(sb), log_(std::move(log)), pos_(pos), seq_(seq), ring_(dev) {
+    : dev_(dev), flusher_(dev), sb_(sb), log_(std::move(log)), pos_(pos), seq_(seq), ring_(&dev) {
   // One descriptor per transaction, and the transaction (descriptor + blocks + commit) must
   // fit in the ring of journal_blocks - 1 positions.
   capacity_ = std::min<uint32_t>(kJournalMaxBlocks, sb.journal_blocks - 3);
 }
 
 Journal::~Journal() = default;
-
-void Journal::Ring::reserve(size_t bytes) {
-  if (bytes <= bytes_) return;
-  release();
-  // Grown in steps of 256 KiB, so that a run of growing transactions maps few buffers.
-  const size_t want = (bytes + (256 << 10) - 1) & ~size_t{(256 << 10) - 1};
-  void* p = nullptr;
-  from_device_ = dev_.alloc_io_buffer(want, &p).is_ok() && p != nullptr;
-  p_ = from_device_ ? static_cast<uint8_t*>(p) : new uint8_t[want];  // as a vector's growth
-  bytes_ = want;
-}
-
-void Journal::Ring::release() {
-  if (p_ == nullptr) return;
-  if (from_device_) {
-    dev_.free_io_buffer(p_, bytes_);
-  } else {
-    delete[] p_;
-  }
-  p_ = nullptr;
-  bytes_ = 0;
-}
 
 int Journal::get(uint64_t block, MetaKind kind, uint32_t group, MetaBuf** out,
                  const std::function<std::string(const MetaBuf&)>& verify, uint64_t owner) {
@@ -290,7 +268,8 @@ int Journal::commit() {
     dead.swap(graveyard_);
   }
   // Each block's image goes where write_transaction writes it from: after the descriptor.
-  ring_.reserve((dirty.size() + 2) * kBlockSize);
+  constexpr size_t kStep = 256 << 10;  // ring_'s growth
+  ring_.reserve(((dirty.size() + 2) * kBlockSize + kStep - 1) / kStep * kStep);
   for (size_t i = 0; i < dirty.size(); ++i) {
     uint8_t* image = ring_.data() + (i + 1) * kBlockSize;
     std::memcpy(image, dirty[i]->data, kBlockSize);

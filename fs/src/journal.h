@@ -234,27 +234,9 @@ class Journal {
   // of that size each commit was fresh pages each time, zeroed by the kernel on first touch,
   // and a second copy of every block. Memory the device moves without a copy
   // (BlockDevice::alloc_io_buffer: DMA memory on NVMe), so that the journal's writes and the
-  // checkpoint's leave from it as they are; heap memory where the device gives none (its
-  // writes are then bounced, as they all were before).
-  class Ring {
-   public:
-    explicit Ring(blockdev::BlockDevice& dev) : dev_(dev) {}
-    ~Ring() { release(); }
-    Ring(const Ring&) = delete;
-    Ring& operator=(const Ring&) = delete;
-    // At least `bytes` long; the contents are not kept.
-    void reserve(size_t bytes);
-    uint8_t* data() const { return p_; }
-    size_t size() const { return bytes_; }
-
-   private:
-    void release();
-    blockdev::BlockDevice& dev_;
-    uint8_t* p_ = nullptr;
-    size_t bytes_ = 0;
-    bool from_device_ = false;  // p_ from dev_.alloc_io_buffer, else operator new[]
-  };
-  Ring ring_;
+  // checkpoint's leave from it as they are (heap memory where the device gives none), grown
+  // in steps of 256 KiB so that a run of growing transactions maps few buffers.
+  blockdev::IoBuffer ring_;
   // The last transaction whose checkpoint is written (its buffers' homes are current).
   std::atomic<uint64_t> checkpointed_seq_{0};
   std::atomic<size_t> buffers_{0};  // in the shards

@@ -63,6 +63,38 @@ TEST(NvmeBlockDevice, RoundTripWithDmaAndPlainBuffers) {
   EXPECT_EQ(NvmeBlockDevice::create(*s->engine, 7, 4096, &err), nullptr);
 }
 
+// IoBuffer: memory from the device that grows only when asked for more, moves with its
+// owner, and carries a transfer like any buffer; with no device, heap memory.
+TEST(IoBuffer, GrowsMovesAndCarriesTransfers) {
+  auto s = Stack::make(16ull << 20);
+  ASSERT_TRUE(s);
+  std::string err;
+  auto d = NvmeBlockDevice::create(*s->engine, 1, 4096, &err);
+  ASSERT_TRUE(d) << err;
+  IoBuffer a(d.get());
+  EXPECT_EQ(a.data(), nullptr);
+  a.reserve(8 * 4096);
+  ASSERT_NE(a.data(), nullptr);
+  EXPECT_EQ(a.size(), 8u * 4096);
+  uint8_t* const first = a.data();
+  a.reserve(4096);  // enough already: kept
+  EXPECT_EQ(a.data(), first);
+  a.reserve(40 * 4096);
+  EXPECT_EQ(a.size(), 40u * 4096);
+  IoBuffer b(std::move(a));
+  EXPECT_EQ(a.data(), nullptr);  // NOLINT(bugprone-use-after-move): moved-from is empty
+  EXPECT_EQ(a.size(), 0u);
+  for (uint64_t k = 0; k < 40; ++k) fill_block(b.data() + k * 4096, 200 + k, 3);
+  ASSERT_TRUE(d->write(200, 40, b.data()).is_ok());
+  IoBuffer h;  // no device: heap memory
+  h.reserve(40 * 4096);
+  ASSERT_TRUE(d->read(200, 40, h.data()).is_ok());
+  EXPECT_EQ(0, std::memcmp(h.data(), b.data(), 40 * 4096));
+  h = std::move(b);              // h's heap memory given back, b's device memory taken
+  EXPECT_EQ(b.data(), nullptr);  // NOLINT(bugprone-use-after-move)
+  EXPECT_TRUE(block_is(h.data() + 39 * 4096, 239, 3));
+}
+
 TEST(FileBlockDevice, RoundTrip) {
   char path[] = "/tmp/warpfs-blockdev-XXXXXX";
   const int fd = mkstemp(path);

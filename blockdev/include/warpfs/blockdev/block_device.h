@@ -125,4 +125,40 @@ class BlockDevice {
   }
 };
 
+// Memory for transfers that grows: from the device's alloc_io_buffer (memory it moves without
+// a copy: DMA memory on NVMe), heap memory where the device gives none (transfers from it are
+// bounced) or where there is no device. Move-only; the device outlives it. Not thread-safe:
+// one owner at a time.
+class IoBuffer {
+ public:
+  explicit IoBuffer(BlockDevice* dev = nullptr) : dev_(dev) {}
+  ~IoBuffer() { release(); }
+  IoBuffer(IoBuffer&& o) noexcept { take(o); }
+  IoBuffer& operator=(IoBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      take(o);
+    }
+    return *this;
+  }
+  IoBuffer(const IoBuffer&) = delete;
+  IoBuffer& operator=(const IoBuffer&) = delete;
+  // At least `bytes` long: a shorter buffer is given back and one of exactly `bytes` taken.
+  // The contents are not kept.
+  void reserve(size_t bytes);
+  uint8_t* data() const { return p_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  void release();
+  void take(IoBuffer& o) {
+    dev_ = o.dev_, p_ = o.p_, bytes_ = o.bytes_, from_device_ = o.from_device_;
+    o.p_ = nullptr, o.bytes_ = 0;
+  }
+  BlockDevice* dev_;
+  uint8_t* p_ = nullptr;
+  size_t bytes_ = 0;
+  bool from_device_ = false;  // p_ from dev_->alloc_io_buffer, else new[]
+};
+
 }  // namespace warpfs::blockdev
