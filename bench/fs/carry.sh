@@ -39,14 +39,15 @@ for p in "${progs[@]}"; do cp "$build/$p" "$dir/b/$p.real"; done
 cc -O2 -o "$dir/b/bench/passthrough_ll.real" "$pll_src" $(pkg-config fuse3 --cflags --libs)
 cp "$(command -v fio)" "$dir/bin/fio.real"
 cp "$(command -v fusermount3)" "$dir/bin/fusermount3.real"
+reals=("$dir"/b/*/*.real "$dir"/b/fs/daemon/*.real "$dir"/bin/*.real)
 # The libraries the programs load, less the C and C++ runtimes every Linux machine has.
-for f in "$dir"/b/*/*.real "$dir"/b/fs/daemon/*.real "$dir"/bin/*.real; do
+for f in "${reals[@]}"; do
   ldd "$f" | awk '/=> \// { print $3 }'
 done | sort -u | grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpthread|libdl|librt)\.so' |
   while read -r l; do cp -L "$l" "$dir/lib/"; done
 tar -C "$dir" -cJf "$dir/lib.tar.xz" lib
 rm -rf "$dir/lib"
-for f in "$dir"/b/*/*.real "$dir"/b/fs/daemon/*.real "$dir"/bin/*.real; do
+for f in "${reals[@]}"; do
   printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/warpfs-carried-lib exec "$0.real" "$@"\n' >"${f%.real}"
   chmod +x "${f%.real}"
 done
