@@ -71,15 +71,16 @@ TEST(WorkerThreads, TheCpusCountedAreThoseOfTheAffinityMask) {
 }
 
 // Reapers of reads (read_reaper.h): none below 4 CPUs, where each hand-off cost more than it
-// saved; then one per 4 CPUs.
-TEST(WorkerThreads, ReadReapersStartAtFourCpusOnePerFour) {
+// saved; then three per 4 CPUs, at most 32.
+TEST(WorkerThreads, ReadReapersStartAtFourCpusThreePerFour) {
   EXPECT_EQ(default_read_reapers(1), 0u);
   EXPECT_EQ(default_read_reapers(2), 0u);
   EXPECT_EQ(default_read_reapers(3), 0u);
-  EXPECT_EQ(default_read_reapers(4), 1u);
-  EXPECT_EQ(default_read_reapers(7), 1u);
-  EXPECT_EQ(default_read_reapers(16), 4u);
-  EXPECT_EQ(default_read_reapers(64), 16u);
+  EXPECT_EQ(default_read_reapers(4), 3u);
+  EXPECT_EQ(default_read_reapers(7), 5u);
+  EXPECT_EQ(default_read_reapers(16), 12u);
+  EXPECT_EQ(default_read_reapers(42), 31u);
+  EXPECT_EQ(default_read_reapers(64), 32u);
 }
 
 }  // namespace
