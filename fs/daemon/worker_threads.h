@@ -88,14 +88,15 @@ inline bool default_shared_fd(bool prompt) {
 // where async_reads= is not given: three per 4 CPUs (at most 32), none below 4. Measured at
 // both ends with an 80 µs device. On the 16-core device machine (bench/results/
 // reapers-16core-20261206.md, 2 x QD32 4 KiB O_DIRECT random reads, 3 alternating rounds in
-// each of two runs): 4 reapers were each busy 88 % of the time (17.6 CPU-s of 20 in 5 s), the
-// reads' limit; 8 ran 1.04-1.15x of 4, 12 1.11x and 16 1.14x (one run); 0.71-0.80 of the
-// zero-latency rate with 4, 0.89 with 12. QD1 reads at par for 4 to 16, 4 x QD8 reads
+// each of three runs): 4 reapers were each busy 88 % of the time (17.6 CPU-s of 20 in 5 s),
+// the reads' limit; 8 ran 1.04-1.15x of 4, 12 1.08-1.16x, 16 1.14x; 0.70-0.80 of the
+// zero-latency rate with 4, 0.81-0.89 with 12. QD1 reads at par for 4 to 16, 4 x QD8 reads
 // 0.95-0.97x of 4 (whose rounds spread 258-277 K), reads at no latency with 8 at par with 4
-// (bench/results/async-reads-20261206.md: 4 against none 1.03-1.07x, 1 reaper 0.55x). On the 2-core VM they were slower (one reaper 0.67-0.87x, two 0.79-1.09x):
-// the CPUs are the limit there, and a reader woken on /dev/fuse for each request costs more
-// than a worker woken by its read. Between 2 and 16 CPUs, and above, nothing was measured:
-// the threshold and the cap are guesses.
+// (async-reads-20261206.md: 4 against none 1.03-1.07x, 1 reaper 0.55x). On the 2-core VM
+// they were slower (one reaper 0.67-0.87x, two 0.79-1.09x): the CPUs are the limit there,
+// and a reader woken on /dev/fuse for each request costs more than a worker woken by its
+// read. Between 2 and 16 CPUs, and above, nothing was measured: the threshold and the cap
+// are guesses.
 inline unsigned default_read_reapers(unsigned cpus = usable_cpus()) {
   return cpus >= 4 ? std::min(cpus * 3 / 4, 32u) : 0;
 }
