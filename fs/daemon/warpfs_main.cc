@@ -178,10 +178,7 @@ class PageCacheTracker {
     auto it = m_.find(ino);
     if (it == m_.end()) return;
     if (it->second.cached_opens > 0) --it->second.cached_opens;
-    if (it->second.cached_opens == 0 && !it->second.stale && it->second.telling == 0 &&
-        it->second.direct_opens == 0) {
-      m_.erase(it);
-    }
+    if (idle(it->second) && !it->second.stale) m_.erase(it);
   }
   // What the kernel must be told after a direct write changed the file's times.
   enum class Tell {
@@ -219,10 +216,7 @@ class PageCacheTracker {
   void forget(Ino ino) {  // the kernel dropped the inode, and its pages with it
     std::lock_guard<std::mutex> g(mu_);
     auto it = m_.find(ino);
-    if (it != m_.end() && it->second.cached_opens == 0 && it->second.telling == 0 &&
-        it->second.direct_opens == 0) {
-      m_.erase(it);
-    }
+    if (it != m_.end() && idle(it->second)) m_.erase(it);
   }
   // Direct (FOPEN_DIRECT_IO) opens. While a file has one, its attributes go out already
   // expired (attr_timeout), so that no reply with times from before a direct write can stay
@@ -242,6 +236,7 @@ class PageCacheTracker {
     if (it == m_.end() || it->second.direct_opens == 0) return;
     --it->second.direct_opens;
     direct_opens_.fetch_sub(1, std::memory_order_release);
+    if (idle(it->second) && !it->second.stale) m_.erase(it);
   }
   bool has_direct(Ino ino) {
     if (direct_opens_.load(std::memory_order_acquire) == 0) return false;  // none anywhere
@@ -259,6 +254,12 @@ class PageCacheTracker {
     uint32_t direct_opens = 0;      // FOPEN_DIRECT_IO opens not yet released
   };
   static constexpr uint64_t kNeverTold = std::numeric_limits<uint64_t>::max();
+  // No open and no notification under way: the entry is needed no more, but for `stale`
+  // while the kernel still has the inode's pages (release_cached, release_direct; forget
+  // drops it whatever `stale` says, the pages going with the inode).
+  static bool idle(const State& s) {
+    return s.cached_opens == 0 && s.direct_opens == 0 && s.telling == 0;
+  }
   std::mutex mu_;
   std::unordered_map<Ino, State> m_;
   // The direct opens of every inode (m_'s direct_opens summed): lets has_direct answer
@@ -425,14 +426,14 @@ double attr_timeout(fuse_req_t req, const Attr& a, bool unversioned) {
   return unversioned || d->page_cache.has_direct(a.ino) ? 0.0 : d->timeout;
 }
 
-void fill_entry(fuse_req_t req, const Attr& a, fuse_entry_param* e) {
+void fill_entry(fuse_req_t req, const Attr& a, fuse_entry_param* e, bool unversioned = false) {
   std::memset(e, 0, sizeof *e);
   e->ino = a.ino;
   // The kernel's root node has generation 0 and a reply that says otherwise is corrected with
   // a warning (fuse_lookup_name): a ".." lookup that lands on the root answers 0 too.
   e->generation = a.ino == FUSE_ROOT_ID ? 0 : a.generation;
   a.to_stat(&e->attr);
-  e->attr_timeout = attr_timeout(req, a, false);
+  e->attr_timeout = attr_timeout(req, a, unversioned);
   e->entry_timeout = daemon_of(req)->timeout;
 }
 
@@ -442,8 +443,7 @@ void reply_entry_or_err(fuse_req_t req, int rc, const Attr& a, bool unversioned 
     return;
   }
   fuse_entry_param e;
-  fill_entry(req, a, &e);
-  e.attr_timeout = attr_timeout(req, a, unversioned);  // the name's timeout stays
+  fill_entry(req, a, &e, unversioned);
   fuse_reply_entry(req, &e);
 }
 
