@@ -2,7 +2,9 @@
 # A/B of two warpfs daemons on O_DIRECT 4 KiB random I/O to one file (JOBS=random, the
 # default; JOBS=reads: its read jobs alone, on a file only the layout wrote, so that no
 # write job's dirty lines are left in the cache), on 1 MiB sequential I/O, O_DIRECT and
-# buffered (JOBS=sequential), or both random and sequential (JOBS=all), side by side in one
+# buffered (JOBS=sequential), on 1 MiB O_DIRECT writes over a file the software cache holds a
+# quarter of (JOBS=cached: 128 MiB of 4 KiB buffered random writes and an fsync first), or
+# both random and sequential (JOBS=all), side by side in one
 # run (rounds alternate A and B), zero and 80 µs emulated device latency. Used where
 # bench/run fs cannot run (a machine without libfuse's examples or fuse2fs), e.g. the 16-core
 # device machine with the binaries, their libraries and fio carried in.
@@ -14,7 +16,7 @@
 # Prints one JSON object per job: {"variant","lat_us","job","iops","mb_s"} ("error": fio
 # failed, its stderr is kept in $LOGS, default TMPDIR).
 set -u
-(($# >= 2)) || { sed -n 2,9p "$0" >&2; exit 2; }
+(($# >= 2)) || { sed -n 2,17p "$0" >&2; exit 2; }
 declare -A bin=([A]=$1 [B]=$2)
 declare -A opts=([A]=${OPTS_A:-} [B]=${OPTS_B:-})
 rounds=${3:-3}
@@ -71,6 +73,10 @@ for ((round = 1; round <= rounds; ++round)); do
         job $v $lat randread_qd32 --rw=randread --iodepth=32
         job $v $lat randread_qd32_4jobs --rw=randread --iodepth=8 --numjobs=4
         job $v $lat randread_qd1 --rw=randread --iodepth=1
+      elif [[ $jobs == cached ]]; then
+        fio --name=warm --filename="$mnt/f" --size=256m --bs=4k --rw=randwrite --io_size=128m \
+          --fallocate=none --end_fsync=1 --output=/dev/null || exit 1
+        job $v $lat seqwrite_1m_cached --rw=write --bs=1m --iodepth=1
       elif [[ $jobs != sequential ]]; then
         job $v $lat randwrite_qd32 --rw=randwrite --iodepth=32
         job $v $lat randwrite_qd32_4jobs --rw=randwrite --iodepth=8 --numjobs=4
@@ -79,7 +85,7 @@ for ((round = 1; round <= rounds; ++round)); do
         job $v $lat randwrite_qd1 --rw=randwrite --iodepth=1
         job $v $lat randwrite_psync4 --rw=randwrite --iodepth=1 --numjobs=4 --ioengine=psync
       fi
-      if [[ $jobs != random && $jobs != reads ]]; then
+      if [[ $jobs == sequential || $jobs == all ]]; then
         job $v $lat seqwrite_1m --rw=write --bs=1m --iodepth=1
         job $v $lat seqread_1m --rw=read --bs=1m --iodepth=1
         job $v $lat seqwrite_1m_buffered --rw=write --bs=1m --direct=0 --ioengine=psync

@@ -39,7 +39,8 @@ enum Stat {
   kBypassed,
   kSetFull,
   kFillErrors,
-  kCleaned
+  kCleaned,
+  kDropped
 };
 
 uint32_t stripe_of_thread() {
@@ -226,7 +227,7 @@ CacheStats Cache::stats() const {
   r.evictions = v[kEvictions], r.writebacks = v[kWritebacks], r.coalesced_lanes = v[kCoalesced];
   r.readahead_lines = v[kRaLines], r.readahead_hits = v[kRaHits];
   r.bypassed_bytes = v[kBypassed], r.set_full = v[kSetFull], r.fill_errors = v[kFillErrors];
-  r.cleaned = v[kCleaned];
+  r.cleaned = v[kCleaned], r.direct_dropped = v[kDropped];
   r.dirty_lines =
       static_cast<uint64_t>(std::max<int64_t>(0, dirty_.load(std::memory_order_relaxed)));
   return r;
@@ -926,31 +927,44 @@ Status Cache::invalidate_range(uint64_t first, uint64_t count_lines) {
     SetMeta& sm = sets_[set];
     sm.lock.lock();
     const int w = probe(set, b);
-    if (w >= 0) {
-      LineMeta& m = meta_[w];
-      const uint32_t prev = m.state.fetch_or(kBusy, port::Order::kAcquire);
-      if ((prev & kCountMask) || (prev & kBusy)) {
-        if (!(prev & kBusy)) m.state.fetch_and(~kBusy, port::Order::kRelease);
-        result = Status::error(Code::kSetFull, "a line to invalidate is in use");
-      } else {
-        tag_of(m).store(0, port::Order::kRelease);
-        clear_bits(m, kValid | kDirty | kBusy, port::Order::kRelease);
-      }
+    if (w >= 0 && !try_drop_locked(static_cast<uint32_t>(w), false)) {
+      result = Status::error(Code::kSetFull, "a line to invalidate is in use");
     }
     sm.lock.unlock();
   }
   return result;
 }
 
+// Claimed as an evictor claims (fetch_or Busy, BaM Fig 6.5): a lock-free hit that takes a
+// reference after the claim sees Busy and lets go; one that took it before shows in the count.
+bool Cache::try_drop_locked(uint32_t w, bool clean_only) {
+  LineMeta& m = meta_[w];
+  const uint32_t prev = m.state.fetch_or(kBusy, port::Order::kAcquire);
+  if ((prev & kCountMask) || (prev & kBusy) || (clean_only && (prev & kDirty))) {
+    if (!(prev & kBusy)) m.state.fetch_and(~kBusy, port::Order::kRelease);
+    return false;
+  }
+  tag_of(m).store(0, port::Order::kRelease);
+  clear_bits(m, kValid | kDirty | kBusy, port::Order::kRelease);
+  return true;
+}
+
 // Takes one reference on every cached, valid line of the range (under each set's lock), so
-// none of them can be evicted or retagged until unpin().
-std::vector<std::pair<uint64_t, uint32_t>> Cache::pin_range(uint64_t first, uint64_t count_lines) {
+// none of them can be evicted or retagged until unpin(); with `drop_clean`, drops the clean
+// ones nobody references instead.
+std::vector<std::pair<uint64_t, uint32_t>> Cache::pin_range(uint64_t first, uint64_t count_lines,
+                                                            bool drop_clean) {
   std::vector<std::pair<uint64_t, uint32_t>> pins;
   for (uint64_t b = first; b < first + count_lines; ++b) {
     const uint32_t set = set_of(b);
     SetMeta& sm = sets_[set];
     sm.lock.lock();
     if (const int w = probe(set, b); w >= 0) {
+      if (drop_clean && try_drop_locked(static_cast<uint32_t>(w), true)) {
+        count(kDropped);
+        sm.lock.unlock();
+        continue;
+      }
       LineMeta& m = meta_[w];
       const uint32_t s = m.state.fetch_add(1, port::Order::kAcquire);
       if ((s & kValid) && !(s & kBusy)) {
@@ -1057,15 +1071,21 @@ void Cache::DirectRead::finish() {
   pins_.clear();
 }
 
-// 1. Pin the cached lines of the range and put the new data in them (Dirty): no eviction or
-//    in-flight flush of their old data can then be the last word on the device.
+// 1. Drop the clean cached lines of the range that nobody holds: the write replaces each
+//    whole, so keeping them would cost a copy into the line and, the line then Dirty, a
+//    second device write of the same data later (the kernel's direct I/O drops its cached
+//    pages the same way). Pin the others and put the new data in them (Dirty): no eviction
+//    or in-flight flush of their old data can then be the last word on the device. A Dirty
+//    line is not dropped: were this write to fail, its data, written by a call that
+//    succeeded, would be lost.
 // 2. Write the device.
 // 3. A fill that started before the device write finished (read-ahead, a set-full fallback
-//    elsewhere) may hold old data: wait for it and overwrite it too.
+//    elsewhere, a read of a line step 1 dropped) may hold old data: wait for it and
+//    overwrite it too.
 Status Cache::write_direct(uint64_t first, uint64_t count_lines, const void* buf,
                            nvme::Priority p) {
   const auto* src = static_cast<const uint8_t*>(buf);
-  const auto pins = pin_range(first, count_lines);
+  const auto pins = pin_range(first, count_lines, true);
   for (const auto& [b, w] : pins) {
     copy_in(w, 0, src + (b - first) * line_bytes_, line_bytes_);
     mark_dirty(meta_[w], port::Order::kRelease);

@@ -1272,6 +1272,7 @@ std::string stats_json(const Daemon& d) {
                   {"dirty_lines", c.dirty_lines},
                   {"coalesced_lanes", c.coalesced_lanes},
                   {"bypassed_bytes", c.bypassed_bytes},
+                  {"direct_dropped", c.direct_dropped},
                   {"set_full", c.set_full}};
   }
   json dev = {{"transport", st.transport},

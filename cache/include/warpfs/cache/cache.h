@@ -126,8 +126,9 @@ struct CacheStats {
   uint64_t hits = 0, misses = 0, locked_hits = 0, evictions = 0, writebacks = 0;
   uint64_t coalesced_lanes = 0, readahead_lines = 0, readahead_hits = 0, bypassed_bytes = 0;
   uint64_t set_full = 0, fill_errors = 0;
-  uint64_t cleaned = 0;      // of the writebacks, those of the background write-back
-  uint64_t dirty_lines = 0;  // dirty now (a momentary figure)
+  uint64_t cleaned = 0;         // of the writebacks, those of the background write-back
+  uint64_t direct_dropped = 0;  // clean lines a direct write replaced whole and dropped
+  uint64_t dirty_lines = 0;     // dirty now (a momentary figure)
 };
 
 // Per-stream read-ahead state (one per open file, say). Not thread-safe: one user at a time.
@@ -198,10 +199,12 @@ class Cache {
 
   // SPIN's P-router: moves [first, first + count) directly between the device and `buf`,
   // taking no line. Cached lines of the range stay authoritative (pinned meanwhile): reads
-  // take them over the device's data (a range cached whole does not touch the device);
-  // writes update them (Dirty) and also any line a concurrent fill (say, read-ahead) brought
-  // in while the device write was in flight. A read racing a write of a block gets either
-  // content, as through acquire().
+  // take them over the device's data (a range cached whole does not touch the device).
+  // Writes drop the clean lines of the range that nobody holds (the write replaces them
+  // whole, as the kernel's direct I/O drops its cached pages), update the others (Dirty),
+  // and also any line a concurrent fill (say, read-ahead) brought in while the device write
+  // was in flight. A read racing a write of a block gets either content, as through
+  // acquire().
   // REQUIRES of write_direct (unchecked: the cache cannot tell one writer from another): no
   // other writer of the range meanwhile (the filesystem holds the file's lock).
   Status read_direct(uint64_t first, uint64_t count, void* buf,
@@ -355,7 +358,14 @@ class Cache {
   void finish_item(const Writing& it, const Backend::Op& op, WriteBack* wb);
   Status finish_write_back(WriteBack* wb);  // the rest, then waits for the others' lines
   void prefetch(uint64_t first, uint64_t count);
-  std::vector<std::pair<uint64_t, uint32_t>> pin_range(uint64_t first, uint64_t count);
+  // Takes one reference on every cached, valid line of the range; with `drop_clean`, a clean
+  // line that nobody references is dropped instead (try_drop_locked).
+  std::vector<std::pair<uint64_t, uint32_t>> pin_range(uint64_t first, uint64_t count,
+                                                       bool drop_clean = false);
+  // Drops line w (its set's lock held): tag and Valid gone, its data discarded. Only a line
+  // that nobody references and that is not Busy, and with `clean_only` not Dirty; false (the
+  // line unchanged) otherwise.
+  bool try_drop_locked(uint32_t w, bool clean_only);
   void unpin(const std::vector<std::pair<uint64_t, uint32_t>>& pins);
   void refresh_after_direct_write(uint64_t block, const uint8_t* data);
   // copy_in() and copy_out() of a line this thread holds (a reference or a pin).
@@ -374,7 +384,7 @@ class Cache {
   port::Atomic<uint64_t>* tags_ = nullptr;  // block + 1 per line; 0: empty (cache-line aligned)
   port::Atomic<uint64_t>& tag_of(const LineMeta& m) const { return tags_[&m - meta_.get()]; }
   std::unique_ptr<SetMeta[]> sets_;
-  static constexpr int kStats = 12;
+  static constexpr int kStats = 13;
   static constexpr int kStripes = 16;
   struct alignas(port::kCacheLine) Stripe {
     port::Atomic<uint64_t> v[kStats];
