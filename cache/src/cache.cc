@@ -1101,6 +1101,11 @@ Status Cache::write_direct(uint64_t first, uint64_t count_lines, const void* buf
     size_t next_pin = 0;
     for (uint64_t b = first; b < first + count_lines; ++b) {
       if (next_pin < pins.size() && pins[next_pin].first == b) {
+        // Dirty again now that the device has this write: another writer of the block may
+        // have copied into the line after us and had the line written back before our device
+        // write landed, which would leave the line clean over different data on the device.
+        // Marked after our write, the line (the last copy into it) is written once more.
+        mark_dirty(meta_[pins[next_pin].second], port::Order::kRelease);
         ++next_pin;
         continue;
       }

@@ -462,6 +462,78 @@ TEST(Cache, AWriteBackNamingABlockTwiceWhileItIsDirtiedAgainEnds) {
   EXPECT_EQ(c->audit(true), "");
 }
 
+// Holds the first write of one block the device is sent after arm(), until release(); every
+// other write passes.
+class HoldOneWrite final : public BackendOver {
+ public:
+  HoldOneWrite(Backend& below, uint64_t block) : BackendOver(below), block_(block) {}
+  void io(Op* ops, int n) override {
+    for (int i = 0; i < n; ++i) {
+      if (!ops[i].write || ops[i].block != block_) continue;
+      std::unique_lock<std::mutex> g(mu_);
+      if (!armed_) continue;
+      armed_ = false;
+      held_ = true;
+      cv_.notify_all();
+      cv_.wait(g, [&] { return released_; });
+    }
+    b_.io(ops, n);
+  }
+  void arm() {
+    std::lock_guard<std::mutex> g(mu_);
+    armed_ = true;
+  }
+  void wait_held() {
+    std::unique_lock<std::mutex> g(mu_);
+    cv_.wait(g, [&] { return held_; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> g(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  const uint64_t block_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false, held_ = false, released_ = false;
+};
+
+// Two direct writes of one cached, dirty block at once (the filesystem lets two whole-block
+// overwrites run together): A copies into the line and its device write is held; B copies,
+// writes the device and returns; a write-back of the line sends B's data; then A's device
+// write lands. The line (B's data) must not stay clean over A's data on the device: once A
+// returns, a flush makes the device hold what a read through the cache returns.
+TEST(Cache, TwoDirectWritesOfOneLineLeaveTheDeviceAndTheLineAlike) {
+  auto s = Stack::make();
+  ASSERT_TRUE(s);
+  constexpr uint64_t kX = 5;
+  HoldOneWrite hold(*s->backend, kX);
+  auto c = make_cache(hold, 4, 4);
+  std::vector<uint8_t> a(4096), b(4096), got(4096);
+  fill_block(a.data(), kX, 1);
+  ASSERT_TRUE(c->write(kX, 0, a.data(), 4096).is_ok());  // cached and dirty: not dropped
+  fill_block(a.data(), kX, 2);
+  fill_block(b.data(), kX, 3);
+  hold.arm();
+  std::promise<Status> first;
+  std::thread writer_a([&] { first.set_value(c->write_direct(kX, 1, a.data())); });
+  hold.wait_held();  // A's data is in the line, its device write held
+  ASSERT_TRUE(c->write_direct(kX, 1, b.data()).is_ok());
+  const Cache::Range r{kX, 1};
+  ASSERT_TRUE(c->write_back(&r, 1).is_ok());  // the line's data (B's) to the device
+  hold.release();
+  writer_a.join();
+  ASSERT_TRUE(first.get_future().get().is_ok());
+  ASSERT_TRUE(c->flush_all().is_ok());
+  ASSERT_TRUE(c->read(kX, 0, got.data(), 4096).is_ok());
+  EXPECT_TRUE(block_is(got.data(), kX, 3));
+  EXPECT_TRUE(block_is(device_block(*s->backend, kX).data(), kX, 3))
+      << "the device holds other data than the cached line: an eviction would change the block";
+  EXPECT_EQ(c->audit(true), "");
+}
+
 // Threads own disjoint blocks that share a tiny cache's sets, so every operation fights
 // eviction; each thread checks reads against its model, and at the end the device must
 // hold exactly the model.

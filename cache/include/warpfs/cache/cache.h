@@ -205,8 +205,9 @@ class Cache {
   // and also any line a concurrent fill (say, read-ahead) brought in while the device write
   // was in flight. A read racing a write of a block gets either content, as through
   // acquire().
-  // REQUIRES of write_direct (unchecked: the cache cannot tell one writer from another): no
-  // other writer of the range meanwhile (the filesystem holds the file's lock).
+  // Two writers of one block at once (the filesystem's whole-block overwrites under a file's
+  // shared lock) land in either order: each marks the lines it updated Dirty again after its
+  // device write, so the device ends with what the line holds (the last copy into it).
   Status read_direct(uint64_t first, uint64_t count, void* buf,
                      nvme::Priority p = nvme::Priority::kBulk);
   Status write_direct(uint64_t first, uint64_t count, const void* buf,
