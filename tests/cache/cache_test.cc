@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -381,7 +382,8 @@ TEST(Cache, ReadersAndWritersOfOneLineSeeItWhole) {
   EXPECT_EQ(c->audit(true), "");
 }
 
-// A backend over the rig's whose writes of one block stop at a gate until it is opened.
+// A backend over the rig's whose writes of one block stop at a gate until it is opened: once
+// closed, the next `writes` of them (all, by default) wait there; later ones pass.
 class GatedWrites final : public BackendOver {
  public:
   GatedWrites(Backend& below, uint64_t block) : BackendOver(below), block_(block) {}
@@ -391,18 +393,22 @@ class GatedWrites final : public BackendOver {
         std::unique_lock<std::mutex> g(mu_);
         ++entered_;
         cv_.notify_all();
+        if (to_hold_ == 0) continue;
+        --to_hold_;
         cv_.wait(g, [&] { return open_; });
       }
     }
     b_.io(ops, n);
   }
-  void close() {
+  void close(int writes = std::numeric_limits<int>::max()) {
     std::lock_guard<std::mutex> g(mu_);
     open_ = false;
+    to_hold_ = writes;
   }
   void open() {
     std::lock_guard<std::mutex> g(mu_);
     open_ = true;
+    to_hold_ = 0;
     cv_.notify_all();
   }
   void wait_entered(int n) {
@@ -415,6 +421,7 @@ class GatedWrites final : public BackendOver {
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = true;
+  int to_hold_ = 0;  // writes still to stop at the gate while it is closed
   int entered_ = 0;
 };
 
@@ -462,44 +469,6 @@ TEST(Cache, AWriteBackNamingABlockTwiceWhileItIsDirtiedAgainEnds) {
   EXPECT_EQ(c->audit(true), "");
 }
 
-// Holds the first write of one block the device is sent after arm(), until release(); every
-// other write passes.
-class HoldOneWrite final : public BackendOver {
- public:
-  HoldOneWrite(Backend& below, uint64_t block) : BackendOver(below), block_(block) {}
-  void io(Op* ops, int n) override {
-    for (int i = 0; i < n; ++i) {
-      if (!ops[i].write || ops[i].block != block_) continue;
-      std::unique_lock<std::mutex> g(mu_);
-      if (!armed_) continue;
-      armed_ = false;
-      held_ = true;
-      cv_.notify_all();
-      cv_.wait(g, [&] { return released_; });
-    }
-    b_.io(ops, n);
-  }
-  void arm() {
-    std::lock_guard<std::mutex> g(mu_);
-    armed_ = true;
-  }
-  void wait_held() {
-    std::unique_lock<std::mutex> g(mu_);
-    cv_.wait(g, [&] { return held_; });
-  }
-  void release() {
-    std::lock_guard<std::mutex> g(mu_);
-    released_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  const uint64_t block_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool armed_ = false, held_ = false, released_ = false;
-};
-
 // Two direct writes of one cached, dirty block at once (the filesystem lets two whole-block
 // overwrites run together): A copies into the line and its device write is held; B copies,
 // writes the device and returns; a write-back of the line sends B's data; then A's device
@@ -509,21 +478,21 @@ TEST(Cache, TwoDirectWritesOfOneLineLeaveTheDeviceAndTheLineAlike) {
   auto s = Stack::make();
   ASSERT_TRUE(s);
   constexpr uint64_t kX = 5;
-  HoldOneWrite hold(*s->backend, kX);
-  auto c = make_cache(hold, 4, 4);
+  GatedWrites gate(*s->backend, kX);
+  auto c = make_cache(gate, 4, 4);
   std::vector<uint8_t> a(4096), b(4096), got(4096);
   fill_block(a.data(), kX, 1);
   ASSERT_TRUE(c->write(kX, 0, a.data(), 4096).is_ok());  // cached and dirty: not dropped
   fill_block(a.data(), kX, 2);
   fill_block(b.data(), kX, 3);
-  hold.arm();
+  gate.close(1);  // A's device write waits; B's and the write-back's pass
   std::promise<Status> first;
   std::thread writer_a([&] { first.set_value(c->write_direct(kX, 1, a.data())); });
-  hold.wait_held();  // A's data is in the line, its device write held
+  gate.wait_entered(1);  // A's data is in the line, its device write held
   ASSERT_TRUE(c->write_direct(kX, 1, b.data()).is_ok());
   const Cache::Range r{kX, 1};
   ASSERT_TRUE(c->write_back(&r, 1).is_ok());  // the line's data (B's) to the device
-  hold.release();
+  gate.open();
   writer_a.join();
   ASSERT_TRUE(first.get_future().get().is_ok());
   ASSERT_TRUE(c->flush_all().is_ok());
